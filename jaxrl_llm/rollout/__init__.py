@@ -1,0 +1,1 @@
+"""jaxrl_llm.rollout."""

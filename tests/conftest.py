@@ -1,0 +1,11 @@
+"""Test-wide setup.
+
+Eight fake CPU devices let sharding tests build a real NamedSharding mesh on
+one machine. XLA reads the flag once, before the first jax import, so it is
+set here at the top of the session.
+"""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
