@@ -1,12 +1,13 @@
 # jaxrl_llm: `make test` and `make demo` work on a fresh clone with no hand steps.
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The learner environment is rebuilt whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 # pip prints one warning per missing local index folder; keep the log readable.
-QUIET_PIP := 2>&1 | grep -v "is neither a file nor a directory" || true
+QUIET_PIP := 2>&1 | { grep -v "is neither a file nor a directory" || true; }
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
