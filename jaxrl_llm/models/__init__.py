@@ -1,1 +1,22 @@
-"""jaxrl_llm.models."""
+"""Policy model family: Llama / Qwen2 / Qwen3 decoders in Flax, per-token
+logprobs (chunked, float32 softmax), dtype policy and sharding rules.
+
+The params layout is documented in ``decoder.py``; the HF name map in ``hf_names.py``.
+"""
+from jaxrl_llm.models.config import SUPPORTED_ARCHITECTURES, DecoderConfig, RopeScaling, canonical_dtype_name
+from jaxrl_llm.models.decoder import (
+    Decoder,
+    forward,
+    init_cache,
+    init_params,
+    lm_head_logits,
+    param_shapes,
+    positions_from_segments,
+)
+from jaxrl_llm.models.hf_names import hf_tensor_names, params_from_hf, params_to_hf
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES", "DecoderConfig", "RopeScaling", "canonical_dtype_name",
+    "Decoder", "forward", "init_cache", "init_params", "lm_head_logits", "param_shapes", "positions_from_segments",
+    "hf_tensor_names", "params_from_hf", "params_to_hf",
+]

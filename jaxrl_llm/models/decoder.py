@@ -1,0 +1,333 @@
+"""Llama / Qwen2 / Qwen3 decoder in Flax linen, with a KV cache.
+
+Parameter layout (a plain nested dict; ``jaxrl_llm.bridge`` relies on it).
+Layers are stacked on a leading axis of size nL (``nn.scan``); matrices are
+stored [in, out], i.e. the HF ``nn.Linear.weight`` transposed::
+
+    {"embed": [V, D],
+     "layers": {"input_norm": [nL, D],
+                "q_proj": [nL, D, Hq*hd], "k_proj": [nL, D, Hkv*hd], "v_proj": [nL, D, Hkv*hd],
+                "o_proj": [nL, Hq*hd, D],
+                "q_bias": [nL, Hq*hd], "k_bias": [nL, Hkv*hd], "v_bias": [nL, Hkv*hd]   # cfg.qkv_bias
+                "o_bias": [nL, D]                                                     # cfg.o_bias
+                "q_norm": [nL, hd], "k_norm": [nL, hd]                                # cfg.qk_norm (qwen3)
+                "post_norm": [nL, D],
+                "gate_proj": [nL, D, F], "up_proj": [nL, D, F], "down_proj": [nL, F, D]},
+     "final_norm": [D],
+     "lm_head": [D, V]}                                                               # only if not tied
+
+``o_bias`` exists only for Llama/Qwen3 configs with ``attention_bias=True``
+(HF gives o_proj a bias there; Qwen2 never has one).
+
+One block (pre-norm residual; Touvron et al. 2023, "LLaMA")::
+
+    h = x + o_proj(attention(rope(q), rope(k), v))   with q, k, v from input_norm(x)
+    y = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = post_norm(h)
+
+RMSNorm: x / sqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019), statistics in
+float32. Rotary embedding in HF's "rotate_half" layout (Su et al. 2021,
+RoFormer): for dims split into halves (x1, x2),
+rope(x) = x * cos(p * f) + concat(-x2, x1) * sin(p * f), f_i = theta^(-2i/hd),
+so HF checkpoints load without permuting q/k rows. Attention is causal
+softmax(q k^T / sqrt(hd)) v with grouped KV heads (Ainslie et al. 2023).
+
+Batches and padding:
+
+* Right-padded batches (training): pass ``attention_mask`` [B, T] (1 = token,
+  0 = padding); positions default to 0..T-1. Outputs at padded positions are
+  finite but meaningless.
+* Packed sequences: pass ``segment_ids`` [B, T] (0 = padding, equal ids =
+  same sequence); positions default to restarting at 0 in each segment.
+* KV cache (sampling): prompts are LEFT-padded to a common length and
+  written at the same slots for every row. ``cache["next_pos"]`` holds each
+  row's next position, so with ``attention_mask`` marking the left padding,
+  a prefill gives the real tokens positions 0..L_b-1 and each later decode
+  step continues at L_b, L_b+1, ... Padded slots are never attended to.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
+
+Params = dict[str, Any]
+_MASKED = float(np.finfo(np.float32).min)  # finite, so a row with no visible key gives no NaN
+
+
+def jnp_dtype(name: Any) -> jnp.dtype:
+    return jnp.dtype(canonical_dtype_name(name))
+
+
+# ---------------------------------------------------------------- pure pieces
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * weight, statistics in float32, result in x's dtype (as HF)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return normed.astype(x.dtype) * weight.astype(x.dtype)
+
+
+def rope_inverse_frequencies(cfg: DecoderConfig) -> np.ndarray:
+    """f_i = theta^(-2i/hd), i < hd/2, rescaled for 'linear' (f / factor) or 'llama3'
+    (Llama 3.1: wavelengths above L/low_freq_factor divided by factor, below
+    L/high_freq_factor kept, linear blend in between; L = original context)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv_freq.astype(np.float32)
+    if scaling.rope_type == "linear":
+        return (inv_freq / scaling.factor).astype(np.float32)
+    context = scaling.original_max_position_embeddings
+    wavelength = 2 * np.pi / inv_freq
+    smooth = (context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = np.where(wavelength > context / scaling.low_freq_factor, inv_freq / scaling.factor, blended)
+    scaled = np.where(wavelength < context / scaling.high_freq_factor, inv_freq, scaled)
+    return scaled.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate x [B, T, H, hd] by angle positions[b, t] * inv_freq (rotate_half layout), in float32."""
+    angles = positions.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq)[None, None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, hd]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(hd)) v with KV-head sharing.
+
+    q [B, T, Hq, hd], k/v [B, S, Hkv, hd], visible [B, T, S] bool -> [B, T, Hq, hd].
+    Scores and softmax in float32.
+    """
+    batch, length, num_heads, head_dim = q.shape
+    num_kv = k.shape[2]
+    q = q.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (head_dim ** -0.5)
+    scores = jnp.where(visible[:, None, None, :, :], scores, _MASKED)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", weights, v)
+    return out.reshape(batch, length, num_heads, head_dim)
+
+
+def lm_head_logits(hidden: jax.Array, params: Params, cfg: DecoderConfig) -> jax.Array:
+    """Logits [..., V] in float32 from final-normed hidden [..., D] (tied: embed^T)."""
+    hidden = hidden.astype(jnp_dtype(cfg.compute_dtype))
+    if cfg.tie_word_embeddings:
+        weight = params["embed"].astype(hidden.dtype)
+        return jnp.einsum("...d,vd->...v", hidden, weight, preferred_element_type=jnp.float32)
+    weight = params["lm_head"].astype(hidden.dtype)
+    return jnp.einsum("...d,dv->...v", hidden, weight, preferred_element_type=jnp.float32)
+
+
+# ---------------------------------------------------------------- modules
+class DecoderLayer(nn.Module):
+    """One pre-norm block; scanned over layers, so its params gain a leading nL axis.
+
+    carry = (hidden [B, T, D], kv) with kv None or the whole cache {"k", "v": [nL, B, S, Hkv, hd]};
+    the layer writes its keys/values at slot ``write_at`` of row ``layer_index`` in place.
+    """
+
+    cfg: DecoderConfig
+
+    def _param(self, name, shape, init):
+        return self.param(name, init, shape, jnp_dtype(self.cfg.param_dtype))
+
+    @nn.compact
+    def __call__(self, carry, layer_index, positions, visible, write_at):
+        cfg = self.cfg
+        dtype = jnp_dtype(cfg.compute_dtype)
+        dense_init = nn.initializers.normal(0.02)
+        d, hd = cfg.hidden_size, cfg.head_dim
+        hidden, kv = carry
+        batch, length, _ = hidden.shape
+
+        def linear(x, name, shape):
+            return x @ self._param(name, shape, dense_init).astype(dtype)
+
+        x = rms_norm(hidden, self._param("input_norm", (d,), nn.initializers.ones), cfg.rms_norm_eps)
+        q, k, v = linear(x, "q_proj", (d, cfg.q_dim)), linear(x, "k_proj", (d, cfg.kv_dim)), linear(x, "v_proj", (d, cfg.kv_dim))
+        if cfg.qkv_bias:
+            q = q + self._param("q_bias", (cfg.q_dim,), nn.initializers.zeros).astype(dtype)
+            k = k + self._param("k_bias", (cfg.kv_dim,), nn.initializers.zeros).astype(dtype)
+            v = v + self._param("v_bias", (cfg.kv_dim,), nn.initializers.zeros).astype(dtype)
+        q = q.reshape(batch, length, cfg.num_heads, hd)
+        k = k.reshape(batch, length, cfg.num_kv_heads, hd)
+        v = v.reshape(batch, length, cfg.num_kv_heads, hd)
+        if cfg.qk_norm:
+            q = rms_norm(q, self._param("q_norm", (hd,), nn.initializers.ones), cfg.rms_norm_eps)
+            k = rms_norm(k, self._param("k_norm", (hd,), nn.initializers.ones), cfg.rms_norm_eps)
+        inv_freq = rope_inverse_frequencies(cfg)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+
+        if kv is not None:  # write this step's keys/values, attend over the whole cache row
+            start = (layer_index, 0, write_at, 0, 0)
+            kv = {"k": jax.lax.dynamic_update_slice(kv["k"], k[None].astype(kv["k"].dtype), start),
+                  "v": jax.lax.dynamic_update_slice(kv["v"], v[None].astype(kv["v"].dtype), start)}
+            k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(dtype)
+            v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(dtype)
+
+        attended = grouped_attention(q, k, v, visible).reshape(batch, length, cfg.q_dim)
+        attn_out = linear(attended, "o_proj", (cfg.q_dim, d))
+        if cfg.o_bias:
+            attn_out = attn_out + self._param("o_bias", (d,), nn.initializers.zeros).astype(dtype)
+        hidden = hidden + attn_out
+
+        x = rms_norm(hidden, self._param("post_norm", (d,), nn.initializers.ones), cfg.rms_norm_eps)
+        gate = linear(x, "gate_proj", (d, cfg.intermediate_size))
+        up = linear(x, "up_proj", (d, cfg.intermediate_size))
+        hidden = hidden + linear(nn.silu(gate) * up, "down_proj", (cfg.intermediate_size, d))
+        return (hidden, kv), None
+
+
+class Decoder(nn.Module):
+    """Embedding -> nL scanned DecoderLayers -> final RMSNorm -> (optionally) LM head.
+
+    Masks and positions are prepared by ``forward``; this module only computes.
+    """
+
+    cfg: DecoderConfig
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False):
+        cfg = self.cfg
+        param_dtype, dtype = jnp_dtype(cfg.param_dtype), jnp_dtype(cfg.compute_dtype)
+        embed = self.param("embed", nn.initializers.normal(0.02), (cfg.vocab_size, cfg.hidden_size), param_dtype)
+        hidden = jnp.take(embed, tokens, axis=0).astype(dtype)
+
+        layer_cls = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
+        layers = nn.scan(
+            layer_cls,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            length=cfg.num_layers,
+        )(cfg, name="layers")
+        (hidden, kv), _ = layers((hidden, kv), jnp.arange(cfg.num_layers), positions, visible, write_at)
+
+        final_norm = self.param("final_norm", nn.initializers.ones, (cfg.hidden_size,), param_dtype)
+        hidden = rms_norm(hidden, final_norm, cfg.rms_norm_eps)
+        head = None
+        if not cfg.tie_word_embeddings:
+            head = self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), param_dtype)
+        if return_hidden:
+            return hidden, kv
+        return lm_head_logits(hidden, {"embed": embed, "lm_head": head}, cfg), kv
+
+
+# ---------------------------------------------------------------- functional API
+def init_params(cfg: DecoderConfig, rng: jax.Array, dtype: Any = None) -> Params:
+    """Random params (normal(0.02) matrices, unit norms, zero biases) in ``dtype``
+    (default ``cfg.param_dtype``), as the plain nested dict documented above."""
+    if dtype is not None:
+        cfg = cfg.with_dtypes(param_dtype=dtype)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    variables = Decoder(cfg).init(rng, tokens, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1, 1), bool))
+    return jax.tree_util.tree_map(lambda x: x, dict(variables["params"]))
+
+
+def param_shapes(cfg: DecoderConfig, dtype: Any = None) -> Params:
+    """The params pytree as jax.ShapeDtypeStruct leaves, without allocating anything."""
+    return jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0), dtype))
+
+
+def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) -> dict:
+    """Empty KV cache for ``batch`` rows of up to ``max_len`` tokens (prompt + generation).
+
+    {"k", "v": [nL, B, max_len, Hkv, hd] (dtype, default cfg.compute_dtype),
+     "mask": [B, max_len] bool (slot holds a real token),
+     "end": int32 scalar (slots filled so far, shared by all rows),
+     "next_pos": [B] int32 (position of each row's next real token)}
+    """
+    if batch <= 0 or max_len <= 0:
+        raise ValueError(f"batch={batch} and max_len={max_len} must be positive")
+    dtype = jnp_dtype(cfg.compute_dtype if dtype is None else dtype)
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "mask": jnp.zeros((batch, max_len), bool), "end": jnp.zeros((), jnp.int32),
+            "next_pos": jnp.zeros((batch,), jnp.int32)}
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """Index of each token inside its segment: restarts at 0 wherever segment_ids changes."""
+    length = segment_ids.shape[1]
+    index = jnp.broadcast_to(jnp.arange(length), segment_ids.shape)
+    changed = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1)
+    segment_start = jax.lax.cummax(jnp.where(changed, index, 0), axis=1)
+    return index - segment_start
+
+
+def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
+            attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
+            cache: dict | None = None, return_hidden: bool = False, remat: bool = False):
+    """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
+
+    Without a cache: causal attention within the row, restricted to equal non-zero
+    ``segment_ids`` (``attention_mask`` is the one-segment case). With a cache: the
+    tokens are written at slots cache["end"] .. +T-1 (T = prompt length for a prefill,
+    1 for a decode step) and attend to every earlier real slot; ``attention_mask``
+    marks left padding in a prefill. ``new_cache`` is None when ``cache`` is None.
+    ``remat`` recomputes each layer in the backward pass (less memory for training).
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    batch, length = tokens.shape
+    if cache is not None:
+        return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden)
+    if segment_ids is None:
+        segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask.astype(jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    elif attention_mask is not None:
+        raise ValueError("pass either attention_mask or segment_ids, not both")
+    if positions is None:
+        positions = positions_from_segments(segment_ids)
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
+    visible = causal[None] & same_segment & (segment_ids[:, None, :] != 0)
+    out, _ = Decoder(cfg, remat=remat).apply({"params": params}, tokens, positions, visible,
+                                             return_hidden=return_hidden)
+    return out, None
+
+
+def _concrete_int(x) -> int | None:
+    try:
+        return int(x)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+        return None
+
+
+def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden):
+    if segment_ids is not None:
+        raise ValueError("segment_ids (packing) cannot be combined with a KV cache; use attention_mask")
+    batch, length = tokens.shape
+    max_len = cache["mask"].shape[1]
+    if cache["mask"].shape[0] != batch:
+        raise ValueError(f"cache holds {cache['mask'].shape[0]} rows but tokens have batch {batch}")
+    filled = _concrete_int(cache["end"])
+    if filled is not None and filled + length > max_len:  # under jit this cannot be checked
+        raise ValueError(f"cache overflow: {filled} slots filled + {length} new tokens > max_len {max_len}")
+    mask = jnp.ones((batch, length), bool) if attention_mask is None else attention_mask.astype(bool)
+    if positions is None:  # each real token continues its row's count; padding gets a dummy 0
+        positions = cache["next_pos"][:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
+        positions = jnp.where(mask, positions, 0)
+    end = cache["end"]
+    slot_mask = jax.lax.dynamic_update_slice(cache["mask"], mask, (0, end))
+    query_slot = end + jnp.arange(length)
+    causal = jnp.arange(max_len)[None, :] <= query_slot[:, None]  # [T, S]
+    visible = causal[None] & slot_mask[:, None, :]
+    kv = {"k": cache["k"], "v": cache["v"]}
+    out, kv = Decoder(cfg).apply({"params": params}, tokens, positions, visible, kv, end,
+                                 return_hidden=return_hidden)
+    new_cache = {"k": kv["k"], "v": kv["v"], "mask": slot_mask, "end": end + length,
+                 "next_pos": cache["next_pos"] + jnp.sum(mask, axis=1, dtype=jnp.int32)}
+    return out, new_cache
