@@ -1,0 +1,184 @@
+"""What every rollout engine takes and returns.
+
+Both engines (the vLLM server client and the in-process JAX sampler) return
+the same `RolloutBatch`, so the learner never knows which one produced it.
+
+A record keeps the sampler's own token ids (no re-tokenisation) and the
+sampler's log-probabilities mu of the sampled tokens, *after* temperature
+(vLLM's `processed_logprobs`): those are the mu of SPEC section 5, compared
+with the learner's recomputed pi_old by the mismatch metrics and corrections.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings shared by every engine.
+
+    Attributes:
+      temperature: softmax temperature, > 0. (Greedy decoding is not an RL
+        sampling mode; use a small temperature if needed.)
+      top_p: nucleus mass in (0, 1]. RL rollouts should keep 1.0: with
+        top_p < 1 the processed logprobs are renormalised over the nucleus,
+        and the learner must renormalise over the same support (SPEC 5).
+      top_k: keep the k most likely tokens; None means off.
+      max_tokens: most completion tokens per sample, >= 1.
+      stop_token_ids: generation stops after emitting any of these (the
+        tokenizer's EOS is always a stop token unless the engine is told
+        otherwise).
+      seed: base seed for reproducible sampling; None means unseeded.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (np.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be None (off) or an int >= 1, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        stop = tuple(self.stop_token_ids)
+        if any(not isinstance(t, (int, np.integer)) or t < 0 for t in stop):
+            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+        if self.seed is not None and not isinstance(self.seed, (int, np.integer)):
+            raise ValueError(f"seed must be None or an int, got {self.seed!r}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RolloutRecord:
+    """One sampled completion.
+
+    Attributes:
+      prompt_index: index of the prompt in the `generate` call (the group id).
+      sample_index: 0..n-1 within that prompt's group.
+      prompt_token_ids: int32 [P], exactly the ids sent to the engine.
+      completion_token_ids: int32 [L], exactly the ids the engine sampled
+        (including a final stop token when finish_reason == "stop").
+      sampler_logprobs: float32 [L], log mu of each sampled token under the
+        engine's processed distribution (after temperature).
+      finish_reason: "stop" (a stop token or EOS), "length" (hit max_tokens
+        or the context limit) or "abort".
+      weight_version: version of the weights that produced the sample
+        (0 = the weights the engine started with, +1 per update_weights).
+    """
+
+    prompt_index: int
+    sample_index: int
+    prompt_token_ids: np.ndarray
+    completion_token_ids: np.ndarray
+    sampler_logprobs: np.ndarray
+    finish_reason: str
+    weight_version: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt_token_ids", np.asarray(self.prompt_token_ids, np.int32))
+        object.__setattr__(self, "completion_token_ids", np.asarray(self.completion_token_ids, np.int32))
+        object.__setattr__(self, "sampler_logprobs", np.asarray(self.sampler_logprobs, np.float32))
+        if self.completion_token_ids.ndim != 1 or self.prompt_token_ids.ndim != 1:
+            raise ValueError("prompt_token_ids and completion_token_ids must be 1-D, got shapes "
+                             f"{self.prompt_token_ids.shape} and {self.completion_token_ids.shape}")
+        if self.sampler_logprobs.shape != self.completion_token_ids.shape:
+            raise ValueError(f"sampler_logprobs shape {self.sampler_logprobs.shape} must match "
+                             f"completion_token_ids shape {self.completion_token_ids.shape}")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return int(self.completion_token_ids.shape[0])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RolloutBatch:
+    """All samples of one `generate` call, ordered prompt-major:
+    records[p * n + j] is sample j of prompt p."""
+
+    records: tuple[RolloutRecord, ...]
+    num_prompts: int
+    samples_per_prompt: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "records", tuple(self.records))
+        want = self.num_prompts * self.samples_per_prompt
+        if len(self.records) != want:
+            raise ValueError(f"expected {self.num_prompts} prompts x {self.samples_per_prompt} samples "
+                             f"= {want} records, got {len(self.records)}")
+        for i, rec in enumerate(self.records):
+            expected = divmod(i, self.samples_per_prompt)
+            if (rec.prompt_index, rec.sample_index) != expected:
+                raise ValueError(f"record {i} has (prompt_index, sample_index) = "
+                                 f"{(rec.prompt_index, rec.sample_index)}, expected {expected}")
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    @property
+    def group_ids(self) -> np.ndarray:
+        """int32 [N]: the prompt index of each record (for group advantages)."""
+        return np.asarray([r.prompt_index for r in self.records], np.int32)
+
+    @property
+    def weight_versions(self) -> np.ndarray:
+        return np.asarray([r.weight_version for r in self.records], np.int64)
+
+    def padded_completions(self, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Right-padded completion arrays of width max L_i.
+
+        Returns (token_ids int32 [N, T], sampler_logprobs float32 [N, T],
+        mask float32 [N, T]) with mask 1 on real tokens, 0 on padding (the
+        padded logprobs are 0 so sums over the mask need no where()).
+        """
+        width = max((r.num_completion_tokens for r in self.records), default=0)
+        n = len(self.records)
+        tokens = np.full((n, width), pad_id, np.int32)
+        logprobs = np.zeros((n, width), np.float32)
+        mask = np.zeros((n, width), np.float32)
+        for i, rec in enumerate(self.records):
+            length = rec.num_completion_tokens
+            tokens[i, :length] = rec.completion_token_ids
+            logprobs[i, :length] = rec.sampler_logprobs
+            mask[i, :length] = 1.0
+        return tokens, logprobs, mask
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A rollout engine: samples completions and takes new weights.
+
+    Implementations: `jaxrl_llm.rollout.vllm_engine.VLLMEngine` (HTTP to one
+    or more vLLM servers) and the in-process JAX sampler.
+    """
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights samples are drawn from now."""
+        ...
+
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int,
+                 params: SamplingParams) -> RolloutBatch:
+        """Draw n samples for each prompt (given as token ids)."""
+        ...
+
+    def update_weights(self, params: Any) -> int:
+        """Load new policy parameters (a learner params pytree); returns the
+        new weight version. Samples drawn afterwards carry that version."""
+        ...
