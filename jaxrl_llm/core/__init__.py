@@ -1,0 +1,97 @@
+"""jaxrl_llm.core: the pure math of RL post-training (docs/SPEC.md sections 1-6, 8).
+
+Imports jax, chex and numpy only; no I/O. Topic files:
+  advantages   GRPO, Dr. GRPO, RLOO, batch-std, REINFORCE++, GAE
+  losses       per-token policy losses with one common signature
+  aggregation  explicit token weights and the micro-batch-exact weighted sum
+  kl           k1 / k2 / k3 estimators
+  corrections  training-inference mismatch (TIS / MIS) and its metrics
+  filters      zero-variance groups, truncation, DAPO overlong penalty
+  diversity    DARLING equivalence classes and diversity rewards (host-side)
+  bias         implied gradient weights and difficulty weights
+  evaluation   pass@k, avg@k
+  recipes      named compositions (grpo, dr_grpo, dapo, ...) and the two
+               functions the learner calls: prepare_step_batch, recipe_loss
+
+Conventions: N = P prompts x G samples, rows prompt-major (row i = prompt
+i // G); token arrays and masks [N, T]; rewards [P, G].
+"""
+from jaxrl_llm.core.advantages import (
+    GaeOutput,
+    batch_std_advantages,
+    broadcast_to_tokens,
+    dr_grpo_advantages,
+    gae_advantages,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    terminal_token_rewards,
+    validate_rewards,
+)
+from jaxrl_llm.core.aggregation import (
+    AGGREGATION_MODES,
+    aggregate,
+    check_mode,
+    num_responses,
+    response_lengths,
+    token_weights,
+)
+from jaxrl_llm.core.bias import difficulty_weight, implied_sequence_weight, implied_token_weight
+from jaxrl_llm.core.corrections import (
+    CORRECTIONS,
+    CorrectionOutput,
+    geometric_sequence_mask,
+    geometric_sequence_rejection,
+    mismatch_metrics,
+    sequence_log_ratio,
+    sequence_mis,
+    sequence_mis_mask,
+    sequence_tis,
+    sequence_tis_weights,
+    token_log_ratio,
+    token_mis,
+    token_mis_mask,
+    token_tis,
+    token_tis_weights,
+)
+from jaxrl_llm.core.diversity import (
+    darling_rewards,
+    darling_rewards_batch,
+    diversity_scores,
+    equivalence_classes,
+    ngram_overlap_predicate,
+    same_normalised_text,
+)
+from jaxrl_llm.core.evaluation import avg_at_k, pass_at_k
+from jaxrl_llm.core.filters import (
+    expand_group_mask,
+    mask_truncated,
+    overlong_penalty,
+    zero_variance_group_mask,
+)
+from jaxrl_llm.core.kl import KL_ESTIMATORS, get_kl_estimator, kl_k1, kl_k2, kl_k3
+from jaxrl_llm.core.losses import (
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    cispo_loss,
+    clipped_value_loss,
+    gmpo_loss,
+    gspo_loss,
+    is_pg_sequence_loss,
+    pg_loss,
+    ppo_clip_loss,
+)
+from jaxrl_llm.core.recipes import (
+    RECIPES,
+    GaeAdvantage,
+    GroupAdvantage,
+    OverlongPenalty,
+    Recipe,
+    StepBatch,
+    TokenAdvantage,
+    TokenAdvantages,
+    get_recipe,
+    micro_batches,
+    prepare_step_batch,
+    recipe_loss,
+)
