@@ -1,0 +1,159 @@
+"""HF safetensors checkpoint directory -> (DecoderConfig, params), optionally sharded.
+
+Each params leaf is built with ``jax.make_array_from_callback``: for every
+device shard the callback reads exactly that slice from the memory-mapped
+safetensors file(s) (per layer, transposed as a view), so a model larger than
+one device's memory loads straight into its NamedShardings. The HF <-> params
+name map is ``jaxrl_llm.models.hf_names``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from jaxrl_llm.bridge.errors import CheckpointError
+from jaxrl_llm.bridge.safetensors_io import SafetensorsDir
+from jaxrl_llm.models import hf_names
+from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
+from jaxrl_llm.models.decoder import jnp_dtype, param_shapes
+from jaxrl_llm.models.sharding import param_shardings
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+# Names a checkpoint may carry that are recomputed, never loaded.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_hf_config(directory: str | os.PathLike, *, param_dtype: Any = "float32") -> DecoderConfig:
+    """DecoderConfig from ``directory/config.json``; problems become CheckpointErrors naming the file."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{directory}: no config.json (an HF checkpoint directory needs one)")
+    try:
+        return DecoderConfig.from_hf(path, param_dtype=param_dtype)
+    except ValueError as err:  # json.JSONDecodeError is a ValueError too
+        raise CheckpointError(f"{path}: {err}") from err
+
+
+def hf_layout(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], list[str] | str, bool]]:
+    """params path ('embed', 'layers/q_proj', ...) -> (our shape, HF name(s), transposed?).
+
+    Layer leaves list one HF name per layer, in layer order.
+    """
+    shapes = hf_names.expected_shapes(cfg)
+    layout = {}
+    for key in hf_names.top_level_keys(cfg):
+        name, transposed = hf_names.TOP_LEVEL_NAMES[key]
+        layout[key] = (shapes[key], name, transposed)
+    for key in hf_names.layer_keys(cfg):
+        name, transposed = hf_names.LAYER_NAMES[key]
+        layout[f"layers/{key}"] = (shapes["layers"][key],
+                                   [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)], transposed)
+    return layout
+
+
+def _hf_shape(shape: tuple[int, ...], transposed: bool) -> tuple[int, ...]:
+    return tuple(reversed(shape)) if transposed else shape
+
+
+def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> np.dtype:
+    """Names, shapes and dtypes of every tensor against ``cfg``; returns the common stored dtype.
+
+    Raises CheckpointError naming the first bad tensors: missing, unexpected (a tied
+    model's ``lm_head.weight`` copy is tolerated), wrong shape, non-float or mixed dtype.
+    """
+    where = files.directory
+    expected = set(hf_names.hf_tensor_names(cfg))
+    present = set(files.names)
+    missing = sorted(expected - present)
+    if missing:
+        raise CheckpointError(f"{where}: {len(missing)} tensor(s) missing for {cfg.architecture} "
+                              f"({cfg.num_layers} layers): {missing[:8]}")
+    tolerated = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    unexpected = sorted(n for n in present - expected - tolerated if not n.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s) for {cfg.architecture} "
+                              f"({cfg.num_layers} layers): {unexpected[:8]}")
+    dtypes = {}
+    for path, (shape, names, transposed) in hf_layout(cfg).items():
+        per_tensor = shape[1:] if isinstance(names, list) else shape
+        for name in names if isinstance(names, list) else [names]:
+            want, got = _hf_shape(per_tensor, transposed), files.file(name).shape(name)
+            if got != want:
+                raise CheckpointError(f"{files.file(name).path}: tensor {name!r} has shape {list(got)}, "
+                                      f"config {cfg.architecture} needs {list(want)} (params {path})")
+            dtype = files.file(name).dtype(name)
+            if dtype.name not in _FLOAT_DTYPES:
+                raise CheckpointError(f"{files.file(name).path}: tensor {name!r} has dtype {dtype.name}; "
+                                      f"valid: {list(_FLOAT_DTYPES)}")
+            dtypes.setdefault(dtype.name, name)
+    if len(dtypes) > 1:
+        raise CheckpointError(f"{where}: tensors are stored in mixed dtypes (e.g. {dtypes}); "
+                              "pass dtype=... to load_hf_dir to convert them all to one")
+    return np.dtype(jnp_dtype(next(iter(dtypes))))
+
+
+def _leaf_reader(files: SafetensorsDir, names: list[str] | str, transposed: bool,
+                 dtype: np.dtype) -> Callable[[tuple[slice, ...]], np.ndarray]:
+    """callback(index) -> the params-layout slice ``index`` of one leaf, read from disk."""
+
+    def read_one(name: str, index: tuple) -> np.ndarray:
+        view = files.array(name)  # memory-mapped, HF layout
+        view = view.T if transposed else view
+        return np.asarray(view[index], dtype=dtype)  # touches only the slice's pages
+
+    if isinstance(names, str):
+        return lambda index: read_one(names, tuple(index))
+
+    def read_stacked(index):
+        layers, rest = index[0], tuple(index[1:])
+        return np.stack([read_one(names[i], rest) for i in range(len(names))[layers]])
+
+    return read_stacked
+
+
+def _set_path(tree: dict, path: str, value) -> None:
+    *parents, leaf = path.split("/")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value
+
+
+def load_hf_dir(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | None = None,
+                shardings: Any = None) -> tuple[DecoderConfig, dict]:
+    """Load an HF Llama/Qwen2/Qwen3 checkpoint directory as (DecoderConfig, params).
+
+    ``path`` holds ``config.json`` and ``model.safetensors`` or shards listed in
+    ``model.safetensors.index.json``. ``dtype`` (float32 / bfloat16 / float16)
+    converts every tensor; None keeps the stored dtype. The config's param_dtype is
+    set to the result. ``mesh`` places each leaf straight into
+    ``models.param_shardings`` on that mesh (or pass explicit ``shardings``, a pytree
+    of Shardings like params); without either, params go to the default device.
+    Bad checkpoints raise CheckpointError naming the tensor or field.
+    """
+    directory = os.fspath(path)
+    files = SafetensorsDir(directory)
+    cfg = read_hf_config(directory)
+    stored = check_tensors(files, cfg)
+    target = stored if dtype is None else np.dtype(jnp_dtype(canonical_dtype_name(dtype)))
+    cfg = cfg.with_dtypes(param_dtype=target.name)
+    if shardings is None and mesh is not None:
+        shardings = param_shardings(param_shapes(cfg), mesh)
+    params: dict = {}
+    default = SingleDeviceSharding(jax.devices()[0])
+    for leaf_path, (shape, names, transposed) in hf_layout(cfg).items():
+        sharding = default if shardings is None else _get_path(shardings, leaf_path)
+        reader = _leaf_reader(files, names, transposed, target)
+        _set_path(params, leaf_path, jax.make_array_from_callback(shape, sharding, reader))
+    return cfg, params
+
+
+def _get_path(tree: Any, path: str) -> Any:
+    for key in path.split("/"):
+        if key not in tree:
+            raise ValueError(f"shardings has no entry for params[{path!r}]")
+        tree = tree[key]
+    return tree
