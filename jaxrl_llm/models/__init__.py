@@ -14,9 +14,20 @@ from jaxrl_llm.models.decoder import (
     positions_from_segments,
 )
 from jaxrl_llm.models.hf_names import hf_tensor_names, params_from_hf, params_to_hf
+from jaxrl_llm.models.logprobs import chunked_logprobs_from_hidden, logprobs_from_logits, token_logprobs
+from jaxrl_llm.models.sharding import (
+    MESH_AXES,
+    batch_sharding,
+    cache_shardings,
+    make_mesh,
+    param_partition_specs,
+    param_shardings,
+)
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES", "DecoderConfig", "RopeScaling", "canonical_dtype_name",
     "Decoder", "forward", "init_cache", "init_params", "lm_head_logits", "param_shapes", "positions_from_segments",
     "hf_tensor_names", "params_from_hf", "params_to_hf",
+    "chunked_logprobs_from_hidden", "logprobs_from_logits", "token_logprobs",
+    "MESH_AXES", "batch_sharding", "cache_shardings", "make_mesh", "param_partition_specs", "param_shardings",
 ]

@@ -241,12 +241,13 @@ class DecoderConfig:
             num_hidden_layers=self.num_layers,
             num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
             hidden_act="silu",
             rms_norm_eps=self.rms_norm_eps,
             tie_word_embeddings=self.tie_word_embeddings,
             max_position_embeddings=self.max_position_embeddings,
         )
+        if self.family == "qwen3" or self.head_dim != self.hidden_size // self.num_heads:
+            out["head_dim"] = self.head_dim  # otherwise loaders derive the same value
         if self.family != "qwen2":
             out["attention_bias"] = self.o_bias
         scaling = self.rope_scaling.to_hf() if self.rope_scaling else None

@@ -230,9 +230,9 @@ def init_params(cfg: DecoderConfig, rng: jax.Array, dtype: Any = None) -> Params
     (default ``cfg.param_dtype``), as the plain nested dict documented above."""
     if dtype is not None:
         cfg = cfg.with_dtypes(param_dtype=dtype)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = Decoder(cfg).init(rng, tokens, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1, 1), bool))
-    return jax.tree_util.tree_map(lambda x: x, dict(variables["params"]))
+    dummy = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1, 1), bool))
+    variables = jax.jit(Decoder(cfg).init)(rng, *dummy)  # jit: one compiled program, not op-by-op
+    return dict(variables["params"])
 
 
 def param_shapes(cfg: DecoderConfig, dtype: Any = None) -> Params:

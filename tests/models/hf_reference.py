@@ -1,0 +1,65 @@
+"""Tiny random transformers models (the reference) and their params in our layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxrl_llm.models import DecoderConfig, params_from_hf  # noqa: E402
+
+_COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)
+
+# name -> (config class, model class, config overrides)
+TINY_CONFIGS = {
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM",
+                   dict(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+    "llama3_rope_untied": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=False, num_key_value_heads=1,
+        # original context 16 so the test's positions (up to ~40) cross all three frequency bands
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "llama_attention_bias": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, tie_word_embeddings=True)),
+    "qwen2_qkv_bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3_qk_norm": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=False)),
+}
+
+
+def hf_model(name: str, seed: int = 0):
+    """A transformers model of TINY_CONFIGS[name] with every weight drawn N(0, 0.2^2) + norms near 1
+    (random norms and biases so a wrong mapping of any tensor shows up)."""
+    config_cls, model_cls, overrides = TINY_CONFIGS[name]
+    config = getattr(transformers, config_cls)(**{**_COMMON, **overrides})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name:
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.2)
+    return model
+
+
+def our_config_and_params(model, **dtype_policy):
+    cfg = DecoderConfig.from_hf(model.config.to_dict(), **dtype_policy)
+    state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
+    return cfg, params_from_hf(state, cfg)
+
+
+def hf_logits(model, tokens: np.ndarray, attention_mask: np.ndarray | None = None, positions=None) -> np.ndarray:
+    kwargs = {}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = torch.tensor(attention_mask)
+    if positions is not None:
+        kwargs["position_ids"] = torch.tensor(positions)
+    with torch.no_grad():
+        return model(torch.tensor(tokens), **kwargs).logits.double().numpy()
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
