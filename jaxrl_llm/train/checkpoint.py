@@ -8,8 +8,9 @@ namedtuples), dtypes and shardings, including typed PRNG keys.
 
 Atomicity comes from orbax: a step is written into `<step>.orbax-checkpoint-tmp`
 and renamed to `<step>` only when complete, so a crash mid-save leaves at
-worst a temporary directory, which is ignored by `latest_step` and removed
-the next time a Checkpointer opens the directory.
+worst a temporary directory, which `latest_step` ignores; a Checkpointer
+opening the directory removes it in the background (done before its first
+save).
 """
 
 from __future__ import annotations

@@ -154,7 +154,12 @@ class MetricsWriter:
             from tensorboardX import SummaryWriter
 
             purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(logdir=str(self.run_dir / TB_DIR), purge_step=purge)
+            # tensorboardX names files by the second; a restart within that
+            # second would overwrite the earlier file. The nanosecond suffix
+            # keeps both, and sorts them in session order as TensorBoard reads.
+            self._tb = SummaryWriter(
+                logdir=str(self.run_dir / TB_DIR), purge_step=purge, filename_suffix=f".{time.time_ns()}"
+            )
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Logs `metrics` at `step`; steps must increase strictly."""

@@ -1,0 +1,202 @@
+"""Config schema: overrides, validation messages, JSON round-trip, experiment files."""
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxrl_llm.train.config import (
+    Config,
+    ConfigError,
+    RecipeConfig,
+    RolloutConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    load_config_json,
+    parse_overrides,
+    replace_values,
+    save_config,
+)
+
+TRAIN_KEYS = [
+    "lr", "warmup_steps", "schedule", "weight_decay", "grad_clip", "adam_b1", "adam_b2", "adam_eps",
+    "micro_batch_size", "epochs_per_batch", "minibatches_per_batch", "precision", "loss_scale_init",
+    "loss_scale_growth_interval", "loss_scale_factor", "loss_scale_min",
+]
+TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "eval_every", "model", "rollout", "recipe", "train",
+            "task", "checkpoint", "metrics", "mesh"]
+
+
+def test_unknown_key_lists_valid_keys_and_suggests_closest():
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), ["train.lrr=1e-5"])
+    msg = str(err.value)
+    assert "'train.lrr'" in msg
+    assert "valid keys at 'train': " + ", ".join(TRAIN_KEYS) in msg
+    assert "did you mean 'lr'?" in msg
+
+
+def test_unknown_top_level_key_and_unknown_key_in_dict():
+    with pytest.raises(ConfigError, match=r"unknown config key 'trian'.*" + ", ".join(TOP_KEYS) + r".*'train'"):
+        apply_overrides(Config(), ["trian.lr=1e-5"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.temprature'.*did you mean 'temperature'"):
+        config_from_dict({"rollout": {"temprature": 0.7}})
+
+
+def test_wrong_type_names_field_value_and_valid_type():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"train": {"micro_batch_size": "8"}})
+    assert str(err.value) == "train.micro_batch_size = '8' (str) is invalid; valid: an int"
+    with pytest.raises(ConfigError, match=r"train.epochs_per_batch = 1.5 \(float\) is invalid; valid: an int"):
+        config_from_dict({"train": {"epochs_per_batch": 1.5}})
+    with pytest.raises(ConfigError, match=r"rollout.temperature = 'hot' is not a float"):
+        apply_overrides(Config(), ["rollout.temperature=hot"])
+    with pytest.raises(ConfigError, match=r"checkpoint.async_save = 'maybe' is not a bool; valid: true/false"):
+        apply_overrides(Config(), ["checkpoint.async_save=maybe"])
+    # bool is not an int, even though Python says isinstance(True, int)
+    with pytest.raises(ConfigError, match=r"seed = True \(bool\) is invalid; valid: an int"):
+        Config(seed=True)
+
+
+def test_out_of_range_and_bad_choice_name_field_value_and_range():
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), ["rollout.top_p=1.5"])
+    assert str(err.value) == "rollout.top_p = 1.5 is out of range; valid: > 0.0 and <= 1.0"
+    with pytest.raises(ConfigError, match=r"train.lr = 0.0 is out of range; valid: > 0.0"):
+        apply_overrides(Config(), ["train.lr=0"])
+    with pytest.raises(ConfigError, match=r"recipe.name = 'dr-grpo' is invalid; valid: one of 'grpo', 'dr_grpo'.*did you mean 'dr_grpo'"):
+        apply_overrides(Config(), ["recipe.name=dr-grpo"])
+    with pytest.raises(ConfigError, match=r"recipe.aggregation = 'tokenmean' \(str\).*'token_mean'"):
+        apply_overrides(Config(), ["recipe.aggregation=tokenmean"])
+    with pytest.raises(ConfigError, match=r"train.precision = 'fp8'.*one of 'fp32', 'bf16', 'fp16'"):
+        apply_overrides(Config(), ["train.precision=fp8"])
+
+
+def test_cross_field_checks():
+    with pytest.raises(ConfigError, match=r"mesh.data, mesh.fsdp are all -1"):
+        apply_overrides(Config(), ["mesh.fsdp=-1"])
+    # 8 prompts x 8 samples = 64 sequences; 64 / 2 minibatches = 32, not divisible by 12
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size = 12 does not divide a minibatch of 32"):
+        apply_overrides(Config(), ["train.minibatches_per_batch=2", "train.micro_batch_size=12"])
+    with pytest.raises(ConfigError, match=r"train.minibatches_per_batch = 3 does not divide the step batch of 64"):
+        apply_overrides(Config(), ["train.minibatches_per_batch=3"])
+
+
+@pytest.mark.parametrize(
+    "override, key, expected",
+    [
+        ("train.lr=1e-5", "train.lr", 1e-5),
+        ("seed=7", "seed", 7),
+        ("rollout.temperature=1", "rollout.temperature", 1.0),
+        ("checkpoint.async_save=false", "checkpoint.async_save", False),
+        ("metrics.tensorboard=Yes", "metrics.tensorboard", True),
+        ("rollout.top_k=none", "rollout.top_k", None),
+        ("rollout.top_k=20", "rollout.top_k", 20),
+        ("train.grad_clip=null", "train.grad_clip", None),
+        ("recipe.name=dr_grpo", "recipe.name", "dr_grpo"),
+        ("recipe.eps_high=0.28", "recipe.eps_high", 0.28),
+        ("rollout.server_urls=http://127.0.0.1:8000,http://127.0.0.1:8001", "rollout.server_urls",
+         ("http://127.0.0.1:8000", "http://127.0.0.1:8001")),
+        ("rollout.server_urls=[http://h:1]", "rollout.server_urls", ("http://h:1",)),
+        ("rollout.server_urls=()", "rollout.server_urls", ()),
+        ("run_dir=none", "run_dir", None),
+        ("run_dir='none'", "run_dir", "none"),
+        ("model.source=/models/qwen=2.5", "model.source", "/models/qwen=2.5"),  # value may hold '='
+    ],
+)
+def test_overrides_parse_types(override, key, expected):
+    cfg = apply_overrides(Config(), [override])
+    section, _, name = key.rpartition(".")
+    value = getattr(getattr(cfg, section) if section else cfg, name)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_later_override_wins_and_original_is_unchanged():
+    base = Config()
+    cfg = apply_overrides(base, ["train.lr=1e-5", "train.lr=3e-6"])
+    assert cfg.train.lr == 3e-6
+    assert base.train.lr == 1e-6
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.lr = 1.0
+    assert parse_overrides(base, ["mesh.tensor=2", "task.digits=3"]) == {"mesh.tensor": 2, "task.digits": 3}
+
+
+def test_malformed_override_and_section_override():
+    with pytest.raises(ConfigError, match=r"'train.lr' is not of the form section.field=value"):
+        apply_overrides(Config(), ["train.lr"])
+    with pytest.raises(ConfigError, match=r"train is a section, not a value; set one of its fields \(lr, "):
+        apply_overrides(Config(), ["train=1"])
+    with pytest.raises(ConfigError, match=r"train.lr is a float, not a section"):
+        apply_overrides(Config(), ["train.lr.x=1"])
+
+
+def _non_default_config() -> Config:
+    return replace_values(
+        Config(),
+        {
+            "name": "rt",
+            "run_dir": "/tmp/x",
+            "train.lr": 3.0e-7,
+            "train.precision": "fp16",
+            "train.grad_clip": None,
+            "rollout.server_urls": ("http://127.0.0.1:8000", "http://127.0.0.1:8001"),
+            "rollout.top_k": 50,
+            "recipe.name": "dapo",
+            "recipe.eps_high": 0.28,
+            "recipe.filter_zero_variance_groups": True,
+            "mesh.data": 2,
+            "mesh.fsdp": -1,
+            "task.jsonl_path": "data/add.jsonl",
+        },
+    )
+
+
+def test_json_round_trip(tmp_path):
+    cfg = _non_default_config()
+    text = cfg.to_json()
+    plain = json.loads(text)
+    assert plain["rollout"]["server_urls"] == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    assert plain["train"]["grad_clip"] is None and plain["train"]["lr"] == 3.0e-7
+    back = Config.from_json(text)
+    assert back == cfg
+    assert isinstance(back.rollout.server_urls, tuple) and isinstance(back.recipe, RecipeConfig)
+    path = tmp_path / "config.json"
+    save_config(cfg, path)
+    assert load_config_json(path) == cfg
+    assert load_config(path, ["seed=3"]) == dataclasses.replace(cfg, seed=3)
+
+
+def test_experiment_file_returning_partial_dict(tmp_path):
+    file = tmp_path / "exp.py"
+    file.write_text(textwrap.dedent("""
+        def get_config(arg="4"):
+            return {"name": "exp", "rollout": {"prompts_per_step": int(arg), "top_k": None}}
+    """))
+    cfg = load_config(file, ["train.lr=1e-5"])
+    assert (cfg.name, cfg.rollout.prompts_per_step, cfg.train.lr) == ("exp", 4, 1e-5)
+    assert cfg.rollout.samples_per_prompt == RolloutConfig().samples_per_prompt  # untouched default
+    assert load_config(f"{file}:16").rollout.prompts_per_step == 16
+
+
+def test_experiment_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        load_config(tmp_path / "missing.py")
+    bad = tmp_path / "bad.py"
+    bad.write_text("def get_config():\n    return {'train': {'lr': 1e-5, 'batch': 3}}\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.batch'"):
+        load_config(bad)
+    none = tmp_path / "none.py"
+    none.write_text("x = 1\n")
+    with pytest.raises(ConfigError, match=r"has no get_config"):
+        load_config(none)
+
+
+def test_example_experiment_loads():
+    example = Path(__file__).resolve().parents[2] / "experiments" / "example_config.py"
+    cfg = load_config(example)
+    assert (cfg.name, cfg.recipe.name, cfg.task.digits) == ("dr_grpo_add1", "dr_grpo", 1)
+    grpo = load_config(f"{example}:grpo", ["train.lr=2e-6"])
+    assert (grpo.name, grpo.recipe.name, grpo.train.lr) == ("grpo_add1", "grpo", 2e-6)
