@@ -1,0 +1,170 @@
+"""In-process JAX sampler: jit-compiled prefill and KV-cache decode.
+
+The rollout engine that needs no server. It returns the same `RolloutBatch` as
+the vLLM client, so the learner cannot tell the two apart.
+
+Sampling distribution and the logprobs it reports. For each step the logits
+are divided by the temperature, optionally restricted to the top-k tokens and
+then to the smallest nucleus of mass >= top_p (Holtzman et al. 2020), and
+renormalised; the token is drawn from that distribution with the Gumbel-max
+trick and its log-probability *under that same distribution* is recorded.
+With top_p = 1 and top_k off (the RL default, SPEC section 5) this is
+log_softmax(logits / T), i.e. vLLM's ``processed_logprobs``, and the learner's
+recomputed logprobs at the same temperature should match it up to numerics.
+
+Padding convention (see `jaxrl_llm.models.decoder`): prompts are left-padded
+to a common width, so every row's next token is written at the same cache
+slot. Prompt widths and batch sizes are rounded up to buckets so a training
+run compiles a handful of programs, not one per step.
+
+Determinism: with ``SamplingParams.seed`` set, the same prompts, params and
+seed give the same samples (the key for step t is fold_in(seed_key, t)).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models import DecoderConfig, forward, init_cache, lm_head_logits
+from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
+
+_NEG_INF = -jnp.inf
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return max(multiple, int(math.ceil(value / multiple)) * multiple)
+
+
+def filtered_logprobs(logits: jax.Array, temperature: jax.Array, top_k: int | None, top_p: jax.Array,
+                      use_top_p: bool) -> jax.Array:
+    """log of the sampling distribution: softmax(logits / T) restricted to top-k and
+    the top-p nucleus, renormalised; excluded tokens get -inf. Float32 throughout."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(logp, top_k)[0][..., -1:]
+        logp = jnp.where(logp >= kth, logp, _NEG_INF)
+    if use_top_p:
+        sorted_logp = jnp.sort(logp, axis=-1)[..., ::-1]
+        probs = jnp.exp(sorted_logp)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # Keep a token while the mass strictly before it is < top_p: the smallest
+        # nucleus with mass >= top_p (the most likely token is always kept).
+        keep_sorted = mass_before < top_p
+        threshold = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
+        logp = jnp.where(logp >= threshold, logp, _NEG_INF)
+    return jax.nn.log_softmax(logp, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p"))
+def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids, *,
+              max_tokens: int, top_k: int | None, use_top_p: bool):
+    """prompt_tokens/prompt_mask [B, Lp] left-padded -> (tokens [B, max_tokens],
+    logprobs [B, max_tokens], lengths [B], stopped [B])."""
+    batch, prompt_len = prompt_tokens.shape
+    cache = init_cache(cfg, batch, prompt_len + max_tokens)
+    hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True)
+    last_logits = lm_head_logits(hidden[:, -1], params, cfg)
+
+    def sample(logits, step):
+        logp = filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
+        gumbel = jax.random.gumbel(jax.random.fold_in(key, step), logp.shape, jnp.float32)
+        token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
+        return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+    def cond(state):
+        step, _, _, _, done, _, _ = state
+        return (step < max_tokens) & ~jnp.all(done)
+
+    def body(state):
+        step, cache, logits, lengths, done, tokens, logprobs = state
+        token, logp = sample(logits, step)
+        active = ~done
+        tokens = tokens.at[:, step].set(jnp.where(active, token, 0))
+        logprobs = logprobs.at[:, step].set(jnp.where(active, logp, 0.0))
+        lengths = lengths + active.astype(jnp.int32)
+        done = done | (active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1))
+        hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=cache,
+                                return_hidden=True)
+        return step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), lengths, done, tokens, logprobs
+
+    state = (jnp.zeros((), jnp.int32), cache, last_logits, jnp.zeros((batch,), jnp.int32),
+             jnp.zeros((batch,), bool), jnp.zeros((batch, max_tokens), jnp.int32),
+             jnp.zeros((batch, max_tokens), jnp.float32))
+    _, _, _, lengths, done, tokens, logprobs = jax.lax.while_loop(cond, body, state)
+    return tokens, logprobs, lengths, done
+
+
+class JaxSampler:
+    """A `RolloutEngine` running the policy in this process.
+
+    Args:
+      cfg: the model config.
+      params: the policy params (any dtype; cast to cfg.param_dtype is the caller's choice).
+      eos_token_ids: ids that end a completion (the tokenizer's EOS, chat end-of-turn).
+      pad_id: id used for left padding of prompts (never attended to).
+      prompt_bucket, batch_bucket: widths and batch sizes are rounded up to
+        multiples of these, so few programs are compiled.
+    """
+
+    def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
+                 prompt_bucket: int = 16, batch_bucket: int = 8):
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids must name at least one stop token id")
+        self.cfg = cfg
+        self.params = params
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_id = int(pad_id)
+        self.prompt_bucket = int(prompt_bucket)
+        self.batch_bucket = int(batch_bucket)
+        self._version = 0
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def update_weights(self, params: Any) -> int:
+        """Swap in new params (no copy, no recompilation: params are a jit argument)."""
+        self.params = params
+        self._version += 1
+        return self._version
+
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> RolloutBatch:
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        prompts = [np.asarray(p, np.int32) for p in prompts_token_ids]
+        if not prompts or any(p.ndim != 1 or p.size == 0 for p in prompts):
+            raise ValueError("prompts_token_ids must be a non-empty list of non-empty token id lists")
+        longest = max(p.size for p in prompts)
+        if longest + params.max_tokens > self.cfg.max_position_embeddings:
+            raise ValueError(f"prompt length {longest} + max_tokens {params.max_tokens} exceeds the model's "
+                             f"max_position_embeddings {self.cfg.max_position_embeddings}")
+        rows = [p for p in prompts for _ in range(n)]
+        width = _round_up(longest, self.prompt_bucket)
+        batch = _round_up(len(rows), self.batch_bucket)
+        tokens = np.full((batch, width), self.pad_id, np.int32)
+        mask = np.zeros((batch, width), bool)
+        for i, p in enumerate(rows):
+            tokens[i, width - p.size:] = p
+            mask[i, width - p.size:] = True
+        mask[len(rows):, -1] = True  # filler rows: one visible token so attention is never empty
+        stop = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        seed = 0 if params.seed is None else params.seed
+        if params.seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0])
+        out = _generate(self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
+                        jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
+                        max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0)
+        out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
+        records = []
+        for i, prompt in enumerate(rows):
+            length = int(lengths[i])
+            records.append(RolloutRecord(
+                prompt_index=i // n, sample_index=i % n, prompt_token_ids=prompt,
+                completion_token_ids=out_tokens[i, :length], sampler_logprobs=out_logprobs[i, :length],
+                finish_reason="stop" if stopped[i] else "length", weight_version=self._version))
+        return RolloutBatch(records=tuple(records), num_prompts=len(prompts), samples_per_prompt=n)

@@ -1,0 +1,142 @@
+"""The JAX sampler against independent references: transformers' greedy
+generate, the learner's full-forward logprobs, and hand-computed filters."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.models import token_logprobs
+from jaxrl_llm.rollout.jax_sampler import JaxSampler, filtered_logprobs
+from jaxrl_llm.rollout.types import SamplingParams
+from tests.models.hf_reference import hf_model, our_config_and_params, torch
+
+PROMPTS = [[5, 17, 3], [9, 2, 44, 61, 8, 30, 1], [70]]
+EOS = 96  # a real vocab id of the tiny model that greedy decoding may or may not reach
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = hf_model("llama_tied", seed=3)
+    cfg, params = our_config_and_params(model)
+    return model, cfg, params
+
+
+def test_greedy_matches_transformers_generate(tiny):
+    model, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    max_tokens = 12
+    batch = sampler.generate(PROMPTS, n=1, params=SamplingParams(top_k=1, max_tokens=max_tokens, seed=0))
+    for prompt, record in zip(PROMPTS, batch.records):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens,
+                                 eos_token_id=EOS, pad_token_id=0)
+        expected = out[0, len(prompt):].numpy()
+        np.testing.assert_array_equal(record.completion_token_ids, expected)
+        assert record.finish_reason == ("stop" if expected[-1] == EOS else "length")
+        # top_k=1 puts all mass on the chosen token
+        np.testing.assert_allclose(record.sampler_logprobs, 0.0, atol=1e-6)
+
+
+def test_sampled_logprobs_equal_learner_recompute(tiny):
+    """The sampler's mu (KV-cache decode path) equals pi_old from one full forward,
+    at the same temperature: the float32 mismatch of this engine is numerical only."""
+    _, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    temperature = 0.7
+    batch = sampler.generate(PROMPTS, n=4, params=SamplingParams(temperature=temperature, max_tokens=10, seed=1))
+    for record in batch.records:
+        seq = np.concatenate([record.prompt_token_ids, record.completion_token_ids])[None]
+        logp = token_logprobs(params, cfg, jnp.asarray(seq), temperature=temperature)
+        learner = np.asarray(logp)[0, len(record.prompt_token_ids) - 1:]
+        np.testing.assert_allclose(record.sampler_logprobs, learner, atol=2e-5)
+
+
+def test_same_seed_same_samples_and_different_seed_differs(tiny):
+    _, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    sp = SamplingParams(temperature=1.0, max_tokens=8, seed=7)
+    a = sampler.generate(PROMPTS, n=3, params=sp)
+    b = sampler.generate(PROMPTS, n=3, params=sp)
+    c = sampler.generate(PROMPTS, n=3, params=SamplingParams(temperature=1.0, max_tokens=8, seed=8))
+    same = [np.array_equal(x.completion_token_ids, y.completion_token_ids) for x, y in zip(a, b)]
+    diff = [np.array_equal(x.completion_token_ids, y.completion_token_ids) for x, y in zip(a, c)]
+    assert all(same) and not all(diff)
+    assert [r.prompt_index for r in a] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_first_token_frequencies_follow_softmax():
+    """Empirical frequencies of the first sampled token vs softmax(logits / T) from
+    a full forward: a chi-square-style bound on 4096 draws."""
+    model = hf_model("llama_tied", seed=4)
+    cfg, params = our_config_and_params(model)
+    prompt = [5, 17, 3]
+    temperature = 2.0  # flatten so several tokens have visible mass
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    draws = 4096
+    batch = sampler.generate([prompt], n=draws, params=SamplingParams(temperature=temperature, max_tokens=1, seed=0))
+    first = np.array([r.completion_token_ids[0] for r in batch.records])
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].double().numpy()
+    probs = np.exp(logits / temperature - np.logaddexp.reduce(logits / temperature))
+    counts = np.bincount(first, minlength=cfg.vocab_size)
+    top = np.argsort(probs)[::-1][:5]
+    for t in top:
+        expected = probs[t] * draws
+        assert abs(counts[t] - expected) < 5 * math.sqrt(expected) + 3, (t, counts[t], expected)
+
+
+def test_filtered_logprobs_top_k_and_top_p_by_hand():
+    logits = jnp.log(jnp.array([[0.1, 0.2, 0.3, 0.4]]))
+    # top_k=2 keeps {0.3, 0.4} -> renormalised 3/7, 4/7
+    got = np.exp(np.asarray(filtered_logprobs(logits, jnp.float32(1.0), 2, jnp.float32(1.0), False)))
+    np.testing.assert_allclose(got, [[0, 0, 3 / 7, 4 / 7]], atol=1e-6)
+    # top_p=0.5: 0.4 alone has mass < 0.5, so 0.3 joins (0.7 >= 0.5); 0.2 does not
+    got = np.exp(np.asarray(filtered_logprobs(logits, jnp.float32(1.0), None, jnp.float32(0.5), True)))
+    np.testing.assert_allclose(got, [[0, 0, 3 / 7, 4 / 7]], atol=1e-6)
+    # top_p=0.35: the nucleus {0.4} already has mass >= 0.35
+    got = np.exp(np.asarray(filtered_logprobs(logits, jnp.float32(1.0), None, jnp.float32(0.35), True)))
+    np.testing.assert_allclose(got, [[0, 0, 0, 1]], atol=1e-6)
+    # temperature 0.5 squares the probabilities before renormalising
+    got = np.exp(np.asarray(filtered_logprobs(logits, jnp.float32(0.5), None, jnp.float32(1.0), False)))
+    sq = np.array([0.01, 0.04, 0.09, 0.16])
+    np.testing.assert_allclose(got, [sq / sq.sum()], atol=1e-6)
+
+
+def test_stop_tokens_end_completions(tiny):
+    _, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    greedy = sampler.generate(PROMPTS[:1], n=1, params=SamplingParams(top_k=1, max_tokens=6, seed=0))
+    tokens = greedy.records[0].completion_token_ids
+    stop = int(tokens[2])  # make the third greedy token a stop token
+    first_hit = int(np.argmax(tokens == stop))
+    stopped = sampler.generate(PROMPTS[:1], n=1, params=SamplingParams(top_k=1, max_tokens=6, seed=0,
+                                                                         stop_token_ids=(stop,)))
+    rec = stopped.records[0]
+    np.testing.assert_array_equal(rec.completion_token_ids, tokens[:first_hit + 1])
+    assert rec.finish_reason == "stop"
+
+
+def test_update_weights_bumps_version_and_changes_samples(tiny):
+    _, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    sp = SamplingParams(top_k=1, max_tokens=6, seed=0)
+    before = sampler.generate(PROMPTS, n=1, params=sp)
+    assert {r.weight_version for r in before} == {0}
+    perturbed = jax.tree.map(lambda x: x * 1.5, params)
+    assert sampler.update_weights(perturbed) == 1
+    after = sampler.generate(PROMPTS, n=1, params=sp)
+    assert {r.weight_version for r in after} == {1}
+    assert any(not np.array_equal(x.completion_token_ids, y.completion_token_ids) for x, y in zip(before, after))
+
+
+def test_bad_input_is_named(tiny):
+    _, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    with pytest.raises(ValueError, match="n .*>= 1"):
+        sampler.generate(PROMPTS, n=0, params=SamplingParams())
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        sampler.generate(PROMPTS, n=1, params=SamplingParams(max_tokens=10**6))
+    with pytest.raises(ValueError, match="eos_token_ids"):
+        JaxSampler(cfg, params, eos_token_ids=[])
