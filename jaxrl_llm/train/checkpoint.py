@@ -191,7 +191,9 @@ class StopFlag:
         self._event.set()
 
     def _fall_back(self, signum: int) -> None:
-        previous = self._previous.get(signum, signal.SIG_DFL)
+        previous = self._previous.get(signum)
+        if previous is None:  # installed outside Python: treat as the default action
+            previous = signal.SIG_DFL
         signal.signal(signum, previous)
         if callable(previous):
             previous(signum, None)
@@ -201,7 +203,7 @@ class StopFlag:
     def uninstall(self) -> None:
         """Puts back the handlers that were installed before."""
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
 
     def __enter__(self) -> "StopFlag":

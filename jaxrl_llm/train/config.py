@@ -138,7 +138,7 @@ class RecipeConfig(_Section):
     dual_clip_c: float | None = _field(None, gt=1.0)
     kl_beta: float | None = _field(None, ge=0.0)
     kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    correction: Literal["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mask"] | None = None
+    correction: Literal["off", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mask"] | None = None
     correction_cap: float | None = _field(None, gt=0.0)
     filter_zero_variance_groups: bool | None = None
     _path_prefix = "recipe."
@@ -307,7 +307,9 @@ def _describe(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is tuple:
-        return f"a tuple of {_describe(typing.get_args(tp)[0])}"
+        elem = typing.get_args(tp)[0]
+        plural = {bool: "bools", int: "ints", float: "floats", str: "strings"}
+        return f"a tuple of {plural.get(elem) or _describe(elem)}"
     if _is_section(tp):
         return f"a section ({tp.__name__})"
     return {bool: "a bool", int: "an int", float: "a float", str: "a string"}.get(tp, str(tp))
@@ -444,6 +446,24 @@ def parse_value(text: str, tp: Any, path: str) -> Any:
         except ValueError:
             raise ConfigError(f"{path} = {text!r} is not a float; valid: a number such as 1e-5 or 0.5") from None
     raise TypeError(f"unsupported config field type {tp!r} at {path}")
+
+
+def schema_help(cls: type = Config, prefix: str = "") -> str:
+    """One line per field: `train.lr: float = 1e-06 (> 0.0)`, for `--help` style listings."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        tp = _field_types(cls)[f.name]
+        if _is_section(tp):
+            lines.append(schema_help(tp, f"{prefix}{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        bounds = [f"{symbols[k]} {v!r}" for k, v in f.metadata.items() if k in symbols]
+        if "choices" in f.metadata:
+            bounds.append("one of " + ", ".join(map(repr, f.metadata["choices"])))
+        note = f" ({' and '.join(bounds)})" if bounds else ""
+        lines.append(f"{prefix}{f.name}: {_describe(tp)} = {default!r}{note}")
+    return "\n".join(lines)
 
 
 def _unquote(text: str) -> str:

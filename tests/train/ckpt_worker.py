@@ -3,6 +3,9 @@
     python ckpt_worker.py crash DIR      save step 1 (small), then a big step 2; killed by the test
     python ckpt_worker.py sigterm DIR    train-like loop that saves and exits on SIGTERM
     python ckpt_worker.py stubborn DIR   installs the handler but never checks it
+    python ckpt_worker.py multihost DIR PROCESS_ID PORT
+                                         one of two jax.distributed processes; all stop
+                                         and save together when any one gets SIGTERM
 
 Prints one marker line per event so the parent can synchronise on them.
 """
@@ -64,5 +67,29 @@ def stubborn(directory: str) -> None:
         time.sleep(0.01)
 
 
+def multihost(directory: str, process_id: str, port: str) -> None:
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=int(process_id))
+    stop = install_stop_handler()
+    ckpt = Checkpointer(directory, every_steps=1000, keep=2)
+    # One global array, half on each process.
+    sharding = NamedSharding(jax.make_mesh((2,), ("data",)), P("data"))
+    base = np.arange(8, dtype=np.float32)
+    for step in range(1, 10_000):
+        w = jax.make_array_from_callback((8,), sharding, lambda index: base[index] * step)
+        print(f"step {step}", flush=True)
+        time.sleep(0.02)
+        if stop.requested_on_any_process():
+            ckpt.save(step, {"w": w}, metadata={"stopped_at": step}, force=True)
+            ckpt.close()
+            print(f"stopped {step} local={stop.requested}", flush=True)
+            return
+
+
 if __name__ == "__main__":
-    {"crash": crash, "sigterm": sigterm, "stubborn": stubborn}[sys.argv[1]](sys.argv[2])
+    modes = {"crash": crash, "sigterm": sigterm, "stubborn": stubborn, "multihost": multihost}
+    modes[sys.argv[1]](*sys.argv[2:])

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -140,11 +141,11 @@ def test_invalid_arguments():
         Checkpointer("/tmp/unused-ckpt", every_steps=-1, keep=1)
 
 
-def _start_worker(mode: str, directory: Path) -> subprocess.Popen:
+def _start_worker(mode: str, directory: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    env.pop("XLA_FLAGS", None)
+    env.pop("XLA_FLAGS", None)  # one CPU device per process
     return subprocess.Popen(
-        [sys.executable, str(WORKER), mode, str(directory)],
+        [sys.executable, str(WORKER), mode, str(directory), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
 
@@ -251,3 +252,33 @@ def test_stop_flag_in_process_and_uninstall():
         assert stop.requested and stop.signal_name == "SIGUSR1"
         assert stop.requested_on_any_process()  # single process: the local flag
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_on_one_process_stops_every_process_at_the_same_step(tmp_path):
+    """Two jax.distributed processes; only process 1 gets SIGTERM, both must save and stop together."""
+    port = str(_free_port())
+    procs = [_start_worker("multihost", tmp_path, str(i), port) for i in range(2)]
+    try:
+        _wait_for_line(procs[1], "step 3")
+        procs[1].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    stops = [[line for line in out.splitlines() if line.startswith("stopped")] for out, _ in outputs]
+    step = int(stops[1][0].split()[1])
+    assert stops == [[f"stopped {step} local=False"], [f"stopped {step} local=True"]]
+    # The checkpoint both processes wrote together restores in this single process.
+    with Checkpointer(tmp_path, every_steps=1000, keep=2) as ckpt:
+        restored = ckpt.restore({"w": jnp.zeros(8)})
+    assert restored.step == step and restored.metadata == {"stopped_at": step}
+    np.testing.assert_array_equal(restored.state["w"], np.arange(8, dtype=np.float32) * step)

@@ -19,6 +19,7 @@ from jaxrl_llm.train.config import (
     parse_overrides,
     replace_values,
     save_config,
+    schema_help,
 )
 
 TRAIN_KEYS = [
@@ -56,6 +57,9 @@ def test_wrong_type_names_field_value_and_valid_type():
         apply_overrides(Config(), ["rollout.temperature=hot"])
     with pytest.raises(ConfigError, match=r"checkpoint.async_save = 'maybe' is not a bool; valid: true/false"):
         apply_overrides(Config(), ["checkpoint.async_save=maybe"])
+    # a bare string where a list of strings belongs is a classic JSON mistake
+    with pytest.raises(ConfigError, match=r"rollout.server_urls = 'http://h:1' \(str\) is invalid; valid: a tuple of strings"):
+        config_from_dict({"rollout": {"server_urls": "http://h:1"}})
     # bool is not an int, even though Python says isinstance(True, int)
     with pytest.raises(ConfigError, match=r"seed = True \(bool\) is invalid; valid: an int"):
         Config(seed=True)
@@ -98,6 +102,8 @@ def test_cross_field_checks():
         ("train.grad_clip=null", "train.grad_clip", None),
         ("recipe.name=dr_grpo", "recipe.name", "dr_grpo"),
         ("recipe.eps_high=0.28", "recipe.eps_high", 0.28),
+        ("recipe.correction=off", "recipe.correction", "off"),
+        ("recipe.correction=none", "recipe.correction", None),  # None: the recipe's own choice
         ("rollout.server_urls=http://127.0.0.1:8000,http://127.0.0.1:8001", "rollout.server_urls",
          ("http://127.0.0.1:8000", "http://127.0.0.1:8001")),
         ("rollout.server_urls=[http://h:1]", "rollout.server_urls", ("http://h:1",)),
@@ -200,3 +206,12 @@ def test_example_experiment_loads():
     assert (cfg.name, cfg.recipe.name, cfg.task.digits) == ("dr_grpo_add1", "dr_grpo", 1)
     grpo = load_config(f"{example}:grpo", ["train.lr=2e-6"])
     assert (grpo.name, grpo.recipe.name, grpo.train.lr) == ("grpo_add1", "grpo", 2e-6)
+
+
+def test_schema_help_lists_every_field_with_type_default_and_range():
+    lines = schema_help().splitlines()
+    assert "train.lr: a float = 1e-06 (> 0.0)" in lines
+    assert "rollout.top_p: a float = 1.0 (> 0.0 and <= 1.0)" in lines
+    assert "rollout.server_urls: a tuple of strings = ()" in lines
+    assert "train.precision: one of 'fp32', 'bf16', 'fp16' = 'bf16'" in lines
+    assert len(lines) == sum(len(dataclasses.fields(getattr(Config(), k))) if dataclasses.is_dataclass(getattr(Config(), k)) else 1 for k in TOP_KEYS)
