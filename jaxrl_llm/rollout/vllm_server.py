@@ -221,12 +221,12 @@ class VLLMServer:
         config = self.config
         model_dir = Path(config.model_dir)
         check_model_dir(model_dir)
-        python = Path(config.python) if config.python else vllm_env.vllm_python()
         if config.port is None:
             self.port = find_free_port(config.host)
         else:
             check_port_free(config.host, config.port)
             self.port = config.port
+        python = Path(config.python) if config.python else vllm_env.vllm_python()
         if config.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="vllm-server-")) / "server.log"
         else:

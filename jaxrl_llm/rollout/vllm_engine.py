@@ -1,0 +1,87 @@
+"""`RolloutEngine` over vLLM servers: the client samples, a `WeightSync`
+installs new weights, and a version counter labels every record.
+
+    with VLLMServer(VLLMServerConfig(model_dir=hf_dir)) as server:
+        client = VLLMClient([server.url])
+        sync = DiskWeightSync(client, export=lambda p, d: save_hf_dir(p, cfg, d))
+        engine = VLLMEngine(client, sync, servers=[server])
+        batch = engine.generate(prompt_ids, n=8, params=SamplingParams(max_tokens=64))
+        engine.update_weights(new_params)   # next batches carry weight_version 1
+
+`generate` and `update_weights` exclude each other (one lock), so every
+record of a batch was sampled by exactly the weights its version names.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
+from jaxrl_llm.rollout.vllm_client import VLLMClient, VLLMUnavailableError
+from jaxrl_llm.rollout.vllm_server import VLLMServer, VLLMServerError
+from jaxrl_llm.rollout.weight_sync import WeightSync, WeightSyncReport
+
+
+class VLLMEngine:
+    """Rollout engine backed by one or more vLLM servers.
+
+    Args:
+      client: VLLMClient over the servers' URLs.
+      weight_sync: how update_weights reaches the servers (None: read-only
+        engine; update_weights raises).
+      servers: the VLLMServer objects this process launched, if any; when a
+        request fails, a dead one is reported with its exit code and log.
+      initial_version: version of the weights the servers started with.
+    """
+
+    def __init__(self, client: VLLMClient, weight_sync: WeightSync | None = None, *,
+                 servers: Sequence[VLLMServer] = (), initial_version: int = 0):
+        self.client = client
+        self.weight_sync = weight_sync
+        self.servers = list(servers)
+        self._version = int(initial_version)
+        self._lock = threading.Lock()
+        self.last_sync: WeightSyncReport | None = None
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int,
+                 params: SamplingParams) -> RolloutBatch:
+        with self._lock:
+            version = self._version
+            try:
+                samples = self.client.sample(prompts_token_ids, n, params)
+            except VLLMUnavailableError as err:
+                raise self._explain(err) from err
+        records = [
+            RolloutRecord(prompt_index=p, sample_index=j, prompt_token_ids=prompts_token_ids[p],
+                          completion_token_ids=s.token_ids, sampler_logprobs=s.logprobs,
+                          finish_reason=s.finish_reason, weight_version=version)
+            for p, group in enumerate(samples) for j, s in enumerate(group)
+        ]
+        return RolloutBatch(tuple(records), num_prompts=len(samples), samples_per_prompt=n)
+
+    def update_weights(self, params: Any) -> int:
+        if self.weight_sync is None:
+            raise RuntimeError("this VLLMEngine has no weight_sync; construct it with e.g. DiskWeightSync")
+        with self._lock:
+            new_version = self._version + 1
+            try:
+                self.last_sync = self.weight_sync.push(params, new_version)
+            except VLLMUnavailableError as err:
+                raise self._explain(err) from err
+            self._version = new_version
+        return new_version
+
+    def _explain(self, err: Exception) -> Exception:
+        """Name a crashed server (exit code, log tail) instead of a bare
+        connection error, when we own it."""
+        dead = [s for s in self.servers if not s.is_running()]
+        if not dead:
+            return err
+        details = "\n".join(
+            f"server {s.url} exited with code {s.process.returncode if s.process else None}; "
+            f"log {s.log_path}:\n{s.log_tail(15)}" for s in dead)
+        return VLLMServerError(f"vLLM server died: {err}\n{details}")

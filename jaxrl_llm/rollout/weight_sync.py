@@ -1,0 +1,196 @@
+"""Moving the learner's parameters into running vLLM servers.
+
+`WeightSync` is the strategy seam; `DiskWeightSync` is the implementation
+that works everywhere (CPU and GPU, one or many servers on one host or on a
+shared filesystem):
+
+  1. export: the learner writes HF-format safetensors (via the bridge) into
+     a fresh staging directory, on /dev/shm when it exists (RAM, no disk).
+  2. reload: POST /collective_rpc {"method": "reload_weights",
+     "kwargs": {"weights_path": DIR}} to every server. vLLM loads the
+     checkpoint-format tensors in place (fusing q/k/v and gate/up itself).
+     Needs the server started with VLLM_SERVER_DEV_MODE=1.
+  3. POST /reset_prefix_cache: cached KV blocks were computed by the old
+     weights and must not be reused.
+  4. POST /update_weight_version {"new_version": "<v>"}: vLLM's own label,
+     readable at GET /weight_info, so a server can be asked what it serves.
+  5. verify (optional, `LogprobProbe`): score a fixed token sequence with
+     prompt logprobs on every server and compare with the learner's
+     logprobs for the same params. Reloads that silently skip tensors (vLLM
+     only logs a warning for weights it did not find) fail here.
+
+GPU fast path (not implemented here; same seam): vLLM 0.32 has an NCCL
+weight-transfer API (server flag --weight-transfer-config '{"backend":
+"nccl"}'). The trainer and the server workers form one NCCL group (trainer
+rank 0): POST /init_weight_transfer_engine {"init_info": {...}} with either
+a TCPStore rendezvous (master_address, master_port, world_size) or, for a
+torch-free trainer such as JAX, an ncclUniqueId minted by the trainer
+(nccl_unique_id_b64). Each update is POST /start_weight_update, POST
+/update_weights {"update_info": {"names", "dtype_names", "shapes"}} while
+the trainer broadcasts the tensors (HF names, packed buffers) from its GPUs,
+then POST /finish_weight_update {"weight_version": "<v>"}. No file is
+written. A `NcclWeightSync(WeightSync)` would implement `push` with those
+calls (JAX device buffers reach NCCL via DLPack, or a small torch peer
+process). CPU builds of vLLM have no NCCL backend, hence disk here.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxrl_llm.rollout.vllm_client import VLLMClient
+
+
+class WeightSyncError(RuntimeError):
+    """The servers did not end up serving the pushed weights."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSyncReport:
+    """What one push did and how long each phase took (seconds)."""
+
+    version: int
+    weights_dir: str
+    export_s: float
+    reload_s: float
+    verify_s: float
+    probe_max_abs_diff: float | None  # max |vLLM - learner| over probe tokens and servers
+
+    @property
+    def total_s(self) -> float:
+        return self.export_s + self.reload_s + self.verify_s
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobProbe:
+    """Check that a server serves given params by scoring a fixed sequence.
+
+    Attributes:
+      token_ids: the probe sequence (>= 2 tokens; ~16-64 is plenty).
+      learner_logprobs: params -> float [len(token_ids) - 1], the learner's
+        log p(x_t | x_<t) for the probe at temperature 1 (e.g. a jitted
+        jaxrl_llm.models.token_logprobs).
+      atol: largest allowed |vLLM - learner| per token. It depends on the
+        server dtype: ~1e-3 is safe for float32; bfloat16 needs ~0.3.
+    """
+
+    token_ids: Sequence[int]
+    learner_logprobs: Callable[[Any], np.ndarray]
+    atol: float
+
+    def max_abs_diff(self, client: VLLMClient, params: Any) -> float:
+        expected = np.asarray(self.learner_logprobs(params), np.float64).reshape(-1)
+        worst = 0.0
+        for url in client.urls:
+            served = client.prompt_logprobs(self.token_ids, url=url).astype(np.float64)
+            if served.shape != expected.shape:
+                raise WeightSyncError(f"probe shapes differ: server {served.shape}, learner {expected.shape}")
+            worst = max(worst, float(np.max(np.abs(served - expected))))
+        return worst
+
+
+def bridge_export(cfg: Any, dtype: str = "float32") -> Callable[[Any, Path], None]:
+    """An `export` for DiskWeightSync: the bridge's atomic HF writer, weights
+    only, no fsync (a staging copy on /dev/shm need not survive a crash).
+    `dtype` is the stored dtype; vLLM casts to its own --dtype on load, so
+    float32 loses nothing and bfloat16 halves the bytes written and read."""
+    from jaxrl_llm.bridge import save_hf_dir  # rollout -> bridge, as the layering allows
+
+    def export(params: Any, directory: Path) -> None:
+        save_hf_dir(cfg, params, directory, dtype=dtype, fsync=False)
+
+    return export
+
+
+class WeightSync(abc.ABC):
+    """Strategy that makes every server of a client serve new params."""
+
+    @abc.abstractmethod
+    def push(self, params: Any, version: int) -> WeightSyncReport:
+        """Install params as weight version `version` on every server; raise
+        WeightSyncError if that cannot be confirmed."""
+
+
+def default_stage_root() -> Path:
+    """/dev/shm (RAM-backed) when present, else the system temp dir."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+class DiskWeightSync(WeightSync):
+    """Export to a staging directory, then have every server reload from it.
+
+    Args:
+      client: reaches the servers (all of client.urls are updated).
+      export: (params, directory) -> None, creates `directory` (it does not
+        exist yet) holding HF-format safetensors, e.g. `bridge_export(cfg)`
+        (jaxrl_llm.bridge.save_hf_dir without fsync: the files live in RAM).
+      stage_root: where staging directories go; default /dev/shm. With
+        servers on other hosts this must be a filesystem they all see.
+      probe: optional LogprobProbe run after the reload.
+      rpc_timeout_s: read timeout of the reload call.
+
+    Only the newest staging directory is kept (the servers' model config
+    points at it after a reload); older ones are deleted after a successful
+    push, and everything on close().
+    """
+
+    def __init__(self, client: VLLMClient, export: Callable[[Any, Path], None], *,
+                 stage_root: str | Path | None = None, probe: LogprobProbe | None = None,
+                 rpc_timeout_s: float = 600.0):
+        self.client = client
+        self.export = export
+        self.stage_root = Path(stage_root) if stage_root is not None else default_stage_root()
+        self.probe = probe
+        self.rpc_timeout_s = rpc_timeout_s
+        self._stage_dir = Path(tempfile.mkdtemp(prefix="jaxrl-weights-", dir=self.stage_root))
+        self._current: Path | None = None
+
+    def push(self, params: Any, version: int) -> WeightSyncReport:
+        started = time.perf_counter()
+        weights_dir = self._stage_dir / f"v{version}"
+        partial = self._stage_dir / f".v{version}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        self.export(params, partial)
+        if not partial.is_dir() or not any(partial.glob("*.safetensors")):
+            found = sorted(p.name for p in partial.iterdir()) if partial.is_dir() else "no directory"
+            raise WeightSyncError(f"export wrote no *.safetensors into {partial} (found: {found})")
+        shutil.rmtree(weights_dir, ignore_errors=True)
+        partial.rename(weights_dir)  # servers only ever see a complete directory
+        exported = time.perf_counter()
+
+        self.client.post_all("/collective_rpc", {"method": "reload_weights",
+                                                 "kwargs": {"weights_path": str(weights_dir)}},
+                             timeout_s=self.rpc_timeout_s)
+        self.client.post_all("/reset_prefix_cache")
+        self.client.post_all("/update_weight_version", {"new_version": str(version)})
+        reloaded = time.perf_counter()
+
+        diff = None
+        if self.probe is not None:
+            diff = self.probe.max_abs_diff(self.client, params)
+            if not diff <= self.probe.atol:
+                raise WeightSyncError(
+                    f"after reloading version {version} from {weights_dir}, the servers' probe logprobs "
+                    f"differ from the learner's by up to {diff:.4g} (allowed {self.probe.atol}); the "
+                    "export is incomplete, misnamed, or in a different dtype than expected")
+        verified = time.perf_counter()
+
+        previous, self._current = self._current, weights_dir
+        if previous is not None and previous != weights_dir:
+            shutil.rmtree(previous, ignore_errors=True)
+        return WeightSyncReport(version, str(weights_dir), exported - started, reloaded - exported,
+                                verified - reloaded, diff)
+
+    def close(self) -> None:
+        shutil.rmtree(self._stage_dir, ignore_errors=True)
