@@ -36,14 +36,21 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from jaxrl_llm import core
+
 
 class ConfigError(ValueError):
     """A configuration key or value is invalid; the message says what is valid."""
 
 
-# Names of the recipes the learner knows (core's recipe registry). Keep in sync
-# with jaxrl_llm.core when recipes are added there.
-RECIPE_NAMES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo", "olmo3")
+# Names come from core's registries, so a config can only name what the learner has.
+RECIPE_NAMES = tuple(core.RECIPES)
+AGGREGATION_NAMES = tuple(core.AGGREGATION_MODES)
+POLICY_LOSS_NAMES = tuple(core.POLICY_LOSSES)
+KL_ESTIMATOR_NAMES = tuple(core.KL_ESTIMATORS)
+CORRECTION_NAMES = ("off", *core.CORRECTIONS)  # "off": no correction, whatever the recipe says
+# Each name X is the estimator core.X_advantages.
+ADVANTAGE_NAMES = ("grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gae")
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -128,17 +135,17 @@ class RecipeConfig(_Section):
     """
 
     name: str = _field("grpo", choices=RECIPE_NAMES)
-    advantage: Literal["grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gae"] | None = None
-    loss: Literal["pg", "ppo_clip", "cispo", "gspo", "gmpo", "is_pg"] | None = None
-    aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"] | None = None
+    advantage: str | None = _field(None, choices=ADVANTAGE_NAMES)
+    loss: str | None = _field(None, choices=POLICY_LOSS_NAMES)
+    aggregation: str | None = _field(None, choices=AGGREGATION_NAMES)
     # L_const of the "constant" aggregation; None: rollout.max_tokens.
     constant_length: int | None = _field(None, ge=1)
     eps_low: float | None = _field(None, ge=0.0, lt=1.0)
     eps_high: float | None = _field(None, ge=0.0)
     dual_clip_c: float | None = _field(None, gt=1.0)
     kl_beta: float | None = _field(None, ge=0.0)
-    kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    correction: Literal["off", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mask"] | None = None
+    kl_estimator: str | None = _field(None, choices=KL_ESTIMATOR_NAMES)
+    correction: str | None = _field(None, choices=CORRECTION_NAMES)
     correction_cap: float | None = _field(None, gt=0.0)
     filter_zero_variance_groups: bool | None = None
     _path_prefix = "recipe."
