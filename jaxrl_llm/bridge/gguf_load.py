@@ -71,8 +71,8 @@ def _file_digest(path: str, chunk: int = 1 << 24) -> str:
 
 
 def default_cache_root() -> str:
-    """$JAXRL_LLM_CACHE, else ~/.cache/jaxrl_llm."""
-    return os.environ.get("JAXRL_LLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_llm")
+    """$JAXRL_CACHE (shared with launch/build_vllm_env.sh), else ~/.cache/jaxrl_llm."""
+    return os.environ.get("JAXRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_llm")
 
 
 def smollm2_hf_dir(cache_root: str | os.PathLike | None = None) -> str:
