@@ -1,0 +1,1 @@
+"""Reports built from core diagnostics (tables and PNGs)."""
