@@ -1,1 +1,44 @@
-"""jaxrl_llm.rewards."""
+"""jaxrl_llm.rewards: verifiers and the parallel grading pool. Plain Python, no JAX.
+
+Every reward has the signature ``reward(completion_text, example) -> float``
+where ``example`` has ``answer`` and ``metadata`` (see jaxrl_llm.data.Example).
+This package imports nothing else of jaxrl_llm.
+"""
+from jaxrl_llm.rewards.extract import (
+    extract_integer_answer,
+    extract_last_boxed,
+    extract_tagged_answer,
+    normalize_math_answer,
+)
+from jaxrl_llm.rewards.graders import (
+    RewardFn,
+    addition_reward,
+    gold_math_answer,
+    math_answers_equal,
+    math_verify_reward,
+    reasoning_gym_answer_text,
+    reasoning_gym_reward,
+    trusted_in_process,
+    warm_up_with,
+)
+from jaxrl_llm.rewards.pool import GradeResult, GraderPool, grade_batch, grade_in_process
+
+__all__ = [
+    "GradeResult",
+    "GraderPool",
+    "RewardFn",
+    "addition_reward",
+    "extract_integer_answer",
+    "extract_last_boxed",
+    "extract_tagged_answer",
+    "gold_math_answer",
+    "grade_batch",
+    "grade_in_process",
+    "math_answers_equal",
+    "math_verify_reward",
+    "normalize_math_answer",
+    "reasoning_gym_answer_text",
+    "reasoning_gym_reward",
+    "trusted_in_process",
+    "warm_up_with",
+]
