@@ -538,13 +538,6 @@ def _resolve(cfg: Config, dotted: str) -> tuple[type, list[str], Any]:
     return cls, parts, tp
 
 
-def _replace_path(section: Any, parts: list[str], value: Any) -> Any:
-    if len(parts) == 1:
-        return dataclasses.replace(section, **{parts[0]: value})
-    child = getattr(section, parts[0])
-    return dataclasses.replace(section, **{parts[0]: _replace_path(child, parts[1:], value)})
-
-
 def replace_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     """Returns cfg with dotted keys set to Python values, e.g. {"train.lr": 1e-5}.
 
