@@ -1,1 +1,50 @@
-"""jaxrl_llm.data."""
+"""jaxrl_llm.data: prompt sources, tasks, chat templates, data set files. Plain Python, no JAX.
+
+Imports nothing of jaxrl_llm except jaxrl_llm.rewards (each task names its grader).
+"""
+from jaxrl_llm.data.chat_template import ChatTemplate, ChatTemplateError, render_chat_template
+from jaxrl_llm.data.jsonl import (
+    BOXED_INSTRUCTION,
+    EXAMPLES_DIR,
+    DatasetFormatError,
+    JsonlTask,
+    load_jsonl,
+)
+from jaxrl_llm.data.records import HELDOUT, SPLITS, TRAIN, Example, split_of, unit_hash
+from jaxrl_llm.data.tasks import (
+    DEFAULT_HELDOUT_FRACTION,
+    REASONING_GYM_TASKS,
+    TASK_FACTORIES,
+    AdditionTask,
+    GeneratedTask,
+    ReasoningGymTask,
+    Task,
+    make_task,
+    task_names,
+)
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "DEFAULT_HELDOUT_FRACTION",
+    "EXAMPLES_DIR",
+    "HELDOUT",
+    "REASONING_GYM_TASKS",
+    "SPLITS",
+    "TASK_FACTORIES",
+    "TRAIN",
+    "AdditionTask",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "DatasetFormatError",
+    "Example",
+    "GeneratedTask",
+    "JsonlTask",
+    "ReasoningGymTask",
+    "Task",
+    "load_jsonl",
+    "make_task",
+    "render_chat_template",
+    "split_of",
+    "task_names",
+    "unit_hash",
+]

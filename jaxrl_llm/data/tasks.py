@@ -1,0 +1,293 @@
+"""Procedural tasks: seeded, deterministic prompt generators with a grader each.
+
+A task turns ``(split, n, seed)`` into ``n`` :class:`Example` records and
+names the reward function that grades completions for them. Train and
+held-out splits are separated by question (see :mod:`jaxrl_llm.data.records`),
+so no held-out question is ever drawn for training, whatever the seed.
+
+Tasks:
+  addition          "What is a + b? Answer with just the number." (ours; the demo)
+  basic_arithmetic, chain_sum, countdown, ...   reasoning-gym generators,
+                    graded by reasoning-gym's own verifiers
+  reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
+  jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
+"""
+from __future__ import annotations
+
+import abc
+import hashlib
+import itertools
+import random
+from typing import Any, Callable, Iterator
+
+from jaxrl_llm.data.records import (
+    HELDOUT,
+    TRAIN,
+    Example,
+    check_heldout_fraction,
+    check_split,
+    short_hash,
+    split_of,
+)
+from jaxrl_llm.rewards import RewardFn, addition_reward, reasoning_gym_reward
+
+DEFAULT_HELDOUT_FRACTION = 0.3
+
+
+class Task(abc.ABC):
+    """A source of examples with a grader.
+
+    Attributes:
+      name: every example's ``task`` field.
+      reward_fn: ``reward(completion_text, example) -> float`` for its examples.
+      heldout_fraction: share of the questions held out (by question hash).
+    """
+
+    name: str
+    reward_fn: RewardFn
+    heldout_fraction: float
+
+    @abc.abstractmethod
+    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
+        """``n`` examples of ``split``, a pure function of (task config, split, n, seed).
+
+        Draws are independent and uniform over the split's questions, so
+        repeats are possible (the 1-digit addition train split has only 71
+        questions); ``unique=True`` skips repeats and raises ValueError if
+        the split cannot supply ``n`` distinct questions.
+        """
+
+    def _check_request(self, split: str, n: int) -> None:
+        check_split(split)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        empty = (split == HELDOUT and self.heldout_fraction == 0.0) or (
+            split == TRAIN and self.heldout_fraction == 1.0
+        )
+        if empty:
+            raise ValueError(
+                f"task {self.name!r} has no {split} questions: heldout_fraction={self.heldout_fraction}"
+            )
+
+
+class GeneratedTask(Task):
+    """A task over an unbounded (or large) generated question space.
+
+    Examples are drawn from ``_stream(seed)`` and kept when their question
+    falls in the requested split (rejection sampling, so draws stay uniform
+    over the split).
+    """
+
+    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
+        self._check_request(split, n)
+        picked: list[Example] = []
+        seen: set[str] = set()
+        stream = self._stream(seed)
+        max_draws = 1000 + 200 * n  # a split holding >= 1% of questions fills well within this
+        for _ in range(max_draws):
+            if len(picked) == n:
+                return picked
+            example = next(stream)
+            if example.split != split or (unique and example.id in seen):
+                continue
+            seen.add(example.id)
+            picked.append(example)
+        if len(picked) == n:
+            return picked
+        raise ValueError(
+            f"task {self.name!r}: found only {len(picked)} {'distinct ' if unique else ''}{split} "
+            f"questions in {max_draws} draws, {n} requested; the split is too small for this request"
+        )
+
+    @abc.abstractmethod
+    def _stream(self, seed: int) -> Iterator[Example]:
+        """Endless deterministic draws over the whole question space (both splits)."""
+
+
+class AdditionTask(GeneratedTask):
+    """``What is a + b? Answer with just the number.`` with two ``digits``-digit operands.
+
+    Operands are uniform over the ``digits``-digit integers: 0..9 for 1 digit
+    (so 100 ordered pairs, the demo task), 10..99 for 2, and so on. The
+    held-out split is a fixed set of questions: with the default 0.3, 29 of
+    the 100 one-digit pairs. Graded by :func:`jaxrl_llm.rewards.addition_reward`.
+    """
+
+    name = "addition"
+    reward_fn = staticmethod(addition_reward)
+    max_enumerable_digits = 3  # 810,000 pairs; 4 digits would be 81 million
+
+    def __init__(self, digits: int = 1, *, heldout_fraction: float = DEFAULT_HELDOUT_FRACTION):
+        if not isinstance(digits, int) or isinstance(digits, bool) or digits < 1:
+            raise ValueError(f"digits must be an int >= 1, got {digits!r}")
+        self.digits = digits
+        self.heldout_fraction = check_heldout_fraction(heldout_fraction)
+        self.low = 0 if digits == 1 else 10 ** (digits - 1)
+        self.high = 10**digits - 1
+
+    def example(self, a: int, b: int) -> Example:
+        """The example asking a + b (its split follows from the question)."""
+        question = f"{a} + {b}"
+        return Example(
+            id=f"addition/{a}+{b}",
+            task=self.name,
+            prompt=f"What is {question}? Answer with just the number.",
+            answer=str(a + b),
+            split=split_of(question, self.heldout_fraction),
+            metadata={"a": a, "b": b, "digits": self.digits},
+        )
+
+    def all_examples(self, split: str) -> list[Example]:
+        """Every question of ``split``, ordered by (a, b)."""
+        check_split(split)
+        if self.digits > self.max_enumerable_digits:
+            raise ValueError(
+                f"all_examples enumerates at most {self.max_enumerable_digits}-digit addition, "
+                f"got digits={self.digits}; use examples(split, n, seed=...) instead"
+            )
+        operands = range(self.low, self.high + 1)
+        pairs = (self.example(a, b) for a, b in itertools.product(operands, operands))
+        return [example for example in pairs if example.split == split]
+
+    def _stream(self, seed: int) -> Iterator[Example]:
+        rng = random.Random(seed)
+        while True:
+            a = rng.randint(self.low, self.high)
+            b = rng.randint(self.low, self.high)
+            yield self.example(a, b)
+
+
+class ReasoningGymTask(GeneratedTask):
+    """A reasoning-gym procedural data set, graded by its own ``score_answer``.
+
+    The prompt is reasoning-gym's question verbatim, plus ``instruction`` if
+    given (e.g. "\\n\\nGive your final answer in <answer></answer> tags.").
+    ``config`` goes to the data set's config class (difficulty ranges etc.).
+
+    Seeds: reasoning-gym builds item ``i`` from ``Random(seed + i)``, so the
+    streams of seeds s and s+1 would share all but one item. Our stream is
+    therefore a chain of chunks of ``CHUNK`` items, chunk k built with the
+    32-bit reasoning-gym seed sha256("<dataset>/<seed>/<k>"). Chunks also
+    bound the work of data sets that precompute per item at construction
+    (gsm_symbolic draws ``size`` templates up front).
+    """
+
+    CHUNK = 256
+
+    reward_fn = staticmethod(reasoning_gym_reward)
+
+    def __init__(
+        self,
+        dataset: str,
+        *,
+        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+        instruction: str = "",
+        **config: Any,
+    ):
+        import reasoning_gym.factory
+
+        valid = sorted(reasoning_gym.factory.DATASETS)
+        if dataset not in valid:
+            raise ValueError(f"unknown reasoning-gym data set {dataset!r}; valid names: {', '.join(valid)}")
+        reserved = {"seed", "size"} & set(config)
+        if reserved:
+            raise ValueError(
+                f"{sorted(reserved)} are set per draw by Task.examples(seed=...); "
+                f"remove them from the {dataset!r} config"
+            )
+        self.name = dataset
+        self.heldout_fraction = check_heldout_fraction(heldout_fraction)
+        self.instruction = instruction
+        self.config = dict(config)
+        self._create(seed=0)  # fail now, not mid-run, on a bad config
+
+    def _create(self, seed: int):
+        import dataclasses
+
+        import reasoning_gym
+
+        try:
+            return reasoning_gym.create_dataset(self.name, seed=seed, size=self.CHUNK, **self.config)
+        except TypeError as exc:
+            _, config_cls = reasoning_gym.factory.DATASETS[self.name]
+            fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+            raise ValueError(
+                f"bad config {self.config} for reasoning-gym {self.name!r} ({exc}); "
+                f"valid fields: {', '.join(fields)}"
+            ) from exc
+
+    def example_from_entry(self, entry: dict[str, Any]) -> Example:
+        question = entry["question"]
+        return Example(
+            id=f"{self.name}/{short_hash(question)}",
+            task=self.name,
+            prompt=question + self.instruction,
+            answer=str(entry["answer"]),
+            split=split_of(question, self.heldout_fraction),
+            metadata={
+                "rg_dataset": self.name,
+                "rg_config": self.config,
+                "rg_question": question,
+                "rg_metadata": entry["metadata"],
+            },
+        )
+
+    def _stream(self, seed: int) -> Iterator[Example]:
+        for chunk in itertools.count():
+            key = f"{self.name}/{seed}/{chunk}".encode()
+            dataset = self._create(seed=int(hashlib.sha256(key).hexdigest()[:8], 16))
+            for index in range(self.CHUNK):
+                yield self.example_from_entry(dataset[index])
+
+
+# reasoning-gym data sets with short, checkable answers that suit small models.
+REASONING_GYM_TASKS = (
+    "basic_arithmetic",
+    "chain_sum",
+    "countdown",
+    "decimal_arithmetic",
+    "fraction_simplification",
+    "gcd",
+    "gsm_symbolic",
+    "lcm",
+    "leg_counting",
+    "products",
+    "simple_equations",
+)
+
+
+def _jsonl_task(**kwargs: Any) -> Task:
+    from jaxrl_llm.data.jsonl import JsonlTask
+
+    return JsonlTask(**kwargs)
+
+
+def _reasoning_gym_factory(dataset: str) -> Callable[..., Task]:
+    def factory(**config: Any) -> Task:
+        return ReasoningGymTask(dataset, **config)
+
+    factory.__doc__ = f"reasoning-gym {dataset!r}; kwargs as ReasoningGymTask."
+    return factory
+
+
+TASK_FACTORIES: dict[str, Callable[..., Task]] = {
+    "addition": AdditionTask,
+    **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
+    "reasoning_gym": ReasoningGymTask,
+    "jsonl": _jsonl_task,
+}
+
+
+def task_names() -> tuple[str, ...]:
+    return tuple(sorted(TASK_FACTORIES))
+
+
+def make_task(name: str, **config: Any) -> Task:
+    """Build the task registered as ``name`` with its keyword config.
+
+    make_task("addition", digits=1); make_task("chain_sum", min_terms=2);
+    make_task("reasoning_gym", dataset="maze"); make_task("jsonl", path="x.jsonl").
+    """
+    if name not in TASK_FACTORIES:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(task_names())}")
+    return TASK_FACTORIES[name](**config)
