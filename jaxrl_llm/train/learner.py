@@ -1,0 +1,232 @@
+"""The learner: one jit-compiled, micro-batched, optionally sharded optimiser step.
+
+* Loss: `core.recipe_loss` on a `core.StepBatch` whose aggregation weights
+  were fixed on the whole optimiser-step batch (`core.prepare_step_batch`),
+  so the micro-batch losses are plain sums and accumulating their gradients
+  equals one pass over the batch (SPEC section 3).
+* Precision: fp32 master weights and optimiser state always; the forward and
+  backward run in the compute dtype of `TrainConfig.precision` (fp32, bf16,
+  fp16), log-softmax in float32 (SPEC section 7). fp16 uses dynamic loss
+  scaling: on a non-finite gradient the step is skipped and the scale halved;
+  after `loss_scale_growth_interval` good steps it doubles (Micikevicius et
+  al. 2018, "Mixed Precision Training"). In every precision a non-finite loss
+  or gradient skips the update and is reported as `skipped`.
+* Optimiser: optax AdamW behind global-norm clipping, with a warmup + constant
+  / linear / cosine learning-rate schedule.
+* Sharding: with a mesh, params follow `models.param_shardings` and batch rows
+  are split over ("data", "fsdp"); jit (GSPMD) inserts the collectives.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_llm import core
+from jaxrl_llm.models import DecoderConfig, batch_sharding, param_shardings, token_logprobs
+from jaxrl_llm.train.batch import SequenceBatch
+
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class LossScale(NamedTuple):
+    scale: jax.Array  # float32 scalar
+    good_steps: jax.Array  # int32 scalar: finite steps since the last change
+
+
+class LearnerState(NamedTuple):
+    params: Any  # float32 master weights
+    opt_state: Any
+    loss_scale: LossScale
+    step: jax.Array  # int32: optimiser steps taken (skipped ones included)
+
+
+def learning_rate_schedule(train_cfg, total_steps: int) -> optax.Schedule:
+    """Linear warmup from 0 over warmup_steps, then constant, linear decay to 0 or cosine decay to 0."""
+    warmup = int(train_cfg.warmup_steps)
+    decay_steps = max(int(total_steps) - warmup, 1)
+    if train_cfg.schedule == "constant":
+        after = optax.constant_schedule(train_cfg.lr)
+    elif train_cfg.schedule == "linear":
+        after = optax.linear_schedule(train_cfg.lr, 0.0, decay_steps)
+    elif train_cfg.schedule == "cosine":
+        after = optax.cosine_decay_schedule(train_cfg.lr, decay_steps)
+    else:
+        raise ValueError(f"train.schedule={train_cfg.schedule!r}; valid: 'constant', 'linear', 'cosine'")
+    if warmup == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, train_cfg.lr, warmup), after], [warmup])
+
+
+def make_optimizer(train_cfg, total_steps: int) -> optax.GradientTransformation:
+    parts = [] if train_cfg.grad_clip is None else [optax.clip_by_global_norm(train_cfg.grad_clip)]
+    parts.append(optax.adamw(learning_rate_schedule(train_cfg, total_steps), b1=train_cfg.adam_b1,
+                             b2=train_cfg.adam_b2, eps=train_cfg.adam_eps, weight_decay=train_cfg.weight_decay))
+    return optax.chain(*parts)
+
+
+def _split_rows(x, num_micro_batches: int):
+    """[N, ...] -> [k, N/k, ...] with micro-batch i = rows i, i+k, i+2k, ...: a strided split, so
+    with rows sharded in contiguous blocks every micro-batch stays spread over all devices.
+    Any row partition gives the same sum, because the weights are global."""
+    if x is None:
+        return None
+    rows = x.shape[0]
+    return jnp.swapaxes(x.reshape(rows // num_micro_batches, num_micro_batches, *x.shape[1:]), 0, 1)
+
+
+def _completion_logprobs(params, cfg: DecoderConfig, tokens, attention_mask, positions, *, prompt_width: int,
+                         completion_width: int, temperature: float, return_entropy: bool, remat: bool):
+    out = token_logprobs(params, cfg, tokens, attention_mask=attention_mask, positions=positions,
+                         temperature=temperature, return_entropy=return_entropy, remat=remat)
+
+    def completion_part(x):
+        return jax.lax.slice_in_dim(x, prompt_width - 1, prompt_width - 1 + completion_width, axis=1)
+
+    return jax.tree.map(completion_part, out)
+
+
+class Learner:
+    """Holds the static pieces of a run (model config, recipe, optimiser, mesh)
+    and exposes two jitted functions: `logprobs` (pi_old recompute, entropy) and
+    `update` (one optimiser step on one StepBatch)."""
+
+    def __init__(self, model_cfg: DecoderConfig, recipe: core.Recipe, train_cfg, *, total_steps: int,
+                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, remat: bool = True):
+        if train_cfg.precision not in PRECISION_DTYPES:
+            raise ValueError(f"train.precision={train_cfg.precision!r}; valid: {sorted(PRECISION_DTYPES)}")
+        dtype = PRECISION_DTYPES[train_cfg.precision]
+        self.compute_cfg = model_cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
+        self.compute_dtype = jnp.dtype(dtype)
+        self.recipe = recipe
+        self.train_cfg = train_cfg
+        self.temperature = float(temperature)
+        self.mesh = mesh
+        self.remat = remat
+        self.dynamic_loss_scale = train_cfg.precision == "fp16"
+        self.optimizer = make_optimizer(train_cfg, total_steps)
+        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches"))
+        self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"),
+                               donate_argnums=(0,))
+        self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"))
+
+    # ----------------------------------------------------------------- state
+    def init(self, params) -> LearnerState:
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        if self.mesh is not None:
+            params = jax.device_put(params, param_shardings(params, self.mesh))
+        scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
+        return LearnerState(params, self.optimizer.init(params),
+                            LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
+
+    def compute_params(self, params):
+        """Master params cast to the compute dtype (what the forward pass sees)."""
+        return jax.tree.map(lambda x: x.astype(self.compute_dtype), params)
+
+    def _num_micro_batches(self, rows: int) -> int:
+        size = min(self.train_cfg.micro_batch_size, rows)
+        if rows % size:
+            raise ValueError(f"train.micro_batch_size={self.train_cfg.micro_batch_size} must divide the "
+                             f"{rows} sequences of an optimiser step")
+        return rows // size
+
+    def _place(self, tree):
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, tree)
+        return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(self.mesh, np.ndim(x))), tree)
+
+    # -------------------------------------------------------------- logprobs
+    def logprobs(self, params, seq: SequenceBatch) -> tuple[jax.Array, jax.Array]:
+        """(logp, entropy), each float32 [N, T_c]: the learner's pi_old of the
+        completion tokens at the sampling temperature, and the entropy of its
+        next-token distribution there. No gradient; micro-batched."""
+        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
+        return self._logprobs(params, *arrays, prompt_width=seq.prompt_width,
+                              num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
+
+    def _logprobs_impl(self, params, tokens, attention_mask, positions, *, prompt_width, num_micro_batches):
+        completion_width = tokens.shape[1] - prompt_width
+        params = self.compute_params(params)
+
+        def one(args):
+            return _completion_logprobs(params, self.compute_cfg, *args, prompt_width=prompt_width,
+                                        completion_width=completion_width, temperature=self.temperature,
+                                        return_entropy=True, remat=False)
+
+        split = [_split_rows(x, num_micro_batches) for x in (tokens, attention_mask, positions)]
+        logp, entropy = jax.lax.map(one, split)
+        rows = tokens.shape[0]
+        unsplit = lambda x: jnp.swapaxes(x, 0, 1).reshape(rows, completion_width)  # noqa: E731
+        return unsplit(logp), unsplit(entropy)
+
+    # ---------------------------------------------------------------- update
+    def update(self, state: LearnerState, seq: SequenceBatch, step_batch: core.StepBatch):
+        """One optimiser step on the rows of `seq` / `step_batch` (one mini-batch).
+        Returns (new_state, metrics dict of float32 scalars)."""
+        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
+        step_batch = self._place(step_batch)
+        return self._update(state, *arrays, step_batch, prompt_width=seq.prompt_width,
+                            num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
+
+    def loss_and_grads(self, params, seq: SequenceBatch, step_batch: core.StepBatch):
+        """(loss, grads w.r.t. the float32 master params, metrics) of one step batch,
+        without a loss scale: the quantity `update` descends. For tests and analysis."""
+        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
+        return self._grads(params, *arrays, self._place(step_batch), jnp.float32(1.0), prompt_width=seq.prompt_width,
+                           num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
+
+    def _grads_impl(self, params, tokens, attention_mask, positions, step_batch, scale, *, prompt_width,
+                    num_micro_batches):
+        """Sum over micro-batches of d(scale * loss)/d params, divided by scale."""
+        completion_width = tokens.shape[1] - prompt_width
+
+        def micro_loss(params, micro):
+            tok, att, pos, batch = micro
+            logp = _completion_logprobs(self.compute_params(params), self.compute_cfg, tok, att, pos,
+                                        prompt_width=prompt_width, completion_width=completion_width,
+                                        temperature=self.temperature, return_entropy=False, remat=self.remat)
+            loss, metrics = core.recipe_loss(self.recipe, logp, batch)
+            return loss * scale, metrics
+
+        grad_fn = jax.grad(micro_loss, has_aux=True)
+
+        def accumulate(carry, micro):
+            return jax.tree.map(jnp.add, carry, grad_fn(params, micro)), None
+
+        micro = jax.tree.map(functools.partial(_split_rows, num_micro_batches=num_micro_batches),
+                             (tokens, attention_mask, positions, step_batch))
+        first = jax.tree.map(lambda x: x[0], micro)
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, first))
+        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+        return metrics["loss"], jax.tree.map(lambda g: g / scale, grads), metrics
+
+    def _update_impl(self, state: LearnerState, tokens, attention_mask, positions, step_batch, *,
+                     prompt_width, num_micro_batches):
+        _, grads, metrics = self._grads_impl(state.params, tokens, attention_mask, positions, step_batch,
+                                             state.loss_scale.scale, prompt_width=prompt_width,
+                                             num_micro_batches=num_micro_batches)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+        updates, new_opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        params = jax.tree.map(keep, new_params, state.params)
+        opt_state = jax.tree.map(keep, new_opt_state, state.opt_state)
+        loss_scale = self._next_loss_scale(state.loss_scale, finite)
+        metrics = dict(metrics, grad_norm=grad_norm, loss_scale=state.loss_scale.scale,
+                       skipped=(~finite).astype(jnp.float32))
+        return LearnerState(params, opt_state, loss_scale, state.step + 1), metrics
+
+    def _next_loss_scale(self, current: LossScale, finite) -> LossScale:
+        if not self.dynamic_loss_scale:
+            return current
+        cfg = self.train_cfg
+        grown = current.good_steps + 1 >= cfg.loss_scale_growth_interval
+        scale = jnp.where(finite, jnp.where(grown, current.scale * cfg.loss_scale_factor, current.scale),
+                          jnp.maximum(current.scale / cfg.loss_scale_factor, cfg.loss_scale_min))
+        good = jnp.where(finite & ~grown, current.good_steps + 1, 0)
+        return LossScale(scale.astype(jnp.float32), good.astype(jnp.int32))
