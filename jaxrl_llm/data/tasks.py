@@ -226,7 +226,7 @@ class ReasoningGymTask(GeneratedTask):
             split=split_of(question, self.heldout_fraction),
             metadata={
                 "rg_dataset": self.name,
-                "rg_config": self.config,
+                "rg_config": dict(self.config),
                 "rg_question": question,
                 "rg_metadata": entry["metadata"],
             },

@@ -75,7 +75,8 @@ def extract_integer_answer(text: str) -> int | None:
        echoed equation "3 + 4 = 7" answers 7.
     3. Exactly one number must remain. "7", " 7.", "**7**", "The answer is
        7." and "$\\boxed{7}$" all give 7; "12 or 13", "12-13" and "7, 8"
-       hold two numbers and give None (a hedge is not an answer).
+       hold two numbers and give None (a hedge is not an answer), and so
+       does "What is 3 + 4? 7" (an echoed question without "=").
     4. The number must be integral: "7.0" gives 7, "7.5" gives None.
        Thousands separators are accepted: "1,000" gives 1000.
     """

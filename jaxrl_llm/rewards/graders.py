@@ -129,6 +129,9 @@ def _math_verify():
     return math_verify.parse, math_verify.verify
 
 
+_RG_KEYS = ("rg_dataset", "rg_config", "rg_question", "rg_metadata")
+
+
 def _warm_up_reasoning_gym() -> None:
     import reasoning_gym  # noqa: F401  (registers every data set: seconds of imports)
 
@@ -149,6 +152,12 @@ def reasoning_gym_reward(completion: str, example: Gradable) -> float:
     :class:`jaxrl_llm.data.tasks.ReasoningGymTask`.
     """
     metadata = example.metadata
+    missing = [key for key in _RG_KEYS if key not in metadata]
+    if missing:
+        raise KeyError(
+            f"example {getattr(example, 'id', '?')} lacks metadata {missing}; reasoning_gym_reward "
+            "grades examples made by jaxrl_llm.data.ReasoningGymTask"
+        )
     score_answer = _reasoning_gym_scorer(
         metadata["rg_dataset"], json.dumps(metadata["rg_config"], sort_keys=True)
     )

@@ -283,7 +283,7 @@ class GraderPool:
         _check_batch(completions, examples)
         if in_process is None:
             in_process = getattr(reward_fn, "trusted_in_process", False)
-        if in_process:
+        if in_process or not completions:
             return grade_in_process(reward_fn, completions, examples)
         try:
             pickled_fn = pickle.dumps(reward_fn)

@@ -131,3 +131,17 @@ def test_template_errors_are_reported():
         render_chat_template(OWN_TEMPLATE, ["hi"], add_generation_prompt=True)
     with pytest.raises(ChatTemplateError, match="no chat template in"):
         ChatTemplate.from_hf_dir(Path(__file__).parent)
+
+
+@pytest.mark.slow  # converts the GGUF to an HF directory on first use (cached afterwards)
+def test_smollm2_hf_dir_template_matches_its_transformers_tokenizer():
+    from jaxrl_llm.bridge import smollm2_hf_dir
+
+    directory = smollm2_hf_dir()
+    reference = AutoTokenizer.from_pretrained(directory)
+    ours = ChatTemplate.from_hf_dir(directory)
+    assert ours.special_tokens["eos_token"] == reference.eos_token
+    for messages in CONVERSATIONS.values():
+        for add_generation_prompt in (True, False):
+            expected = hf_render(reference, messages, add_generation_prompt)
+            assert ours.render(messages, add_generation_prompt=add_generation_prompt) == expected

@@ -110,3 +110,8 @@ COUNTDOWN = Gold(
 )
 def test_reasoning_gym_reward_countdown(completion, expected):
     assert reasoning_gym_reward(completion, COUNTDOWN) == pytest.approx(expected)
+
+
+def test_reasoning_gym_reward_names_missing_metadata():
+    with pytest.raises(KeyError, match=r"lacks metadata \['rg_dataset', 'rg_config'"):
+        reasoning_gym_reward("1", Gold("1", metadata={"rg_question": "q", "rg_metadata": {}}))

@@ -36,7 +36,8 @@ def test_raising_grader_scores_zero_and_is_reported(pool):
 
 def test_hung_grader_times_out_within_bounded_time_and_pool_recovers(pool):
     completions = ["right", "hang", "right", "wrong", "right", "right"]
-    graders_before = pool.grade(graders.worker_pid, ["x"] * 8, blank(8))
+    pool.grade(graders.raises_on_boom, ["right"], blank(1))  # workers up
+    pids_before = set(pool.worker_pids)
     start = time.monotonic()
     result = pool.grade(graders.hangs_on_hang, completions, blank(6))
     wall = time.monotonic() - start
@@ -46,11 +47,11 @@ def test_hung_grader_times_out_within_bounded_time_and_pool_recovers(pool):
     assert "completion 1: grader ran past 1 s" in result.errors[0]
     # The deadline held: not before it, and not much after (the grader sleeps an hour).
     assert TIMEOUT_S <= wall < TIMEOUT_S + 10
-    # The pool keeps its size, the hung worker was replaced, and grading goes on.
-    after = pool.grade(graders.worker_pid, ["x"] * 8, blank(8))
-    assert len(pool.worker_pids) == 2
-    assert set(after.rewards) <= set(map(float, pool.worker_pids))
-    assert set(after.rewards) != set(graders_before.rewards)
+    # The pool keeps its size, only the hung worker was replaced, and grading goes on.
+    pids_after = set(pool.worker_pids)
+    assert len(pids_after) == 2 and len(pids_before & pids_after) == 1
+    graded_by = pool.grade(graders.worker_pid, ["x"] * 8, blank(8))
+    assert set(graded_by.rewards) <= set(map(float, pids_after))
     again = pool.grade(graders.hangs_on_hang, ["right", "wrong"], blank(2))
     assert again.rewards == (1.0, 0.0) and again.n_timeouts == 0
 
@@ -124,3 +125,10 @@ def test_grader_that_cannot_load_fails_the_batch_loudly():
             fresh.grade(graders.cannot_load, ["x"], blank(1))
         assert fresh.worker_pids == ()  # closed, not left half-loaded
         assert fresh.grade(graders.raises_on_boom, ["right"], blank(1)).rewards == (1.0,)
+
+
+def test_empty_batch_starts_nothing():
+    with GraderPool(1, timeout_s=TIMEOUT_S) as fresh:
+        result = fresh.grade(graders.raises_on_boom, [], [])
+        assert fresh.worker_pids == ()
+    assert (result.rewards, result.n_errors, result.mean_reward) == ((), 0, 0.0)
