@@ -59,11 +59,11 @@ def _hf_shape(shape: tuple[int, ...], transposed: bool) -> tuple[int, ...]:
     return tuple(reversed(shape)) if transposed else shape
 
 
-def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> np.dtype:
-    """Names, shapes and dtypes of every tensor against ``cfg``; returns the common stored dtype.
+def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> dict[str, str]:
+    """Names, shapes and dtypes of every tensor against ``cfg``; returns {stored dtype: an example tensor}.
 
     Raises CheckpointError naming the first bad tensors: missing, unexpected (a tied
-    model's ``lm_head.weight`` copy is tolerated), wrong shape, non-float or mixed dtype.
+    model's ``lm_head.weight`` copy is tolerated), wrong shape, non-float dtype.
     """
     where = files.directory
     expected = set(hf_names.hf_tensor_names(cfg))
@@ -90,10 +90,7 @@ def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> np.dtype:
                 raise CheckpointError(f"{files.file(name).path}: tensor {name!r} has dtype {dtype.name}; "
                                       f"valid: {list(_FLOAT_DTYPES)}")
             dtypes.setdefault(dtype.name, name)
-    if len(dtypes) > 1:
-        raise CheckpointError(f"{where}: tensors are stored in mixed dtypes (e.g. {dtypes}); "
-                              "pass dtype=... to load_hf_dir to convert them all to one")
-    return np.dtype(jnp_dtype(next(iter(dtypes))))
+    return dtypes
 
 
 def _leaf_reader(files: SafetensorsDir, names: list[str] | str, transposed: bool,
@@ -138,7 +135,10 @@ def load_hf_dir(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | None
     files = SafetensorsDir(directory)
     cfg = read_hf_config(directory)
     stored = check_tensors(files, cfg)
-    target = stored if dtype is None else np.dtype(jnp_dtype(canonical_dtype_name(dtype)))
+    if dtype is None and (len(stored) > 1 or "float64" in stored):
+        raise CheckpointError(f"{directory}: tensors are stored as {stored} (dtype: example tensor); "
+                              "pass dtype=float32|bfloat16|float16 to load_hf_dir to convert them all to one")
+    target = np.dtype(jnp_dtype(canonical_dtype_name(next(iter(stored)) if dtype is None else dtype)))
     cfg = cfg.with_dtypes(param_dtype=target.name)
     if shardings is None and mesh is not None:
         shardings = param_shardings(param_shapes(cfg), mesh)

@@ -106,8 +106,10 @@ class SafetensorsFile:
     def array(self, name: str) -> np.ndarray:
         """Zero-copy read-only view; slicing it reads only the touched pages from disk."""
         dtype, shape, begin, end = self._spec(name)
-        if begin == end:
-            return np.zeros(shape, dtype)
+        if begin == end:  # an empty tensor has no bytes to map
+            empty = np.zeros(shape, dtype)
+            empty.flags.writeable = False
+            return empty
         start = self._data_start + begin
         return self._map[start:self._data_start + end].view(dtype).reshape(shape)
 
