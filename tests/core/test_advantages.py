@@ -149,8 +149,9 @@ class GaeTest(chex.TestCase):
         np.testing.assert_allclose(out.advantages, expected, atol=1e-5)
         assert np.all(np.isfinite(out.returns))
 
+    @chex.variants(**VARIANTS)
     def test_terminal_token_rewards(self):
-        out = core.terminal_token_rewards(np.array([[2.0, 3.0, 4.0]]), lengths_to_mask([2, 0, 3], 4))
+        out = self.variant(core.terminal_token_rewards)(np.array([[2.0, 3.0, 4.0]]), lengths_to_mask([2, 0, 3], 4))
         np.testing.assert_array_equal(out, [[0, 2, 0, 0], [0, 0, 0, 0], [0, 0, 4, 0]])
 
     def test_rejects_bad_gamma(self):

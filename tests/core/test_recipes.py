@@ -212,6 +212,12 @@ def test_clip_fraction_metric_is_token_mean_of_clipped_tokens():
     assert float(metrics["clip_fraction"]) == pytest.approx(clipped[kept].mean(), abs=1e-6)
 
 
+def test_recipe_is_a_valid_static_argument():
+    rec, data, batch, _ = _random_step("gspo", seed=14)
+    jitted = jax.jit(core.recipe_loss, static_argnums=0)
+    assert float(jitted(rec, data.logp, batch)[0]) == float(jitted(core.get_recipe("gspo"), data.logp, batch)[0])
+
+
 def test_prepare_step_batch_under_jit_matches_eager():
     rec = recipe("olmo3")
     data = random_batch(13)
