@@ -27,11 +27,11 @@ TINY_CONFIGS = {
 }
 
 
-def hf_model(name: str, seed: int = 0):
-    """A transformers model of TINY_CONFIGS[name] with every weight drawn N(0, 0.2^2) + norms near 1
-    (random norms and biases so a wrong mapping of any tensor shows up)."""
+def hf_model(name: str, seed: int = 0, **changes):
+    """A transformers model of TINY_CONFIGS[name] (+ ``changes``) with every weight drawn N(0, 0.2^2)
+    and norms in [0.5, 1.5] (random norms and biases so a wrong mapping of any tensor shows up)."""
     config_cls, model_cls, overrides = TINY_CONFIGS[name]
-    config = getattr(transformers, config_cls)(**{**_COMMON, **overrides})
+    config = getattr(transformers, config_cls)(**{**_COMMON, **overrides, **changes})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
