@@ -146,6 +146,7 @@ class DecoderConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps} and rope_theta={self.rope_theta} must be > 0")
+        _check_family_switches(self.family, self.qkv_bias, self.o_bias)
         object.__setattr__(self, "param_dtype", canonical_dtype_name(self.param_dtype, "param_dtype"))
         object.__setattr__(self, "compute_dtype", canonical_dtype_name(self.compute_dtype, "compute_dtype"))
         if not self.architecture:
@@ -225,7 +226,7 @@ class DecoderConfig:
             compute_dtype=compute_dtype,
             architecture=architecture,
             model_type=hf.get("model_type") or SUPPORTED_ARCHITECTURES[architecture][1],
-            hf_extra_json=json.dumps(extra, sort_keys=True),
+            hf_extra_json=json.dumps(extra, sort_keys=True, default=str),
             hf_rope_style=rope_style,
         )
 
@@ -257,6 +258,16 @@ class DecoderConfig:
             out["rope_theta"] = self.rope_theta
             out["rope_scaling"] = scaling
         return out
+
+
+def _check_family_switches(family: str, qkv_bias: bool, o_bias: bool) -> None:
+    """The bias switches HF can express: Qwen2 always has q/k/v biases and no o bias;
+    Llama/Qwen3 have all four biases or none (one ``attention_bias`` flag)."""
+    if family == "qwen2" and (not qkv_bias or o_bias):
+        raise ValueError(f"family='qwen2' needs qkv_bias=True, o_bias=False; got qkv_bias={qkv_bias}, o_bias={o_bias}")
+    if family != "qwen2" and qkv_bias != o_bias:
+        raise ValueError(f"family={family!r} has one attention_bias flag: qkv_bias={qkv_bias} and o_bias={o_bias} "
+                         "must be equal")
 
 
 def _load_hf_dict(config) -> dict:

@@ -33,11 +33,11 @@ softmax(q k^T / sqrt(hd)) v with grouped KV heads (Ainslie et al. 2023).
 
 Batches and padding:
 
-* Right-padded batches (training): pass ``attention_mask`` [B, T] (1 = token,
-  0 = padding); positions default to 0..T-1. Outputs at padded positions are
-  finite but meaningless.
-* Packed sequences: pass ``segment_ids`` [B, T] (0 = padding, equal ids =
-  same sequence); positions default to restarting at 0 in each segment.
+* Padded batches (training): pass ``attention_mask`` [B, T] (1 = token,
+  0 = padding); right or left padding, the real tokens get positions 0, 1, ...
+  Outputs at padded positions are finite but meaningless.
+* Packed sequences: pass ``segment_ids`` [B, T] (0 = padding, each sequence a
+  contiguous run of one id); positions default to restarting at 0 in each run.
 * KV cache (sampling): prompts are LEFT-padded to a common length and
   written at the same slots for every row. ``cache["next_pos"]`` holds each
   row's next position, so with ``attention_mask`` marking the left padding,
@@ -192,6 +192,8 @@ class Decoder(nn.Module):
     """Embedding -> nL scanned DecoderLayers -> final RMSNorm -> (optionally) LM head.
 
     Masks and positions are prepared by ``forward``; this module only computes.
+    On GPU, float32 matmuls may run in TF32 unless ``jax.default_matmul_precision("highest")``
+    is set: set it for float32 parity checks.
     """
 
     cfg: DecoderConfig
@@ -285,11 +287,9 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden)
     if segment_ids is None:
         segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask.astype(jnp.int32)
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     elif attention_mask is not None:
         raise ValueError("pass either attention_mask or segment_ids, not both")
-    if positions is None:
+    if positions is None:  # right- or left-padded rows both get 0, 1, ... on their real tokens
         positions = positions_from_segments(segment_ids)
     causal = jnp.tril(jnp.ones((length, length), bool))
     same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]

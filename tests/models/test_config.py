@@ -116,3 +116,12 @@ def test_config_is_hashable_and_extras_do_not_change_identity():
     a = DecoderConfig.from_hf(SMOLLM2_CONFIG)
     b = DecoderConfig.from_hf({**SMOLLM2_CONFIG, "bos_token_id": 7})
     assert a == b and hash(a) == hash(b) and b.to_hf()["bos_token_id"] == 7
+
+
+def test_bias_switches_must_match_the_family():
+    base = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
+                head_dim=4)
+    with pytest.raises(ValueError, match="family='qwen2' needs qkv_bias=True"):
+        DecoderConfig(**base, family="qwen2")
+    with pytest.raises(ValueError, match="qkv_bias=True and o_bias=False must be equal"):
+        DecoderConfig(**base, family="llama", qkv_bias=True)

@@ -32,6 +32,12 @@ def test_right_padded_batch_matches_transformers(name):
     valid = mask.astype(bool)
     assert np.all(np.isfinite(np.asarray(ours)))
     assert rel_err(np.asarray(ours)[valid], ref[valid]) <= 1e-5
+    # The same rows left-padded: default positions still count 0, 1, ... on the real tokens.
+    left_tokens, left_mask = np.zeros_like(tokens), np.zeros_like(mask)
+    for row, n in enumerate(lengths):
+        left_tokens[row, 40 - n:], left_mask[row, 40 - n:] = tokens[row, :n], 1
+    left, _ = forward(params, cfg, jnp.asarray(left_tokens), attention_mask=jnp.asarray(left_mask))
+    assert rel_err(np.asarray(left)[left_mask.astype(bool)], ref[valid]) <= 1e-5
 
 
 def test_packed_segments_equal_separate_sequences():

@@ -59,8 +59,9 @@ def test_gradients_equal_full_softmax_gradients(untied):
     tokens = jnp.asarray(TOKENS)
     weights = jnp.asarray(np.random.RandomState(2).uniform(-1, 1, (3, 39)), jnp.float32)
 
-    def chunked_loss(p):
-        logp, entropy = token_logprobs(p, cfg, tokens, temperature=0.7, chunk_size=8, return_entropy=True)
+    def chunked_loss(p):  # also with per-layer rematerialisation, which must not change gradients
+        logp, entropy = token_logprobs(p, cfg, tokens, temperature=0.7, chunk_size=8, return_entropy=True,
+                                       remat=True)
         return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy)
 
     def naive_loss(p):
