@@ -78,7 +78,7 @@ class VLLMEngine:
     def _explain(self, err: Exception) -> Exception:
         """Name a crashed server (exit code, log tail) instead of a bare
         connection error, when we own it."""
-        dead = [s for s in self.servers if not s.is_running()]
+        dead = [s for s in self.servers if s.has_exited(within_s=2.0)]
         if not dead:
             return err
         details = "\n".join(

