@@ -147,3 +147,35 @@ def test_numeric_characters_split_like_llama_cpp(exported_tokenizer):
     # GPT-2's byte-to-unicode map keeps bytes 0xAE..0xFF as themselves: UTF-8 of '½' (C2 BD) -> 'Â½'.
     byte_level_half = "".join(map(chr, "½".encode()))
     assert exported_tokenizer(" ½")["input_ids"] == [vocab["Ġ"], vocab[byte_level_half]]
+
+
+_VLLM_TOKENIZER_SCRIPT = """
+import json, sys
+from vllm.tokenizers.registry import get_tokenizer
+tokenizer = get_tokenizer(sys.argv[1])
+texts, conversations = json.loads(sys.stdin.read())
+print(json.dumps({
+    "ids": [tokenizer(text)["input_ids"] for text in texts],
+    "chat": [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations],
+    "special": [tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token],
+}))
+"""
+
+
+@pytest.mark.vllm
+def test_vllm_loads_the_exported_tokenizer(smollm2_dir, exported_tokenizer):
+    """vLLM's own tokenizer loader (its pinned transformers) on our directory gives our ids."""
+    import json
+    import subprocess
+
+    from jaxrl_llm.rollout.vllm_env import vllm_env_is_built, vllm_python
+    if not vllm_env_is_built():
+        pytest.skip("vLLM CPU environment not built (make vllm-env)")
+    result = subprocess.run([str(vllm_python()), "-c", _VLLM_TOKENIZER_SCRIPT, smollm2_dir],
+                            input=json.dumps([TEXTS, CONVERSATIONS]), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert served["ids"] == [exported_tokenizer(text)["input_ids"] for text in TEXTS]
+    assert served["chat"] == [exported_tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+                              for m in CONVERSATIONS]
+    assert served["special"] == ["<|im_start|>", "<|im_end|>", "<|im_end|>"]

@@ -1,0 +1,4 @@
+"""Benchmarks: each one measures ours against a reference in the same run and prints the ratio.
+
+    python -m jaxrl_llm.benchmarks.model     # learner fwd+bwd tokens/s vs PyTorch, logprob memory, weight sync
+"""
