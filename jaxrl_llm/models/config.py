@@ -43,6 +43,7 @@ _DTYPE_ALIASES = {
     "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
 }
+_VALID_DTYPES = "float32/fp32, bfloat16/bf16, float16/fp16"
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # Defaults of the transformers config classes, used when a key is absent.
@@ -66,10 +67,10 @@ def canonical_dtype_name(name: Any, what: str = "dtype") -> str:
         try:
             name = jnp.dtype(name).name
         except TypeError as err:
-            raise ValueError(f"{what}={name!r} is not a dtype; valid: float32/fp32, bfloat16/bf16, float16/fp16") from err
+            raise ValueError(f"{what}={name!r} is not a dtype; valid: {_VALID_DTYPES}") from err
     key = name.lower()
     if key not in _DTYPE_ALIASES:
-        raise ValueError(f"{what}={name!r} is not supported; valid: float32/fp32, bfloat16/bf16, float16/fp16")
+        raise ValueError(f"{what}={name!r} is not supported; valid: {_VALID_DTYPES}")
     return _DTYPE_ALIASES[key]
 
 

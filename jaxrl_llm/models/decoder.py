@@ -154,7 +154,9 @@ class DecoderLayer(nn.Module):
             return x @ self._param(name, shape, dense_init).astype(dtype)
 
         x = rms_norm(hidden, self._param("input_norm", (d,), nn.initializers.ones), cfg.rms_norm_eps)
-        q, k, v = linear(x, "q_proj", (d, cfg.q_dim)), linear(x, "k_proj", (d, cfg.kv_dim)), linear(x, "v_proj", (d, cfg.kv_dim))
+        q = linear(x, "q_proj", (d, cfg.q_dim))
+        k = linear(x, "k_proj", (d, cfg.kv_dim))
+        v = linear(x, "v_proj", (d, cfg.kv_dim))
         if cfg.qkv_bias:
             q = q + self._param("q_bias", (cfg.q_dim,), nn.initializers.zeros).astype(dtype)
             k = k + self._param("k_bias", (cfg.kv_dim,), nn.initializers.zeros).astype(dtype)
@@ -286,7 +288,8 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     if cache is not None:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden)
     if segment_ids is None:
-        segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask.astype(jnp.int32)
+        segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask
+        segment_ids = segment_ids.astype(jnp.int32)
     elif attention_mask is not None:
         raise ValueError("pass either attention_mask or segment_ids, not both")
     if positions is None:  # right- or left-padded rows both get 0, 1, ... on their real tokens
