@@ -40,7 +40,8 @@ class CorrectionOutput(NamedTuple):
 
 
 def _log(value):
-    return np.log(value) if _checks.is_concrete(value) else jnp.log(value)
+    """log of a hyperparameter; a Python float when concrete (weakly typed in jnp ops)."""
+    return float(np.log(value)) if _checks.is_concrete(value) else jnp.log(value)
 
 
 def token_log_ratio(old_logp, sampler_logp, mask) -> tuple[jax.Array, jax.Array]:
@@ -190,7 +191,9 @@ def sequence_mis(old_logp, sampler_logp, mask, *, cap: float = 10.0) -> Correcti
     return CorrectionOutput(weights, keep, jnp.zeros_like(keep))
 
 
-def geometric_sequence_rejection(old_logp, sampler_logp, mask, *, low: float, high: float) -> CorrectionOutput:
+def geometric_sequence_rejection(
+    old_logp, sampler_logp, mask, *, low: float, high: float
+) -> CorrectionOutput:
     """Geometric sequence mask as a correction: weight 1, rejected outside [low, high]."""
     keep = geometric_sequence_mask(old_logp, sampler_logp, mask, low=low, high=high)
     return CorrectionOutput(keep, keep, jnp.zeros_like(keep))
@@ -251,28 +254,34 @@ def _token_probs(old_logp, sampler_logp, valid):
     return jnp.exp(old), jnp.exp(sampler)
 
 
+def _safe_ratio(numerator, denominator) -> jax.Array:
+    """numerator / denominator, 0 where the denominator is not positive."""
+    positive = denominator > 0
+    return jnp.where(positive, numerator / jnp.where(positive, denominator, 1.0), 0.0)
+
+
+def _centred(x, selected) -> jax.Array:
+    mean = jnp.sum(jnp.where(selected, x, 0.0)) / jnp.maximum(jnp.sum(selected), 1)
+    return jnp.where(selected, x - mean, 0.0)
+
+
 def _pearson(x, y, selected) -> jax.Array:
-    count = jnp.maximum(jnp.sum(selected), 1)
-    x_c = jnp.where(selected, x - jnp.sum(jnp.where(selected, x, 0.0)) / count, 0.0)
-    y_c = jnp.where(selected, y - jnp.sum(jnp.where(selected, y, 0.0)) / count, 0.0)
-    denominator = jnp.sqrt(jnp.sum(x_c * x_c) * jnp.sum(y_c * y_c))
-    return jnp.where(denominator > 0, jnp.sum(x_c * y_c) / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+    x_c, y_c = _centred(x, selected), _centred(y, selected)
+    return _safe_ratio(jnp.sum(x_c * y_c), jnp.sqrt(jnp.sum(x_c * x_c) * jnp.sum(y_c * y_c)))
 
 
 def _effective_sample_size(log_weights, selected) -> jax.Array:
-    shift = jnp.max(jnp.where(selected, log_weights, -jnp.inf))
-    weights = jnp.where(selected, jnp.exp(log_weights - jnp.where(jnp.any(selected), shift, 0.0)), 0.0)
+    # (sum w)^2 / (N sum w^2) does not change when every w is scaled, so shift
+    # the logs by their max first: no overflow whatever the sequence lengths.
+    shift = jnp.where(jnp.any(selected), jnp.max(jnp.where(selected, log_weights, -jnp.inf)), 0.0)
+    weights = jnp.where(selected, jnp.exp(log_weights - shift), 0.0)
     count = jnp.maximum(jnp.sum(selected), 1)
-    squares = jnp.sum(jnp.square(weights))
-    return jnp.where(squares > 0, jnp.square(jnp.sum(weights)) / (count * jnp.where(squares > 0, squares, 1.0)), 0.0)
+    return _safe_ratio(jnp.square(jnp.sum(weights)), count * jnp.sum(jnp.square(weights)))
 
 
 def _slope(x, y, selected) -> jax.Array:
-    count = jnp.maximum(jnp.sum(selected), 1)
-    x_c = jnp.where(selected, x - jnp.sum(jnp.where(selected, x, 0.0)) / count, 0.0)
-    y_c = jnp.where(selected, y - jnp.sum(jnp.where(selected, y, 0.0)) / count, 0.0)
-    variance = jnp.sum(x_c * x_c)
-    return jnp.where(variance > 0, jnp.sum(x_c * y_c) / jnp.where(variance > 0, variance, 1.0), 0.0)
+    x_c, y_c = _centred(x, selected), _centred(y, selected)
+    return _safe_ratio(jnp.sum(x_c * y_c), jnp.sum(x_c * x_c))
 
 
 CORRECTIONS = {

@@ -40,8 +40,9 @@ def pass_at_k(n, c, k: int) -> jax.Array:
     n = jnp.asarray(n, jnp.float32)[..., None]
     c = jnp.asarray(c, jnp.float32)[..., None]
     j = jnp.arange(k, dtype=jnp.float32)
-    remaining = n - j
-    factors = jnp.where(remaining > 0, jnp.maximum(n - c - j, 0.0) / jnp.where(remaining > 0, remaining, 1.0), jnp.nan)
+    remaining = n - j  # > 0 for every factor when n >= k
+    safe_remaining = jnp.where(remaining > 0, remaining, 1.0)
+    factors = jnp.where(remaining > 0, jnp.maximum(n - c - j, 0.0) / safe_remaining, jnp.nan)
     return 1.0 - jnp.prod(factors, axis=-1)
 
 

@@ -297,7 +297,7 @@ def is_pg_sequence_loss(
     x = _token_inputs(logp, old_logp, advantages, mask, sampler_logp)
     behaviour_logp = x.old_logp if x.sampler_logp is None else x.sampler_logp
     log_rho = jnp.sum(jnp.where(x.valid, sg(x.logp) - behaviour_logp, 0.0), axis=1)
-    log_cap = np.log(cap) if _checks.is_concrete(cap) else jnp.log(cap)
+    log_cap = float(np.log(cap)) if _checks.is_concrete(cap) else jnp.log(cap)
     weight = jnp.exp(jnp.minimum(log_rho, log_cap))
     clipped = jnp.broadcast_to((log_rho > log_cap)[:, None], x.valid.shape)
     return _output(-weight[:, None] * x.advantages * x.logp, clipped, x.valid)

@@ -455,4 +455,7 @@ def micro_batches(batch: StepBatch, num_micro_batches: int) -> list[StepBatch]:
     if num_micro_batches < 1 or rows % num_micro_batches:
         raise ValueError(f"cannot split {rows} rows into {num_micro_batches} equal micro-batches")
     size = rows // num_micro_batches
-    return [jax.tree.map(lambda x, k=k: x[k * size : (k + 1) * size], batch) for k in range(num_micro_batches)]
+    return [
+        jax.tree.map(lambda x, k=k: x[k * size : (k + 1) * size], batch)
+        for k in range(num_micro_batches)
+    ]

@@ -1,7 +1,6 @@
 """Advantage estimators against hand-computed numbers and second formulations."""
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

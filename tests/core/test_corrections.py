@@ -72,6 +72,9 @@ class SequenceCorrectionsTest(chex.TestCase):
         out = self.variant(lambda a, b, m: core.geometric_sequence_mask(a, b, m, low=0.999, high=1.001))(
             old, mu, mask)
         np.testing.assert_array_equal(out, [[1, 1], [0, 0]])
+        rejection = core.geometric_sequence_rejection(old, mu, mask, low=0.999, high=1.001)
+        np.testing.assert_array_equal(rejection.keep, out)
+        np.testing.assert_array_equal(rejection.weights, out)
 
 
 def test_corrections_are_detached():

@@ -8,7 +8,6 @@ import math
 from fractions import Fraction
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
