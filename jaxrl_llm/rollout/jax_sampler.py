@@ -109,10 +109,11 @@ class JaxSampler:
       pad_id: id used for left padding of prompts (never attended to).
       prompt_bucket, batch_bucket: widths and batch sizes are rounded up to
         multiples of these, so few programs are compiled.
+      initial_version: version of `params` (a resumed run passes its own).
     """
 
     def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
-                 prompt_bucket: int = 16, batch_bucket: int = 8):
+                 prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one stop token id")
         self.cfg = cfg
@@ -121,7 +122,7 @@ class JaxSampler:
         self.pad_id = int(pad_id)
         self.prompt_bucket = int(prompt_bucket)
         self.batch_bucket = int(batch_bucket)
-        self._version = 0
+        self._version = int(initial_version)
 
     @property
     def weight_version(self) -> int:

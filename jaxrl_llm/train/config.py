@@ -168,6 +168,8 @@ class TrainConfig(_Section):
     minibatches_per_batch: int = _field(1, ge=1)  # optimiser steps per epoch
     # Learner compute precision. fp16 turns on dynamic loss scaling.
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    # Recompute each layer in the backward pass: less activation memory, ~1/3 more compute.
+    remat: bool = False
     loss_scale_init: float = _field(2.0**15, gt=0.0)
     loss_scale_growth_interval: int = _field(2000, ge=1)  # good steps before growing
     loss_scale_factor: float = _field(2.0, gt=1.0)  # grow/shrink factor
@@ -190,6 +192,9 @@ class TaskConfig(_Section):
     digits: int = _field(1, ge=1)
     eval_size: int = _field(100, ge=0)  # held-out prompts
     jsonl_path: str | None = None  # prompts from a file instead of a generator
+    eval_samples: int = _field(8, ge=1)  # samples per held-out prompt (pass@k, avg@k with k = this)
+    reward_workers: int = _field(1, ge=1)  # grader processes (trusted graders such as addition run in-process)
+    reward_timeout_s: float = _field(10.0, gt=0.0)  # per answer; a timeout scores 0 and is counted
     _path_prefix = "task."
 
 

@@ -96,7 +96,7 @@ class Learner:
     `update` (one optimiser step on one StepBatch)."""
 
     def __init__(self, model_cfg: DecoderConfig, recipe: core.Recipe, train_cfg, *, total_steps: int,
-                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, remat: bool = True):
+                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None):
         if train_cfg.precision not in PRECISION_DTYPES:
             raise ValueError(f"train.precision={train_cfg.precision!r}; valid: {sorted(PRECISION_DTYPES)}")
         dtype = PRECISION_DTYPES[train_cfg.precision]
@@ -106,12 +106,12 @@ class Learner:
         self.train_cfg = train_cfg
         self.temperature = float(temperature)
         self.mesh = mesh
-        self.remat = remat
+        self.remat = bool(train_cfg.remat)
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches"))
-        self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"),
-                               donate_argnums=(0,))
+        # No buffer donation: the JAX sampler may hold the same float32 params buffers.
+        self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"))
         self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"))
 
     # ----------------------------------------------------------------- state
