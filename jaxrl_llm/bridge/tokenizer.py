@@ -116,6 +116,9 @@ def tokenizer_from_gguf(reader: gguf.GGUFReader) -> TokenizerBundle:
     kind = field_value(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         raise CheckpointError(f"{path}: tokenizer.ggml.model={kind!r} is not supported; valid: 'gpt2' (byte-level BPE)")
+    add_eos = bool(field_value(reader, "tokenizer.ggml.add_eos_token", False))
+    if add_eos:
+        raise CheckpointError(f"{path}: tokenizer.ggml.add_eos_token=True is not supported; valid: False")
     pre = field_value(reader, "tokenizer.ggml.pre", "gpt-2")
     if pre not in PRE_TOKENIZERS:
         raise CheckpointError(f"{path}: tokenizer.ggml.pre={pre!r} is not supported; valid: {sorted(PRE_TOKENIZERS)}")
@@ -143,10 +146,7 @@ def tokenizer_from_gguf(reader: gguf.GGUFReader) -> TokenizerBundle:
 
     bos = token_of("bos")
     add_bos = bool(field_value(reader, "tokenizer.ggml.add_bos_token", False))
-    add_eos = bool(field_value(reader, "tokenizer.ggml.add_eos_token", False))
     tokenizer.post_processor = _post_processor(bos if add_bos else None, tokenizer)
-    if add_eos:
-        raise CheckpointError(f"{path}: tokenizer.ggml.add_eos_token=True is not supported; valid: False")
     arch = field_value(reader, "general.architecture", "llama")
     return TokenizerBundle(
         tokenizer=tokenizer, bos_token=bos, eos_token=token_of("eos"), pad_token=token_of("padding"),

@@ -92,3 +92,15 @@ def _flat(params):
 
 def _order(cfg):
     return list(hf_load.hf_layout(cfg))
+
+
+def test_save_from_sharded_params_equals_single_device(tiny_dir, mesh, tmp_path):
+    from jaxrl_llm.bridge import save_hf_dir
+    from jaxrl_llm.bridge.safetensors_io import SafetensorsFile
+    cfg, single = load_hf_dir(tiny_dir)
+    _, sharded = load_hf_dir(tiny_dir, mesh=mesh)
+    out_single = SafetensorsFile(save_hf_dir(cfg, single, tmp_path / "single") + "/model.safetensors")
+    out_sharded = SafetensorsFile(save_hf_dir(cfg, sharded, tmp_path / "sharded", dtype="bf16") + "/model.safetensors")
+    assert sorted(out_single.names) == sorted(out_sharded.names)
+    for name in out_single.names:  # bf16 export of sharded params = bf16 rounding of the f32 export
+        np.testing.assert_array_equal(out_sharded.array(name), out_single.array(name).astype(out_sharded.dtype(name)))
