@@ -1,4 +1,5 @@
-"""Benchmarks: each one measures ours against a reference in the same run and prints the ratio.
+"""Benchmarks: each measures ours against a reference in the same run and prints the ratio.
 
     python -m jaxrl_llm.benchmarks.model     # learner fwd+bwd tokens/s vs PyTorch, logprob memory, weight sync
+    python -m jaxrl_llm.benchmarks.rollout   # rollout engines (see that module)
 """

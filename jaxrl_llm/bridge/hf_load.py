@@ -95,21 +95,40 @@ def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> dict[str, str]:
 
 def _leaf_reader(files: SafetensorsDir, names: list[str] | str, transposed: bool,
                  dtype: np.dtype) -> Callable[[tuple[slice, ...]], np.ndarray]:
-    """callback(index) -> the params-layout slice ``index`` of one leaf, read from disk."""
+    """callback(index) -> the params-layout slice ``index`` of one leaf, read from disk.
 
-    def read_one(name: str, index: tuple) -> np.ndarray:
+    JAX calls it once per device; devices holding the same slice (replicated mesh
+    axes) get the one read, memoised for the lifetime of this leaf's callback.
+    """
+
+    def read_one(name: str, index: tuple, out: np.ndarray | None = None) -> np.ndarray:
         view = files.array(name)  # memory-mapped, HF layout
         view = view.T if transposed else view
-        return np.asarray(view[index], dtype=dtype)  # touches only the slice's pages
+        if out is None:
+            return np.asarray(view[index], dtype=dtype)  # touches only the slice's pages
+        np.copyto(out, view[index], casting="unsafe")  # one strided cast-copy, no temporary
+        return out
 
-    if isinstance(names, str):
-        return lambda index: read_one(names, tuple(index))
+    def read(index: tuple) -> np.ndarray:
+        if isinstance(names, str):
+            return read_one(names, index)
+        layers, rest = range(len(names))[index[0]], index[1:]
+        per_layer = files.file(names[0]).shape(names[0])
+        per_layer = tuple(reversed(per_layer)) if transposed else per_layer
+        out = np.empty((len(layers), *(len(range(dim)[s]) for dim, s in zip(per_layer, rest))), dtype)
+        for position, layer in enumerate(layers):
+            read_one(names[layer], rest, out[position])
+        return out
 
-    def read_stacked(index):
-        layers, rest = index[0], tuple(index[1:])
-        return np.stack([read_one(names[i], rest) for i in range(len(names))[layers]])
+    memo: dict[tuple, np.ndarray] = {}
 
-    return read_stacked
+    def callback(index) -> np.ndarray:
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        if key not in memo:
+            memo[key] = read(tuple(index))
+        return memo[key]
+
+    return callback
 
 
 def _set_path(tree: dict, path: str, value) -> None:
