@@ -36,6 +36,7 @@ process). CPU builds of vLLM have no NCCL backend, hence disk here.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import dataclasses
 import os
 import shutil
@@ -86,8 +87,11 @@ class LogprobProbe:
     learner_logprobs: Callable[[Any], np.ndarray]
     atol: float
 
-    def max_abs_diff(self, client: VLLMClient, params: Any) -> float:
-        expected = np.asarray(self.learner_logprobs(params), np.float64).reshape(-1)
+    def expected(self, params: Any) -> np.ndarray:
+        return np.asarray(self.learner_logprobs(params), np.float64).reshape(-1)
+
+    def max_abs_diff(self, client: VLLMClient, expected: np.ndarray) -> float:
+        """max over servers and probe tokens of |served - expected|."""
         worst = 0.0
         for url in client.urls:
             served = client.prompt_logprobs(self.token_ids, url=url).astype(np.float64)
@@ -155,9 +159,13 @@ class DiskWeightSync(WeightSync):
         self.rpc_timeout_s = rpc_timeout_s
         self._stage_dir = Path(tempfile.mkdtemp(prefix="jaxrl-weights-", dir=self.stage_root))
         self._current: Path | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-sync-probe")
 
     def push(self, params: Any, version: int) -> WeightSyncReport:
         started = time.perf_counter()
+        # The learner's probe logprobs need only params: compute them while
+        # the export and reload run (JAX releases the GIL).
+        expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
         weights_dir = self._stage_dir / f"v{version}"
         partial = self._stage_dir / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -178,13 +186,13 @@ class DiskWeightSync(WeightSync):
 
         diff = None
         if self.probe is not None:
-            diff = self.probe.max_abs_diff(self.client, params)
+            diff = self.probe.max_abs_diff(self.client, expected.result())
             if not diff <= self.probe.atol:
                 raise WeightSyncError(
                     f"after reloading version {version} from {weights_dir}, the servers' probe logprobs "
                     f"differ from the learner's by up to {diff:.4g} (allowed {self.probe.atol}); the "
                     "export is incomplete, misnamed, or in a different dtype than expected")
-        verified = time.perf_counter()
+        verified = time.perf_counter()  # verify_s: the wait for the probe after the reload
 
         previous, self._current = self._current, weights_dir
         if previous is not None and previous != weights_dir:
@@ -193,4 +201,5 @@ class DiskWeightSync(WeightSync):
                                 verified - reloaded, diff)
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         shutil.rmtree(self._stage_dir, ignore_errors=True)

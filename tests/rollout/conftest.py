@@ -64,9 +64,15 @@ class SharedServer:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(smollm2, tmp_path_factory) -> SharedServer:
+def vllm_env_built() -> None:
+    """Skips (with the command to fix it) when the vLLM environment is absent;
+    `make test` builds it first, so there it never skips."""
     if not vllm_env.vllm_env_is_built():
         pytest.skip(f"vLLM environment not built at {vllm_env.vllm_env_dir()}; run `make vllm-env`")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_env_built, smollm2, tmp_path_factory) -> SharedServer:
     log_dir = Path(tmp_path_factory.mktemp("vllm"))
     config = VLLMServerConfig(model_dir=smollm2.hf_dir, dtype="float32", max_model_len=512, kv_cache_gib=1,
                               enforce_eager=True, log_path=log_dir / "server.log", startup_timeout_s=900)

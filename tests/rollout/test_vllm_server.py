@@ -117,6 +117,24 @@ def test_samples_carry_exact_ids_and_sampler_logprobs_the_learner_reproduces(ser
                                [metrics["k1"], metrics["k2"], metrics["prob_pearson"]], rtol=1e-3, atol=1e-7)
 
 
+@pytest.mark.slow
+def test_bfloat16_server_mismatch_is_rounding_sized(vllm_env_built, smollm2, prompts, learner_logprobs, tmp_path):
+    """A bfloat16 server (its own, started here) against the float32 learner:
+    the mismatch must be far above float32 kernel noise (so the dtype switch
+    really changes the sampler) yet stay a rounding effect, not a bug."""
+    config = VLLMServerConfig(model_dir=smollm2.hf_dir, dtype="bfloat16", max_model_len=512, kv_cache_gib=1,
+                              enforce_eager=True, log_path=tmp_path / "bf16.log")
+    with VLLMServer(config) as bf16_server:
+        batch = VLLMEngine(VLLMClient([bf16_server.url])).generate(
+            prompts, n=4, params=SamplingParams(temperature=1.0, max_tokens=24, seed=0))
+    mu = [r.sampler_logprobs for r in batch]
+    pi = completion_logprobs_from_learner(learner_logprobs, smollm2.params, batch, 1.0)
+    metrics = numpy_mismatch_metrics(mu, pi)
+    print("\nbfloat16 server vs float32 learner mismatch:", {k: float(v) for k, v in metrics.items()})
+    assert metrics["max_abs_logprob_diff"] > 10 * FP32_ATOL
+    assert metrics["k2"] < 1e-2 and metrics["prob_pearson"] > 0.99
+
+
 def test_seeded_sampling_is_reproducible_and_seed_dependent(server, prompts):
     client = VLLMClient([server.url])
     draw = lambda seed: client.sample(prompts[:2], 3, SamplingParams(max_tokens=8, seed=seed))
@@ -204,7 +222,7 @@ def test_probe_catches_an_export_that_silently_misses_a_tensor(server, smollm2, 
     np.testing.assert_array_equal(client.prompt_logprobs(probe_ids), served_before)
 
 
-def test_busy_port_is_also_detected_from_the_server_log(smollm2, tmp_path, monkeypatch, vllm_server):
+def test_busy_port_is_also_detected_from_the_server_log(vllm_env_built, smollm2, tmp_path, monkeypatch):
     """If the port is taken between the pre-check and vLLM's bind, the log names it."""
     monkeypatch.setattr(vllm_server_module, "check_port_free", lambda host, port: None)
     with socket.socket() as sock:
