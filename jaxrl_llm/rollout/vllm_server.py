@@ -215,6 +215,7 @@ class VLLMServer:
         self.log_path: Path | None = None
         self._log_file = None
         self._shm_files: set[str] = set()
+        self._stopped = False
 
     @property
     def url(self) -> str:
@@ -241,6 +242,7 @@ class VLLMServer:
             self.log_path = Path(config.log_path)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
+        self._stopped = False
         self.process = subprocess.Popen(
             server_command(config, python, self.port),
             stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -309,13 +311,14 @@ class VLLMServer:
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (simulates a crash)."""
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None and not self._stopped and self.process.poll() is None:
             _signal_group(self.process.pid, signal.SIGKILL)
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the process group, SIGKILL it if still alive after grace_s."""
         proc = self.process
-        if proc is not None:
+        if proc is not None and not self._stopped:
+            self._stopped = True  # never signal this group id again: the id may be reused later
             self._shm_files |= _group_shm_files(proc.pid)
             _signal_group(proc.pid, signal.SIGTERM)
             try:

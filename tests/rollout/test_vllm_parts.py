@@ -2,7 +2,6 @@
 response parsing, the environment hash, launcher pre-checks, client retries."""
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import subprocess
@@ -249,3 +248,15 @@ def test_build_script_reuses_a_stamped_environment_without_building(tmp_path):
     out = subprocess.run([str(REPO / "launch/build_vllm_env.sh")], env=env, check=True, capture_output=True,
                          text=True, timeout=30)
     assert out.stdout.strip() == str(env_dir / "bin" / "python")
+
+
+def test_build_script_discards_a_crashed_build_and_never_stamps_a_failed_one(tmp_path):
+    env_dir = tmp_path / "crashed"
+    (env_dir / "bin").mkdir(parents=True)
+    (env_dir / "bin" / "python").write_text("left over by a build that was killed")
+    env = dict(os.environ, JAXRL_VLLM_ENV=str(env_dir), PYTHON="false")  # this build fails at once
+    out = subprocess.run([str(REPO / "launch/build_vllm_env.sh")], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode != 0 and out.stdout == ""  # no python path printed
+    assert "removing incomplete build" in out.stderr
+    assert not (env_dir / vllm_env.STAMP_NAME).exists() and not (env_dir / "bin" / "python").exists()

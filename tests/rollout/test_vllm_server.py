@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
