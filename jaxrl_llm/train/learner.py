@@ -117,11 +117,19 @@ class Learner:
     # ----------------------------------------------------------------- state
     def init(self, params) -> LearnerState:
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-        if self.mesh is not None:
-            params = jax.device_put(params, param_shardings(params, self.mesh))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
-        return LearnerState(params, self.optimizer.init(params),
-                            LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
+        scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
+        if self.mesh is None:
+            return LearnerState(params, self.optimizer.init(params), *scalars)
+        # Everything lives on the mesh: optimiser moments take their parameter's sharding,
+        # other optimiser leaves (step counts) and the scalars are replicated.
+        shardings = param_shardings(params, self.mesh)
+        params = jax.device_put(params, shardings)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        opt_state = optax.tree_utils.tree_map_params(
+            self.optimizer, jax.device_put, self.optimizer.init(params), shardings,
+            transform_non_params=lambda x: jax.device_put(x, replicated))
+        return LearnerState(params, opt_state, *jax.device_put(scalars, replicated))
 
     def compute_params(self, params):
         """Master params cast to the compute dtype (what the forward pass sees)."""

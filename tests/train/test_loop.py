@@ -1,0 +1,165 @@
+"""The RL loop end to end on a tiny random decoder with SmolLM2's real tokenizer
+and chat template (fast), through the deterministic, seeded JAX sampler:
+crash-and-resume exactness, failing graders, unreachable servers, config errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm import bridge
+from jaxrl_llm.models import DecoderConfig, init_params
+from jaxrl_llm.train import loop
+from jaxrl_llm.train.config import ConfigError, load_config, replace_values
+from jaxrl_llm.train.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_OVERRIDES = ["total_steps=4", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+                  "rollout.max_tokens=6", "train.micro_batch_size=4", "train.lr=1e-3", "checkpoint.every_steps=1",
+                  "checkpoint.async_save=false", "metrics.tensorboard=false", "task.eval_size=4",
+                  "task.eval_samples=2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A random 2-layer decoder over SmolLM2's 49152-token vocabulary, saved as an HF
+    directory with SmolLM2's tokenizer files (so prompts render and tokenise for real)."""
+    smollm2 = bridge.smollm2_hf_dir()
+    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                        max_position_embeddings=512)
+    params = init_params(cfg, jax.random.key(0))
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    bridge.save_hf_dir(cfg, params, out, tokenizer_dir=smollm2)
+    return str(out)
+
+
+def tiny_config(model_dir: str, run_dir: Path, *extra: str):
+    return load_config(str(REPO / "experiments/demo.py"),
+                       [*TINY_OVERRIDES, f"model.source={model_dir}", f"run_dir={run_dir}", *extra])
+
+
+def model_metrics(run_dir) -> list[dict]:
+    """Per-step metrics without the wall-clock ones."""
+    return [{k: v for k, v in row.items() if k not in loop.TIMING_METRICS} for row in read_metrics(run_dir)]
+
+
+def run_cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_kill_9_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    common = ["--config", str(REPO / "experiments/demo.py"), *TINY_OVERRIDES, f"model.source={tiny_model_dir}"]
+    straight = run_cli("train", *common, f"run_dir={tmp_path / 'straight'}")
+    assert straight.wait(timeout=600) == 0, straight.stdout.read()
+
+    crashed_dir = tmp_path / "crashed"
+    victim = run_cli("train", *common, f"run_dir={crashed_dir}")
+    metrics_file = crashed_dir / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline:  # kill -9 once step 2 is logged (its checkpoint may be in flight)
+        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2:
+            break
+        assert victim.poll() is None, victim.stdout.read()
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    resumed = run_cli("train", *common, f"run_dir={crashed_dir}", "--resume")
+    assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
+
+    expected, got = model_metrics(tmp_path / "straight"), model_metrics(crashed_dir)
+    assert [row["step"] for row in got] == [1, 2, 3, 4]
+    for want, have in zip(expected, got):
+        assert want.keys() == have.keys()
+        for key in want:
+            np.testing.assert_allclose(have[key], want[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def raises_or_hangs(completion: str, example) -> float:
+    """Module-level (importable by grader workers): raises on "boom", hangs on "hang"."""
+    from tests.rewards import misbehaving_graders
+
+    if completion == "hang":
+        return misbehaving_graders.hangs_on_hang(completion, example)
+    return misbehaving_graders.raises_on_boom(completion, example)
+
+
+def test_failing_and_hanging_graders_score_zero_are_logged_and_the_run_goes_on(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch):
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2", "task.reward_timeout_s=1.0")
+    task = loop.make_task_from_config(cfg)
+    monkeypatch.setattr(type(task), "reward_fn", staticmethod(raises_or_hangs))
+    monkeypatch.setattr(loop, "make_task_from_config", lambda cfg: task)
+    n = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    texts = ["boom", "hang", "right"] + ["wrong"] * (n - 3)
+    monkeypatch.setattr(loop, "decode_completions", lambda policy, rollouts: texts)
+    out = loop.train(cfg)
+    assert out["step"] == 2
+    for row in read_metrics(cfg.run_path):
+        assert row["reward_errors"] == 1.0 and row["reward_timeouts"] == 1.0
+        assert row["reward"] == pytest.approx(1.0 / n)  # only "right" scores; boom and hang count 0
+
+
+def test_unreachable_vllm_server_fails_clearly_and_keeps_the_checkpoint(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=1")
+    loop.train(cfg)
+    ckpt_files = sorted(p.relative_to(cfg.checkpoint_path) for p in Path(cfg.checkpoint_path).rglob("*"))
+    broken = replace_values(cfg, {"total_steps": 2, "rollout.engine": "vllm",
+                                  "rollout.server_urls": ("http://127.0.0.1:9",)})
+    with pytest.raises(Exception, match="127.0.0.1:9") as info:
+        loop.train(broken, resume=True)
+    assert "retr" in str(info.value).lower() or "unreachable" in str(info.value).lower() or \
+        "connect" in str(info.value).lower()
+    assert sorted(p.relative_to(cfg.checkpoint_path) for p in Path(cfg.checkpoint_path).rglob("*")) == ckpt_files
+    step, _ = loop.restore_params(cfg, loop.load_policy(cfg.model.source))
+    assert step == 1
+
+
+def test_training_moves_the_policy_and_eval_reports_pass_at_k(tiny_model_dir, tmp_path, monkeypatch):
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2")
+    policy = loop.load_policy(cfg.model.source)
+    task = loop.make_task_from_config(cfg)
+    monkeypatch.setattr(type(task), "reward_fn", staticmethod(raises_or_hangs))  # 1.0 for "right"
+    monkeypatch.setattr(loop, "make_task_from_config", lambda cfg: task)
+    real_decode = loop.decode_completions
+    # a random tiny model never answers right: grade alternate samples as right so advantages are non-zero
+    monkeypatch.setattr(loop, "decode_completions",
+                        lambda policy, rollouts: ["right", "wrong"] * (len(rollouts) // 2))
+    out = loop.train(cfg, policy=policy)
+    monkeypatch.setattr(loop, "decode_completions", real_decode)
+    moved = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+                         out["state"].params, policy.params)
+    assert max(jax.tree.leaves(moved)) > 0
+    rows = read_metrics(cfg.run_path)
+    assert [r["weight_version"] for r in rows] == [0.0, 1.0]  # step 2 sampled from the synced weights
+    result = loop.evaluate_params(cfg, policy, out["state"].params, step=2)
+    assert set(result) == {"pass@1", "pass@2", "avg@2", "num_prompts"} and result["num_prompts"] == 4
+    assert 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0
+    logged = [json.loads(line) for line in (Path(cfg.run_path) / "eval.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == 2
+    info = json.loads((Path(cfg.run_path) / "run_info.json").read_text())
+    assert info["config"]["recipe"]["name"] == "dr_grpo"
+
+
+def test_resume_without_checkpoint_and_fresh_run_over_checkpoints_are_errors(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=1")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        loop.train(cfg, resume=True)
+    loop.train(cfg)
+    with pytest.raises(FileExistsError, match="--resume"):
+        loop.train(cfg)
+
+
+def test_config_errors_name_the_field(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="train.lrr"):
+        tiny_config(tiny_model_dir, tmp_path, "train.lrr=1")
+    with pytest.raises(ConfigError, match="rollout.max_tokens"):
+        tiny_config(tiny_model_dir, tmp_path, "rollout.max_tokens=-3")
