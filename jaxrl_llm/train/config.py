@@ -170,6 +170,11 @@ class TrainConfig(_Section):
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     # Recompute each layer in the backward pass: less activation memory, ~1/3 more compute.
     remat: bool = False
+    # LoRA (Hu et al. 2021) on the projections: 0 trains all weights; r >= 1 trains only
+    # rank-r adapters (update scale lora_alpha / r), the base weights stay frozen.
+    lora_rank: int = _field(0, ge=0)
+    lora_alpha: float = _field(8.0, gt=0.0)
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     loss_scale_init: float = _field(2.0**15, gt=0.0)
     loss_scale_growth_interval: int = _field(2000, ge=1)  # good steps before growing
     loss_scale_factor: float = _field(2.0, gt=1.0)  # grow/shrink factor
@@ -177,6 +182,12 @@ class TrainConfig(_Section):
     _path_prefix = "train."
 
     def _check_consistency(self) -> None:
+        known = TrainConfig.__dataclass_fields__["lora_targets"].default
+        bad = [t for t in self.lora_targets if t not in known]
+        if bad or not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
+            raise ConfigError(
+                f"train.lora_targets = {self.lora_targets!r} is invalid; valid: distinct names from {known}"
+            )
         if self.loss_scale_init < self.loss_scale_min:
             raise ConfigError(
                 f"train.loss_scale_init = {self.loss_scale_init!r} is below train.loss_scale_min = "
