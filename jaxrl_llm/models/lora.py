@@ -98,7 +98,8 @@ def check_adapters(adapters: Mapping[str, Any], base: Mapping[str, Any]) -> None
                          f"{sorted(adapters) if isinstance(adapters, Mapping) else type(adapters).__name__}")
     for name, pair in layers.items():
         if name not in LORA_TARGETS or name not in base["layers"]:
-            raise ValueError(f"adapter {name!r} has no base matrix; valid: {[t for t in LORA_TARGETS if t in base['layers']]}")
+            valid = [t for t in LORA_TARGETS if t in base["layers"]]
+            raise ValueError(f"adapter {name!r} has no base matrix; valid: {valid}")
         if set(pair) != {"a", "b"}:
             raise ValueError(f"adapter {name!r} has keys {sorted(pair)}; valid: ['a', 'b']")
         num_layers, fan_in, fan_out = np.shape(base["layers"][name])

@@ -15,6 +15,13 @@
   / linear / cosine learning-rate schedule.
 * Sharding: with a mesh, params follow `models.param_shardings` and batch rows
   are split over ("data", "fsdp"); jit (GSPMD) inserts the collectives.
+* LoRA (`train.lora_rank` >= 1; Hu et al. 2021, `models.lora`): the trainable
+  tree (`LearnerState.params`, gradients, optimiser state, checkpoints) is the
+  adapters; the float32 base weights are frozen in `Learner.frozen` (set by
+  `init`) and enter every jitted function as an argument. The forward uses
+  `lora.merge(frozen, adapters)`, recomputed each step (one [in, r] x [r, out]
+  product per matrix, cheap at this model size). `full_params` gives the
+  merged weights that the rollout engines receive.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.models import DecoderConfig, batch_sharding, param_shardings, token_logprobs
+from jaxrl_llm.models import DecoderConfig, batch_sharding, lora, param_shardings, token_logprobs
 from jaxrl_llm.train.batch import SequenceBatch
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -109,31 +116,53 @@ class Learner:
         self.remat = bool(train_cfg.remat)
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
+        self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
+        self.frozen = None  # LoRA: the float32 base params, set by init
+        self._merge = jax.jit(self._full_params_impl)
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches"))
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
         self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"))
         self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"))
 
     # ----------------------------------------------------------------- state
-    def init(self, params) -> LearnerState:
+    def init(self, params, *, seed: int = 0) -> LearnerState:
+        """State for training `params` (full fine-tuning), or, with LoRA, fresh adapters
+        (A from PRNGKey(seed), B = 0) on the frozen `params`, which become `self.frozen`."""
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        if self.lora is not None:
+            self.frozen = params if self.mesh is None else jax.device_put(params, param_shardings(params, self.mesh))
+            params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
         scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
         if self.mesh is None:
             return LearnerState(params, self.optimizer.init(params), *scalars)
         # Everything lives on the mesh: optimiser moments take their parameter's sharding,
         # other optimiser leaves (step counts) and the scalars are replicated.
-        shardings = param_shardings(params, self.mesh)
-        params = jax.device_put(params, shardings)
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        if self.lora is None:
+            shardings = param_shardings(params, self.mesh)
+        else:  # adapters are small: replicated on every device
+            shardings = jax.tree.map(lambda _: replicated, params)
+        params = jax.device_put(params, shardings)
         opt_state = optax.tree_utils.tree_map_params(
             self.optimizer, jax.device_put, self.optimizer.init(params), shardings,
             transform_non_params=lambda x: jax.device_put(x, replicated))
         return LearnerState(params, opt_state, *jax.device_put(scalars, replicated))
 
-    def compute_params(self, params):
-        """Master params cast to the compute dtype (what the forward pass sees)."""
+    def compute_params(self, params, frozen=None):
+        """Master params (LoRA: adapters merged into `frozen`) cast to the compute dtype
+        (what the forward pass sees)."""
+        if frozen is not None:
+            params = lora.merge(frozen, params, self.lora.scale)
         return jax.tree.map(lambda x: x.astype(self.compute_dtype), params)
+
+    def full_params(self, params):
+        """Float32 full params for the rollout engine / export: `params` itself, or with
+        LoRA the adapters merged into the frozen base (W + alpha/r * A @ B)."""
+        return params if self.lora is None else self._merge(self.frozen, params)
+
+    def _full_params_impl(self, frozen, adapters):
+        return lora.merge(frozen, adapters, self.lora.scale)
 
     def _num_micro_batches(self, rows: int) -> int:
         size = min(self.train_cfg.micro_batch_size, rows)
@@ -153,12 +182,12 @@ class Learner:
         completion tokens at the sampling temperature, and the entropy of its
         next-token distribution there. No gradient; micro-batched."""
         arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
-        return self._logprobs(params, *arrays, prompt_width=seq.prompt_width,
+        return self._logprobs(params, self.frozen, *arrays, prompt_width=seq.prompt_width,
                               num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
 
-    def _logprobs_impl(self, params, tokens, attention_mask, positions, *, prompt_width, num_micro_batches):
+    def _logprobs_impl(self, params, frozen, tokens, attention_mask, positions, *, prompt_width, num_micro_batches):
         completion_width = tokens.shape[1] - prompt_width
-        params = self.compute_params(params)
+        params = self.compute_params(params, frozen)
 
         def one(args):
             return _completion_logprobs(params, self.compute_cfg, *args, prompt_width=prompt_width,
@@ -177,24 +206,25 @@ class Learner:
         Returns (new_state, metrics dict of float32 scalars)."""
         arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
         step_batch = self._place(step_batch)
-        return self._update(state, *arrays, step_batch, prompt_width=seq.prompt_width,
+        return self._update(state, self.frozen, *arrays, step_batch, prompt_width=seq.prompt_width,
                             num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
 
     def loss_and_grads(self, params, seq: SequenceBatch, step_batch: core.StepBatch):
-        """(loss, grads w.r.t. the float32 master params, metrics) of one step batch,
-        without a loss scale: the quantity `update` descends. For tests and analysis."""
+        """(loss, grads w.r.t. the float32 master params (LoRA: the adapters), metrics) of one
+        step batch, without a loss scale: the quantity `update` descends. For tests and analysis."""
         arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
-        return self._grads(params, *arrays, self._place(step_batch), jnp.float32(1.0), prompt_width=seq.prompt_width,
+        return self._grads(params, self.frozen, *arrays, self._place(step_batch), jnp.float32(1.0),
+                           prompt_width=seq.prompt_width,
                            num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
 
-    def _grads_impl(self, params, tokens, attention_mask, positions, step_batch, scale, *, prompt_width,
+    def _grads_impl(self, params, frozen, tokens, attention_mask, positions, step_batch, scale, *, prompt_width,
                     num_micro_batches):
         """Sum over micro-batches of d(scale * loss)/d params, divided by scale."""
         completion_width = tokens.shape[1] - prompt_width
 
         def micro_loss(params, micro):
             tok, att, pos, batch = micro
-            logp = _completion_logprobs(self.compute_params(params), self.compute_cfg, tok, att, pos,
+            logp = _completion_logprobs(self.compute_params(params, frozen), self.compute_cfg, tok, att, pos,
                                         prompt_width=prompt_width, completion_width=completion_width,
                                         temperature=self.temperature, return_entropy=False, remat=self.remat)
             loss, metrics = core.recipe_loss(self.recipe, logp, batch)
@@ -212,9 +242,9 @@ class Learner:
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
         return metrics["loss"], jax.tree.map(lambda g: g / scale, grads), metrics
 
-    def _update_impl(self, state: LearnerState, tokens, attention_mask, positions, step_batch, *,
+    def _update_impl(self, state: LearnerState, frozen, tokens, attention_mask, positions, step_batch, *,
                      prompt_width, num_micro_batches):
-        _, grads, metrics = self._grads_impl(state.params, tokens, attention_mask, positions, step_batch,
+        _, grads, metrics = self._grads_impl(state.params, frozen, tokens, attention_mask, positions, step_batch,
                                              state.loss_scale.scale, prompt_width=prompt_width,
                                              num_micro_batches=num_micro_batches)
         grad_norm = optax.tree.norm(grads)
