@@ -2,6 +2,7 @@
 
   train         RL training from an experiment config (+ dotted overrides), --resume to continue
   eval          held-out pass@1 / pass@k / avg@k of a run's checkpoint (or of the base model)
+  export        a run's checkpoint as a full HF directory (--merged: LoRA adapters merged into the base)
   plot          PNG comparison of several runs' metrics
   demo          the main job (`make demo`): Dr. GRPO on 1-digit addition, before/after pass@1, plots
   bias-report   the length- and difficulty-bias report of each recipe (table + PNGs)
@@ -10,6 +11,7 @@ Examples:
   jaxrl train --config experiments/demo.py train.lr=1e-5 total_steps=50
   jaxrl train --config experiments/demo.py --resume
   jaxrl eval --config experiments/demo.py --step latest
+  jaxrl export --config experiments/demo.py train.lora_rank=1 --merged --out runs/demo_lora/hf
   jaxrl plot runs/demo_dr_grpo runs/demo_grpo --metrics reward,length_incorrect --out cmp.png
 """
 from __future__ import annotations
@@ -50,6 +52,24 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    """W + alpha/r * A @ B for a LoRA run (full weights for a full fine-tuning run) -> HF directory."""
+    from jaxrl_llm.bridge import save_hf_dir
+    from jaxrl_llm.models.lora import spec_from_train_config
+    from jaxrl_llm.train import loop
+
+    cfg = _load(args)
+    if spec_from_train_config(cfg.train) is not None and not args.merged:
+        raise SystemExit("export: this run trains LoRA adapters (train.lora_rank="
+                         f"{cfg.train.lora_rank}); pass --merged to write base + adapters as full weights "
+                         "(the adapters alone are in the run's checkpoints)")
+    policy = loop.load_policy(cfg.model.source)
+    step, params = loop.restore_params(cfg, policy, None if args.step == "latest" else int(args.step))
+    out = save_hf_dir(policy.cfg, params, args.out, dtype=args.dtype, tokenizer_dir=policy.model_dir)
+    print(f"step {step} -> {out}")
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from jaxrl_llm.train.plots import plot_main
 
@@ -84,7 +104,7 @@ def _demo(args: argparse.Namespace) -> int:
           f"pass@{cfg.task.eval_samples} {before[f'pass@{cfg.task.eval_samples}']:.3f}  "
           f"({before['num_prompts']} questions x {cfg.task.eval_samples} samples)")
     out = loop.train(cfg, resume=args.resume, policy=policy)
-    after = loop.evaluate_params(cfg, policy, out["state"].params, step=out["step"])
+    after = loop.evaluate_params(cfg, policy, out["params"], step=out["step"])
     print(f"[demo] held-out after:  pass@1 {after['pass@1']:.3f}  "
           f"pass@{cfg.task.eval_samples} {after[f'pass@{cfg.task.eval_samples}']:.3f}")
     print(f"[demo] held-out pass@1 change: {after['pass@1'] - before['pass@1']:+.3f}")
@@ -119,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--step", default="latest", help="checkpoint step, 'latest', or 'base' (untrained model)")
     ev.add_argument("--samples", type=int, default=None, help="samples per prompt (k); default task.eval_samples")
     ev.set_defaults(func=_eval)
+
+    export = sub.add_parser("export", help="a checkpoint as an HF directory (LoRA: --merged)")
+    config_args(export)
+    export.add_argument("--out", required=True, help="output HF directory (written atomically)")
+    export.add_argument("--step", default="latest", help="checkpoint step or 'latest'")
+    export.add_argument("--merged", action="store_true", help="merge LoRA adapters into the base weights")
+    export.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    export.set_defaults(func=_export)
 
     plot = sub.add_parser("plot", help="compare runs (see `jaxrl plot -- --help`)", add_help=False)
     plot.add_argument("rest", nargs=argparse.REMAINDER)

@@ -17,6 +17,15 @@ One step of `train`:
 6. Metrics (JSONL + TensorBoard), the progress bar, and an orbax checkpoint
    every K steps and on SIGTERM. `resume=True` restores the latest checkpoint
    and continues exactly: the RNG of every step derives from (seed, step).
+
+With LoRA (`train.lora_rank` >= 1) the learner trains adapters only; step 5
+sends the merged weights W + alpha/r * A @ B (`Learner.full_params`), so both
+engines serve a plain model. vLLM's own LoRA requests are not used: they would
+need a server started with --enable-lora and a PEFT-format adapter directory
+per version, and vLLM's CPU LoRA kernels are slow, while the merged reload is
+the same path as full fine-tuning. Checkpoints then hold the adapters and their
+optimiser state plus, in the metadata, the base model's path and sha256
+(`lora_checkpoint_metadata`), which resume and eval check.
 """
 from __future__ import annotations
 
@@ -280,7 +289,31 @@ def restore_params(cfg: Config, policy: Policy, step: int | None = None):
         restored = ckpt.restore(target, step=step) if step is not None else ckpt.restore_latest(target)
     if restored is None:
         raise FileNotFoundError(f"no checkpoint in {cfg.checkpoint_path}")
-    return int(restored.state["step"]), restored.state["learner"].params
+    check_lora_base(restored.metadata, learner, policy)
+    return int(restored.state["step"]), learner.full_params(restored.state["learner"].params)
+
+
+def lora_checkpoint_metadata(learner: Learner, policy: Policy) -> dict:
+    """LoRA checkpoints hold adapters only; this names the base they apply to (path + sha256)."""
+    if learner.lora is None:
+        return {}
+    from jaxrl_llm.models.lora import base_fingerprint
+
+    return {"lora": {"rank": learner.lora.rank, "alpha": learner.lora.alpha, "targets": list(learner.lora.targets),
+                     "base_model_dir": os.path.abspath(policy.model_dir),
+                     "base_sha256": base_fingerprint(policy.model_dir)}}
+
+
+def check_lora_base(metadata: dict, learner: Learner, policy: Policy) -> None:
+    """An adapter checkpoint must be applied to the base it was trained on."""
+    saved = (metadata or {}).get("lora")
+    if learner.lora is None or saved is None:
+        return
+    current = lora_checkpoint_metadata(learner, policy)["lora"]
+    if saved["base_sha256"] != current["base_sha256"]:
+        raise ValueError(f"the LoRA checkpoint was trained on base {saved['base_model_dir']} (sha256 "
+                         f"{saved['base_sha256'][:12]}...), but model.source gives {current['base_model_dir']} "
+                         f"(sha256 {current['base_sha256'][:12]}...); valid: the same base weights")
 
 
 def heldout_examples(task, cfg: Config) -> list[Example]:
@@ -316,7 +349,8 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None,
     mesh = make_mesh(**mesh_axes(cfg)) if jax.device_count() > 1 else None
     learner = Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
                       temperature=cfg.rollout.temperature, mesh=mesh)
-    state = learner.init(policy.params)
+    state = learner.init(policy.params, seed=cfg.seed)
+    ckpt_metadata = lora_checkpoint_metadata(learner, policy)
     start_step, version = 0, 0
     with contextlib.ExitStack() as stack:
         ckpt = stack.enter_context(Checkpointer(cfg.checkpoint_path, every_steps=cfg.checkpoint.every_steps,
@@ -325,6 +359,7 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None,
             restored = ckpt.restore_latest(checkpoint_state(state, 0, 0))
             if restored is None:
                 raise FileNotFoundError(f"--resume: no checkpoint in {cfg.checkpoint_path}")
+            check_lora_base(restored.metadata, learner, policy)
             state = restored.state["learner"]
             start_step, version = int(restored.state["step"]), int(restored.state["weight_version"])
         elif ckpt.latest_step() is not None:
@@ -333,7 +368,7 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None,
         write_run_info(run_dir, cfg, resumed_from_step=start_step if resume else None)
         writer = stack.enter_context(contextlib.closing(MetricsWriter(
             run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start_step if resume else None, config=cfg)))
-        engine = make_engine(cfg, policy, state.params, initial_version=version, stack=stack)
+        engine = make_engine(cfg, policy, learner.full_params(state.params), initial_version=version, stack=stack)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
@@ -346,12 +381,13 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None,
             version = engine.weight_version
             writer.write(step, metrics)
             progress.update(step, metrics)
-            ckpt.save(step, checkpoint_state(state, step, version),
+            ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
                       force=step == cfg.total_steps or stop.requested)
             if stop.requested or (stop_after is not None and step - start_step >= stop_after):
                 break
         ckpt.wait()
-    return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version}
+    return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version,
+            "params": learner.full_params(state.params)}
 
 
 def mesh_axes(cfg: Config) -> dict[str, int]:
@@ -373,7 +409,8 @@ def run_step(cfg: Config, step: int, policy: Policy, task, recipe, learner: Lear
     state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, rewards)
     jax.block_until_ready(state.params)
     t3 = time.perf_counter()
-    new_params = state.params if cfg.rollout.engine == "vllm" else cast_params(state.params, sampler_dtype(cfg))
+    full = learner.full_params(state.params)  # LoRA: merged W + alpha/r * A @ B
+    new_params = full if cfg.rollout.engine == "vllm" else cast_params(full, sampler_dtype(cfg))
     engine.update_weights(new_params)
     t4 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
