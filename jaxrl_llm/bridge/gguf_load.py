@@ -1,6 +1,7 @@
 """GGUF file -> (DecoderConfig, params, tokenizer), and the bundled SmolLM2-135M-Instruct."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -62,7 +63,15 @@ def smollm2_gguf_path() -> str:
     raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in {list(spec.submodule_search_locations)}")
 
 
-def _file_digest(path: str, chunk: int = 1 << 24) -> str:
+def _file_digest(path: str) -> str:
+    """sha256 of the converter version + file bytes (12 hex digits), memoised per (path, size, mtime)."""
+    stat = os.stat(path)
+    return _digest_of(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest_of(path: str, size: int, mtime_ns: int, chunk: int = 1 << 24) -> str:
+    del size, mtime_ns  # cache key only: a changed file is hashed again
     digest = hashlib.sha256(_CONVERTER_VERSION.encode())
     with open(path, "rb") as f:
         while block := f.read(chunk):

@@ -54,3 +54,14 @@ def test_tiny_gguf_tokenizer(tmp_path):
     config = bundle.tokenizer_config()
     assert config["chat_template"] == "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     assert config["added_tokens_decoder"]["0"]["special"] is True
+
+
+def test_load_gguf_in_bfloat16(tmp_path):
+    model = tiny_model("qwen3_qk_norm")
+    write_gguf(tmp_path / "tiny.gguf", model.config.to_dict(), state_numpy(model), arch="qwen3")
+    cfg32, params32, _ = load_gguf(tmp_path / "tiny.gguf")
+    cfg16, params16, _ = load_gguf(tmp_path / "tiny.gguf", dtype="bf16")
+    assert cfg16.param_dtype == "bfloat16" and cfg16 == cfg32.with_dtypes(param_dtype="bfloat16")
+    for x32, x16 in zip(jax.tree_util.tree_leaves(params32), jax.tree_util.tree_leaves(params16)):
+        assert x16.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(x16), np.asarray(x32).astype(jnp.bfloat16))
