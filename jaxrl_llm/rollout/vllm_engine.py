@@ -75,6 +75,20 @@ class VLLMEngine:
             self._version = new_version
         return new_version
 
+    def close(self) -> None:
+        """Release the weight sync's staged files and the client's threads
+        (servers are stopped by whoever started them)."""
+        close_sync = getattr(self.weight_sync, "close", None)
+        if close_sync is not None:
+            close_sync()
+        self.client.close()
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _explain(self, err: Exception) -> Exception:
         """Name a crashed server (exit code, log tail) instead of a bare
         connection error, when we own it."""

@@ -260,3 +260,33 @@ def test_build_script_discards_a_crashed_build_and_never_stamps_a_failed_one(tmp
     assert out.returncode != 0 and out.stdout == ""  # no python path printed
     assert "removing incomplete build" in out.stderr
     assert not (env_dir / vllm_env.STAMP_NAME).exists() and not (env_dir / "bin" / "python").exists()
+
+
+# -- weight sync staging (fails before any server is contacted) ----------------
+
+def test_weight_sync_rejects_an_export_without_safetensors(tmp_path):
+    from jaxrl_llm.rollout.weight_sync import DiskWeightSync, WeightSyncError
+
+    def export_config_only(params, directory):
+        Path(directory).mkdir()
+        (Path(directory) / "config.json").write_text("{}")
+
+    with DiskWeightSync(VLLMClient(["http://127.0.0.1:9"]), export_config_only, stage_root=tmp_path) as sync:
+        with pytest.raises(WeightSyncError, match=r"export wrote no \*\.safetensors .*config\.json"):
+            sync.push({}, 1)
+
+
+def test_weight_sync_staging_is_removed_on_close_and_when_forgotten(tmp_path):
+    import gc
+
+    from jaxrl_llm.rollout.weight_sync import DiskWeightSync
+
+    client = VLLMClient(["http://127.0.0.1:9"])
+    closed = DiskWeightSync(client, lambda p, d: None, stage_root=tmp_path / "a")
+    forgotten = DiskWeightSync(client, lambda p, d: None, stage_root=tmp_path / "b")
+    stages = [closed._stage_dir, forgotten._stage_dir]
+    assert all(stage.is_dir() and stage.parent.parent == tmp_path for stage in stages)
+    closed.close()
+    del forgotten
+    gc.collect()
+    assert not any(stage.exists() for stage in stages)
