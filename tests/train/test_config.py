@@ -26,8 +26,9 @@ from jaxrl_llm.train.config import (
 
 TRAIN_KEYS = [
     "lr", "warmup_steps", "schedule", "weight_decay", "grad_clip", "adam_b1", "adam_b2", "adam_eps",
-    "micro_batch_size", "epochs_per_batch", "minibatches_per_batch", "precision", "loss_scale_init",
-    "loss_scale_growth_interval", "loss_scale_factor", "loss_scale_min",
+    "micro_batch_size", "epochs_per_batch", "minibatches_per_batch", "precision", "remat", "lora_rank",
+    "lora_alpha", "lora_targets", "loss_scale_init", "loss_scale_growth_interval", "loss_scale_factor",
+    "loss_scale_min",
 ]
 TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "eval_every", "model", "rollout", "recipe", "train",
             "task", "checkpoint", "metrics", "mesh"]
@@ -83,7 +84,7 @@ def test_out_of_range_and_bad_choice_name_field_value_and_range():
 
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match=r"mesh.data, mesh.fsdp are all -1"):
-        apply_overrides(Config(), ["mesh.fsdp=-1"])
+        apply_overrides(Config(), ["mesh.data=-1"])
     # 8 prompts x 8 samples = 64 sequences; 64 / 2 minibatches = 32, not divisible by 12
     with pytest.raises(ConfigError, match=r"train.micro_batch_size = 12 does not divide a minibatch of 32"):
         apply_overrides(Config(), ["train.minibatches_per_batch=2", "train.micro_batch_size=12"])
