@@ -168,11 +168,24 @@ class DiskWeightSync(WeightSync):
         self._remove_stage = weakref.finalize(self, shutil.rmtree, str(self._stage_dir), ignore_errors=True)
 
     def push(self, params: Any, version: int) -> WeightSyncReport:
+        weights_dir = self._stage_dir / f"v{version}"
+        try:
+            report = self._push(params, version, weights_dir)
+        except BaseException:
+            if weights_dir != self._current:  # failed pushes must not pile up 0.5 GB copies
+                shutil.rmtree(weights_dir, ignore_errors=True)
+            shutil.rmtree(self._stage_dir / f".v{version}.partial", ignore_errors=True)
+            raise
+        previous, self._current = self._current, weights_dir
+        if previous is not None and previous != weights_dir:
+            shutil.rmtree(previous, ignore_errors=True)
+        return report
+
+    def _push(self, params: Any, version: int, weights_dir: Path) -> WeightSyncReport:
         started = time.perf_counter()
         # The learner's probe logprobs need only params: compute them while
         # the export and reload run (JAX releases the GIL).
         expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
-        weights_dir = self._stage_dir / f"v{version}"
         partial = self._stage_dir / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         self.export(params, partial)
@@ -199,10 +212,6 @@ class DiskWeightSync(WeightSync):
                     f"differ from the learner's by up to {diff:.4g} (allowed {self.probe.atol}); the "
                     "export is incomplete, misnamed, or in a different dtype than expected")
         verified = time.perf_counter()  # verify_s: the wait for the probe after the reload
-
-        previous, self._current = self._current, weights_dir
-        if previous is not None and previous != weights_dir:
-            shutil.rmtree(previous, ignore_errors=True)
         return WeightSyncReport(version, str(weights_dir), exported - started, reloaded - exported,
                                 verified - reloaded, diff)
 

@@ -274,6 +274,7 @@ def test_weight_sync_rejects_an_export_without_safetensors(tmp_path):
     with DiskWeightSync(VLLMClient(["http://127.0.0.1:9"]), export_config_only, stage_root=tmp_path) as sync:
         with pytest.raises(WeightSyncError, match=r"export wrote no \*\.safetensors .*config\.json"):
             sync.push({}, 1)
+        assert list(sync._stage_dir.iterdir()) == []  # the failed attempt left nothing behind
 
 
 def test_weight_sync_staging_is_removed_on_close_and_when_forgotten(tmp_path):
