@@ -43,4 +43,4 @@ def hf_gguf_model():
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
-    return model, state
+    return model
