@@ -91,6 +91,21 @@ def check_model_dir(model_dir: Path) -> None:
         raise FileNotFoundError(f"model directory {model_dir} has no *.safetensors weight files")
 
 
+def _terminate_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM the server when the process that
+    launched it dies (even by SIGKILL or the OOM killer), so no server outlives its
+    owner holding a port and gigabytes of memory. Linux ties this to the launching
+    *thread*: start servers from a thread that lives as long as they should (the main
+    thread in practice). No-op where prctl is unavailable."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        pass
+
+
 @dataclasses.dataclass(frozen=True)
 class VLLMServerConfig:
     """How to run one vLLM server.
@@ -247,7 +262,7 @@ class VLLMServer:
             server_command(config, python, self.port),
             stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=server_env(config), start_new_session=True,  # own process group: killpg stops all
-            cwd=str(self.log_path.parent))
+            preexec_fn=_terminate_with_parent, cwd=str(self.log_path.parent))
         try:
             self._wait_healthy(config.startup_timeout_s)
         except BaseException:

@@ -131,7 +131,7 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
         urls = [server.url]
     client = VLLMClient(urls)
     sync = DiskWeightSync(client, bridge_export(policy.cfg))
-    engine = VLLMEngine(client, sync, servers=servers, initial_version=0)
+    engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0))
     if initial_version:  # resumed: the servers hold the base weights
         engine.update_weights(params)
     return engine
