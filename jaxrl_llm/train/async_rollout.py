@@ -1,0 +1,438 @@
+"""Asynchronous rollouts: a producer thread samples step k+1 while the learner trains on step k.
+
+Timeline with max_lag = 1 (G = generate, L = learn, P = publish weights):
+
+    producer  G1(v0) G2(v0)       G3(v1)       G4(v2) ...
+    learner          L1 P(v1)     L2 P(v2)     L3 ...
+
+Bounded staleness. The learner's params at step k are version v0 + (k - k0) - 1
+(k0 the first step of the session); the batch of step k is sampled with version
+v >= v0 + (k - k0) - max_lag: before sampling it the producer waits until that
+version is published, so it is never more than `max_lag` versions ahead and the
+queue never holds more than max_lag + 1 batches. max_lag = 0 is the synchronous
+loop (every batch on-policy up to sampler numerics).
+
+Versions are exact. The engine is used under one lock (generate vs
+update_weights), so every record of a batch was drawn by the weights its
+`weight_version` names; `ProducedBatch.weight_version` is that version.
+
+Correction of the staleness. The learner recomputes pi_old with its *current*
+params (version v0 + k - k0 - 1), so the PPO ratio pi_theta / pi_old keeps its
+trust region around the current policy, and the gap between pi_old and the
+behaviour policy mu (stale weights + sampler numerics) is corrected by an
+importance weight on every token: token TIS, w_t = min(pi_old(y_t) / mu(y_t), C)
+(`core.token_tis`; Yao et al. 2025, "Your efficient RL framework secretly brings
+you off-policy RL training"). Objective:
+
+    L = - sum_t w_agg_t * min(pi_old/mu, C) * clip-PPO(pi_theta / pi_old, A_t)
+
+the decoupled PPO objective of Hilton et al. 2021 ("Batch size-invariance for
+policy optimization", arXiv 2110.00641), used for asynchronous RL by AReaL
+(Fu et al. 2025, arXiv 2505.24298). `staleness_corrected` puts token TIS (cap
+C = 2) into a recipe that has no correction; `core.prepare_step_batch` then
+computes the weights from the batch's sampler logprobs (loop.learn passes them).
+
+Exact accounting. Each sample has an id "step:prompt:sample"; the `SampleLedger`
+records every id produced, consumed (handed to the learner, at most once) and
+dropped (produced but never consumed, e.g. the batches in flight at shutdown).
+At the end produced = consumed + dropped, disjointly.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import queue
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from jaxrl_llm import core
+from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
+
+
+# ---------------------------------------------------------------- accounting
+class SampleAccountingError(RuntimeError):
+    """A sample id was produced twice, consumed twice, or consumed/dropped without being produced."""
+
+
+class SampleLedger:
+    """Thread-safe sets of sample ids: produced, consumed, dropped."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.produced: set[str] = set()
+        self.consumed: set[str] = set()
+        self.dropped: set[str] = set()
+
+    def add_produced(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            again = self.produced.intersection(ids)
+            if again or len(set(ids)) != len(ids):
+                raise SampleAccountingError(f"sample ids produced twice: {sorted(again)[:5] or 'within one batch'}")
+            self.produced.update(ids)
+
+    def _settle(self, ids: Sequence[str], into: set[str], what: str) -> None:
+        with self._lock:
+            unknown = set(ids) - self.produced
+            settled = set(ids) & (self.consumed | self.dropped)
+            if unknown:
+                raise SampleAccountingError(f"{what} ids that were never produced: {sorted(unknown)[:5]}")
+            if settled:
+                state = "consumed" if settled & self.consumed else "dropped"
+                raise SampleAccountingError(f"{what} ids already {state}: {sorted(settled)[:5]}")
+            into.update(ids)
+
+    def consume(self, ids: Sequence[str]) -> None:
+        self._settle(ids, self.consumed, "consumed")
+
+    def drop(self, ids: Sequence[str]) -> None:
+        self._settle(ids, self.dropped, "dropped")
+
+    def check_balanced(self) -> None:
+        """Raise unless every produced id was consumed or dropped, exactly once."""
+        with self._lock:
+            missing = self.produced - self.consumed - self.dropped
+            if missing:
+                raise SampleAccountingError(f"{len(missing)} produced samples neither consumed nor dropped, "
+                                            f"e.g. {sorted(missing)[:5]}")
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {"produced": len(self.produced), "consumed": len(self.consumed), "dropped": len(self.dropped)}
+
+
+def sample_ids(step: int, rollouts: RolloutBatch) -> tuple[str, ...]:
+    return tuple(f"{step}:{r.prompt_index}:{r.sample_index}" for r in rollouts.records)
+
+
+# ------------------------------------------------------------------- batches
+@dataclasses.dataclass(frozen=True)
+class RolloutJob:
+    """What to sample for one step. `context` travels to the consumer untouched (e.g. the examples)."""
+
+    step: int
+    prompts: Sequence[Sequence[int]]
+    n: int
+    params: SamplingParams
+    context: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducedBatch:
+    step: int
+    rollouts: RolloutBatch
+    weight_version: int  # version of the weights that sampled every record
+    ids: tuple[str, ...]
+    context: Any
+    extra: Any  # what `postprocess` returned (e.g. rewards), None without one
+    time_generate_s: float
+
+
+class AsyncRolloutProducer:
+    """Samples the batches of steps first_step..last_step in a background thread.
+
+    Args:
+      engine: a RolloutEngine (JaxSampler, VLLMEngine, RolloutPool, ...). Only this object
+        calls its generate/update_weights once started.
+      make_job: step -> RolloutJob.
+      first_step, last_step: inclusive step range of this session.
+      max_lag: most policy versions a batch may lag behind the learner (0 = synchronous).
+      postprocess: optional (job, rollouts) -> extra, run in the producer thread (e.g. grading).
+    """
+
+    def __init__(self, engine, make_job: Callable[[int], RolloutJob], *, first_step: int, last_step: int,
+                 max_lag: int, postprocess: Callable[[RolloutJob, RolloutBatch], Any] | None = None):
+        if not isinstance(max_lag, int) or isinstance(max_lag, bool) or max_lag < 0:
+            raise ValueError(f"max_lag={max_lag!r} is invalid; valid: an int >= 0 (0 = synchronous)")
+        if last_step < first_step:
+            raise ValueError(f"last_step={last_step} must be >= first_step={first_step}")
+        self.engine = engine
+        self.make_job = make_job
+        self.first_step, self.last_step, self.max_lag = int(first_step), int(last_step), max_lag
+        self.postprocess = postprocess
+        self.ledger = SampleLedger()
+        self.base_version = int(engine.weight_version)
+        self._published = self.base_version
+        self._engine_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._queue: queue.Queue[ProducedBatch] = queue.Queue()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._next_consume = self.first_step
+        self._in_flight = 0  # produced, not yet consumed
+        self.max_in_flight = 0  # largest number of batches ahead of the learner, for tests and metrics
+        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+
+    # ----------------------------------------------------------- producer side
+    def start(self) -> "AsyncRolloutProducer":
+        self._thread.start()
+        return self
+
+    def required_version(self, step: int) -> int:
+        """Oldest weight version the batch of `step` may be sampled with."""
+        return self.base_version + (step - self.first_step) - self.max_lag
+
+    def _run(self) -> None:
+        try:
+            for step in range(self.first_step, self.last_step + 1):
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop or self._published >= self.required_version(step))
+                    if self._stop:
+                        return
+                job = self.make_job(step)
+                t0 = time.perf_counter()
+                with self._engine_lock:
+                    version = int(self.engine.weight_version)
+                    rollouts = self.engine.generate(job.prompts, n=job.n, params=job.params)
+                labels = set(rollouts.weight_versions.tolist())
+                if labels != {version}:
+                    raise RuntimeError(f"step {step}: engine labelled records with versions {sorted(labels)} "
+                                       f"but held version {version} while sampling")
+                elapsed = time.perf_counter() - t0
+                extra = self.postprocess(job, rollouts) if self.postprocess else None
+                batch = ProducedBatch(step, rollouts, version, sample_ids(step, rollouts), job.context, extra, elapsed)
+                self.ledger.add_produced(batch.ids)
+                with self._cond:
+                    self._in_flight += 1
+                    self.max_in_flight = max(self.max_in_flight, self._in_flight)
+                self._queue.put(batch)
+        except BaseException as err:  # surfaced to the learner in next_batch
+            self._error = err
+            self._queue.put(None)  # wake a waiting consumer
+
+    # ----------------------------------------------------------- learner side
+    @property
+    def learner_version(self) -> int:
+        """Version of the weights the learner holds (the last one it published)."""
+        return self._published
+
+    def next_batch(self, timeout_s: float | None = None) -> ProducedBatch:
+        """The batch of the next step, in order; each batch is handed out once."""
+        if self._next_consume > self.last_step:
+            raise RuntimeError(f"all batches of steps {self.first_step}..{self.last_step} were consumed")
+        if self._error is not None:
+            raise RuntimeError("the rollout producer failed") from self._error
+        try:
+            batch = self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"no batch for step {self._next_consume} within {timeout_s} s") from None
+        if batch is None:
+            raise RuntimeError("the rollout producer failed") from self._error
+        if batch.step != self._next_consume:
+            raise RuntimeError(f"expected the batch of step {self._next_consume}, got step {batch.step}")
+        lag = self.learner_version - batch.weight_version
+        if not 0 <= lag <= self.max_lag:
+            raise RuntimeError(f"step {batch.step}: batch of version {batch.weight_version} is {lag} versions behind "
+                               f"the learner's {self.learner_version}; max_lag={self.max_lag}")
+        self.ledger.consume(batch.ids)
+        with self._cond:
+            self._in_flight -= 1
+        self._next_consume += 1
+        return batch
+
+    def staleness(self, batch: ProducedBatch) -> int:
+        return self.learner_version - batch.weight_version
+
+    def publish(self, params: Any) -> int:
+        """Install the learner's new params in the engine; unblocks the producer."""
+        with self._engine_lock:
+            version = int(self.engine.update_weights(params))
+        with self._cond:
+            self._published = version
+            self._cond.notify_all()
+        return version
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the producer; batches produced but never consumed are recorded as dropped."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        while True:
+            try:
+                batch = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if batch is not None:
+                self.ledger.drop(batch.ids)
+        self.ledger.check_balanced()
+
+    def __enter__(self) -> "AsyncRolloutProducer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------ recipes
+def staleness_corrected(recipe: core.Recipe, cap: float = 2.0) -> core.Recipe:
+    """The recipe with token TIS min(pi_old/mu, cap) when it has no correction of its own
+    (a recipe's own correction, e.g. sequence MIS, already uses the sampler logprobs)."""
+    if recipe.correction is not None:
+        return recipe
+    return dataclasses.replace(recipe, correction=functools.partial(core.token_tis, cap=cap))
+
+
+# -------------------------------------------------------------- engine pool
+class RolloutPool:
+    """Several rollout engines as one: prompts are split into contiguous chunks, one per
+    engine, sampled concurrently and merged in order; weights go to every engine.
+
+    `VLLMClient(urls)` already spreads one engine's requests round-robin over several
+    servers behind one version counter; this pool is for engines that are separate
+    objects (several JaxSamplers on different devices, several VLLMEngines with their own
+    weight syncs). Chunk c is seeded with seed + c * 1_000_003 so it draws its own samples.
+    """
+
+    def __init__(self, engines: Sequence[Any]):
+        if not engines:
+            raise ValueError("RolloutPool needs at least one engine, got none")
+        versions = {int(e.weight_version) for e in engines}
+        if len(versions) != 1:
+            raise ValueError(f"engines hold different weight versions {sorted(versions)}; start them from one")
+        self.engines = list(engines)
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(len(self.engines), thread_name_prefix="rollout-pool")
+
+    @property
+    def weight_version(self) -> int:
+        return int(self.engines[0].weight_version)
+
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> RolloutBatch:
+        prompts = list(prompts_token_ids)
+        chunks = [c for c in _contiguous_chunks(len(prompts), len(self.engines)) if c.stop > c.start]
+
+        def run(index: int, rows: slice) -> RolloutBatch:
+            seed = None if params.seed is None else params.seed + index * 1_000_003
+            return self.engines[index].generate(prompts[rows], n=n, params=dataclasses.replace(params, seed=seed))
+
+        parts = list(self._pool.map(run, range(len(chunks)), chunks))
+        records = []
+        for rows, part in zip(chunks, parts):
+            for rec in part.records:
+                records.append(dataclasses.replace(rec, prompt_index=rec.prompt_index + rows.start))
+        return RolloutBatch(tuple(records), num_prompts=len(prompts), samples_per_prompt=n)
+
+    def update_weights(self, params: Any) -> int:
+        versions = set(self._pool.map(lambda e: int(e.update_weights(params)), self.engines))
+        if len(versions) != 1:
+            raise RuntimeError(f"engines disagree on the weight version after an update: {sorted(versions)}")
+        return versions.pop()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _contiguous_chunks(total: int, parts: int) -> list[slice]:
+    base, extra = divmod(total, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# --------------------------------------------------------------- the RL loop
+def train_async(cfg, *, max_lag: int = 1, policy=None, steps: int | None = None, correction_cap: float = 2.0,
+                write_metrics: bool = True) -> dict[str, Any]:
+    """The RL loop of `loop.train` with rollouts (and grading) in a producer thread.
+
+    Same prompts, seeds, learner and metrics as `loop.train`; the recipe gets token TIS
+    (`staleness_corrected`) when max_lag > 0 and it has no correction. Metrics per step add
+    `staleness` (versions behind the learner) and `time_wait_s` (learner idle, waiting for
+    a batch). No checkpoints: this entry point is for throughput runs and comparisons.
+    Returns {"step", "metrics" (last step), "history", "ledger" counts, "wall_s", "state"}.
+    """
+    from jaxrl_llm.rewards import GraderPool
+    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.metrics import MetricsWriter
+
+    policy = policy or loop.load_policy(cfg.model.source)
+    task = loop.make_task_from_config(cfg)
+    recipe = loop.make_recipe(cfg)
+    if max_lag > 0:
+        recipe = staleness_corrected(recipe, correction_cap)
+    import jax
+
+    mesh = loop.make_mesh(**loop.mesh_axes(cfg)) if jax.device_count() > 1 else None
+    learner = Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
+                      temperature=cfg.rollout.temperature, mesh=mesh)
+    state = learner.init(policy.params)
+    last = cfg.total_steps if steps is None else min(cfg.total_steps, steps)
+    history: list[dict[str, float]] = []
+    with contextlib.ExitStack() as stack:
+        engine = loop.make_engine(cfg, policy, state.params, stack=stack)
+        graders = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers,
+                                                 timeout_s=cfg.task.reward_timeout_s))
+        writer = (stack.enter_context(contextlib.closing(MetricsWriter(cfg.run_path, tensorboard=False, config=cfg)))
+                  if write_metrics else None)
+
+        def make_job(step: int) -> RolloutJob:
+            examples = loop.step_examples(task, cfg, step)
+            return RolloutJob(step, loop.encode_prompts(policy, examples), cfg.rollout.samples_per_prompt,
+                              loop.sampling_params(cfg, seed=cfg.seed * 1_000_003 + step), examples)
+
+        def grade(job: RolloutJob, rollouts: RolloutBatch):
+            return loop.grade(graders, task, loop.decode_completions(policy, rollouts), job.context, job.n)
+
+        producer = stack.enter_context(AsyncRolloutProducer(engine, make_job, first_step=1, last_step=last,
+                                                            max_lag=max_lag, postprocess=grade))
+        started = time.perf_counter()
+        for step in range(1, last + 1):
+            t0 = time.perf_counter()
+            batch = producer.next_batch()
+            t1 = time.perf_counter()
+            rewards, graded = batch.extra
+            state, learn_metrics = loop.learn(learner, state, recipe, cfg, batch.rollouts, rewards)
+            jax.block_until_ready(state.params)
+            t2 = time.perf_counter()
+            staleness = producer.staleness(batch)
+            new_params = state.params if cfg.rollout.engine == "vllm" else loop.cast_params(
+                state.params, loop.sampler_dtype(cfg))
+            producer.publish(new_params)
+            t3 = time.perf_counter()
+            metrics = {**loop.response_metrics(rewards, batch.rollouts), **learn_metrics,
+                       "reward_errors": float(graded.n_errors), "weight_version": float(batch.weight_version),
+                       "staleness": float(staleness), "time_wait_s": t1 - t0, "time_learn_s": t2 - t1,
+                       "time_sync_s": t3 - t2, "time_rollout_s": batch.time_generate_s, "time_step_s": t3 - t0}
+            history.append(metrics)
+            if writer is not None:
+                writer.write(step, metrics)
+        wall = time.perf_counter() - started
+    return {"step": last, "metrics": history[-1] if history else {}, "history": history,
+            "ledger": producer.ledger.counts(), "wall_s": wall, "state": state}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m jaxrl_llm.train.async_rollout --config EXP.py --max-lag 0 1 -- overrides...`:
+    wall time of the same run per max_lag (0 = synchronous)."""
+    import argparse
+    import json
+
+    from jaxrl_llm.train.config import load_config
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--max-lag", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    from jaxrl_llm.train import loop
+
+    policy = loop.load_policy(cfg.model.source)
+    for lag in args.max_lag:
+        out = train_async(cfg, max_lag=lag, policy=policy, write_metrics=False)
+        hist = out["history"]
+        print(json.dumps({"max_lag": lag, "steps": out["step"], "wall_s": round(out["wall_s"], 3),
+                          "learn_s": round(sum(h["time_learn_s"] for h in hist), 3),
+                          "wait_s": round(sum(h["time_wait_s"] for h in hist), 3),
+                          "rollout_s": round(sum(h["time_rollout_s"] for h in hist), 3),
+                          "staleness": [h["staleness"] for h in hist], "ledger": out["ledger"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""Multi-host JAX: one entry point for one process or many, and a global mesh.
+
+The same command runs on a laptop, a GPU node, a SLURM allocation and a TPU
+pod; `initialize_from_env()` reads where it is from the environment and calls
+`jax.distributed.initialize` only when there is more than one process:
+
+  * explicit (any launcher): JAXRL_COORDINATOR_ADDRESS=host:port,
+    JAXRL_NUM_PROCESSES=N, JAXRL_PROCESS_ID=i (JAXRL_LOCAL_DEVICE_IDS=0,1
+    optionally pins the local accelerators);
+  * SLURM (srun, one task per process): SLURM_NTASKS, SLURM_PROCID and the
+    first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST as coordinator, on
+    port JAXRL_COORDINATOR_PORT (default 12355);
+  * Cloud TPU VMs (TPU_WORKER_HOSTNAMES with more than one host, or
+    JAXRL_DISTRIBUTED=tpu): JAX detects everything itself, so
+    `jax.distributed.initialize()` is called without arguments;
+  * nothing of the above, or one process: no-op.
+
+After initialisation `jax.devices()` lists the devices of every process;
+`global_mesh` builds the ("data", "fsdp", "tensor") mesh over all of them after
+checking that the axis sizes multiply to the device count, and
+`global_batch` turns each process's rows into one global array (every process
+holds only its own rows, as with per-host data loading).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+from jaxrl_llm.models import batch_sharding, make_mesh
+
+DEFAULT_SLURM_PORT = 12355
+_initialized: "DistributedEnv | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedEnv:
+    """Where this process stands. `source` is "single", "explicit", "slurm" or "tpu"."""
+
+    source: str
+    num_processes: int
+    process_id: int
+    coordinator_address: str | None = None
+    local_device_ids: tuple[int, ...] | None = None
+
+    @property
+    def is_multi_process(self) -> bool:
+        return self.num_processes > 1
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    text = env[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host name of a SLURM node list: 'gpu[012-015,020],cpu1' -> 'gpu012'.
+    (The same answer as `scontrol show hostnames | head -1`, without calling scontrol.)"""
+    match = re.match(r"^([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match or not match.group(1):
+        raise ValueError(f"cannot read a host from SLURM node list {nodelist!r}")
+    prefix, ranges = match.group(1), match.group(3)
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def detect_distributed_env(env: Mapping[str, str] | None = None) -> DistributedEnv:
+    """Reads the process layout from environment variables (see the module docstring).
+    Explicit JAXRL_* variables win over SLURM, SLURM over TPU."""
+    env = os.environ if env is None else env
+    if "JAXRL_NUM_PROCESSES" in env or "JAXRL_COORDINATOR_ADDRESS" in env:
+        missing = [k for k in ("JAXRL_COORDINATOR_ADDRESS", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID") if k not in env]
+        if missing:
+            raise ValueError(f"multi-process JAX needs JAXRL_COORDINATOR_ADDRESS, JAXRL_NUM_PROCESSES and "
+                             f"JAXRL_PROCESS_ID together; missing: {', '.join(missing)}")
+        num, pid = _int_var(env, "JAXRL_NUM_PROCESSES"), _int_var(env, "JAXRL_PROCESS_ID")
+        address = env["JAXRL_COORDINATOR_ADDRESS"]
+        local = env.get("JAXRL_LOCAL_DEVICE_IDS")
+        local_ids = tuple(int(x) for x in local.split(",") if x.strip()) if local else None
+        return _checked(DistributedEnv("explicit", num, pid, address, local_ids))
+    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env and "SLURM_JOB_ID" in env:
+        num, pid = _int_var(env, "SLURM_NTASKS"), _int_var(env, "SLURM_PROCID")
+        if num == 1:
+            return DistributedEnv("single", 1, 0)
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise ValueError("SLURM_NTASKS > 1 but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set")
+        port = _int_var(env, "JAXRL_COORDINATOR_PORT") if "JAXRL_COORDINATOR_PORT" in env else DEFAULT_SLURM_PORT
+        return _checked(DistributedEnv("slurm", num, pid, f"{first_slurm_host(nodelist)}:{port}"))
+    hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if env.get("JAXRL_DISTRIBUTED") == "tpu" or len(hosts) > 1:
+        worker = int(env.get("TPU_WORKER_ID", env.get("CLOUD_TPU_TASK_ID", "0")))
+        return DistributedEnv("tpu", max(len(hosts), 1), worker)
+    return DistributedEnv("single", 1, 0)
+
+
+def _checked(d: DistributedEnv) -> DistributedEnv:
+    if d.num_processes < 1:
+        raise ValueError(f"number of processes {d.num_processes} must be >= 1")
+    if not 0 <= d.process_id < d.num_processes:
+        raise ValueError(f"process id {d.process_id} must be in 0..{d.num_processes - 1} "
+                         f"(num_processes={d.num_processes})")
+    if d.coordinator_address is not None and not re.match(r"^[^:\s]+:\d+$", d.coordinator_address):
+        raise ValueError(f"coordinator address {d.coordinator_address!r} must look like host:port")
+    return d
+
+
+def initialize_from_env(env: Mapping[str, str] | None = None, *, timeout_s: int = 300) -> DistributedEnv:
+    """Calls `jax.distributed.initialize` as the environment describes; a no-op for one
+    process and on a second call. Must run before the first JAX computation."""
+    global _initialized
+    if _initialized is not None:
+        return _initialized
+    found = detect_distributed_env(env)
+    if found.source == "tpu":
+        jax.distributed.initialize(initialization_timeout=timeout_s)
+        found = dataclasses.replace(found, num_processes=jax.process_count(), process_id=jax.process_index())
+    elif found.is_multi_process:
+        jax.distributed.initialize(coordinator_address=found.coordinator_address,
+                                   num_processes=found.num_processes, process_id=found.process_id,
+                                   local_device_ids=list(found.local_device_ids) if found.local_device_ids else None,
+                                   initialization_timeout=timeout_s)
+    _initialized = found
+    return found
+
+
+# ----------------------------------------------------------------------- mesh
+def resolve_mesh_axes(data: int, fsdp: int, tensor: int, device_count: int | None = None) -> dict[str, int]:
+    """Axis sizes with the one -1 filled in; raises ValueError unless data * fsdp * tensor
+    equals the device count (of all processes), naming the axes and the count."""
+    count = jax.device_count() if device_count is None else int(device_count)
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    for name, size in sizes.items():
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or (size < 1 and size != -1):
+            raise ValueError(f"mesh.{name}={size!r} is invalid; valid: a positive int, or -1 on one axis "
+                             f"for 'all remaining devices'")
+    inferred = [name for name, size in sizes.items() if size == -1]
+    if len(inferred) > 1:
+        raise ValueError(f"mesh axes {inferred} are all -1; at most one axis may be inferred")
+    known = int(np.prod([size for size in sizes.values() if size != -1]))
+    if inferred:
+        if count % known:
+            fixed = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != -1)
+            raise ValueError(f"mesh {fixed} = {known} does not divide the {count} devices, so mesh.{inferred[0]}=-1 "
+                             f"cannot be inferred; valid: sizes whose product divides {count}")
+        sizes[inferred[0]] = count // known
+    total = int(np.prod(list(sizes.values())))
+    if total != count:
+        raise ValueError(f"mesh data={sizes['data']} x fsdp={sizes['fsdp']} x tensor={sizes['tensor']} = {total}, "
+                         f"but there are {count} devices ({jax.process_count()} process(es)); "
+                         f"valid: sizes whose product is {count}, e.g. data=-1")
+    return {k: int(v) for k, v in sizes.items()}
+
+
+def global_mesh(mesh_cfg: Any = None, *, data: int = -1, fsdp: int = 1, tensor: int = 1) -> jax.sharding.Mesh:
+    """Mesh over the devices of every process, from a MeshConfig (or explicit sizes)."""
+    if mesh_cfg is not None:
+        data, fsdp, tensor = mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor
+    return make_mesh(**resolve_mesh_axes(data, fsdp, tensor))
+
+
+# ---------------------------------------------------------------------- batch
+def process_row_slice(mesh: jax.sharding.Mesh, num_rows: int) -> slice:
+    """The rows of a [num_rows, ...] batch (split over ("data", "fsdp")) that this
+    process's devices hold: the rows it must load or sample itself."""
+    sharding = batch_sharding(mesh, 1)
+    indices = sharding.addressable_devices_indices_map((num_rows,))
+    starts = sorted({(idx[0].start or 0, idx[0].stop if idx[0].stop is not None else num_rows)
+                     for idx in indices.values()})
+    lo, hi = starts[0][0], starts[-1][1]
+    if sum(b - a for a, b in starts) != hi - lo:
+        raise ValueError(f"this process's rows of the mesh {dict(mesh.shape)} are not contiguous: {starts}")
+    return slice(lo, hi)
+
+
+def global_batch(mesh: jax.sharding.Mesh, local_tree: Any, num_rows: int) -> Any:
+    """Each leaf: this process's rows [process_row_slice] -> a global [num_rows, ...] array
+    split over ("data", "fsdp") (`jax.make_array_from_process_local_data`)."""
+    def one(x):
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x, (num_rows, *x.shape[1:]))
+    return jax.tree.map(one, local_tree)
+
+
+def gather_to_host(tree: Any) -> Any:
+    """Every leaf as a full numpy array on every process (collective: all processes call it)."""
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, jax.device_get(tree))
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
