@@ -19,8 +19,10 @@
   tree (`LearnerState.params`, gradients, optimiser state, checkpoints) is the
   adapters; the float32 base weights are frozen in `Learner.frozen` (set by
   `init`) and enter every jitted function as an argument. The forward uses
-  `lora.merge(frozen, adapters)`, recomputed each step (one [in, r] x [r, out]
-  product per matrix, cheap at this model size). `full_params` gives the
+  `lora.merge(frozen, adapters)`, recomputed in every micro-batch's loss (one
+  [in, r] x [r, out] product per matrix, cheap at this model size; the backward
+  still forms each full dL/dW before projecting it onto A and B, so LoRA saves
+  optimiser state and work, not backward FLOPs). `full_params` gives the
   merged weights that the rollout engines receive.
 """
 from __future__ import annotations
