@@ -336,11 +336,9 @@ def checkpoint_state(state: LearnerState, step: int, version: int) -> dict:
     return {"learner": state, "step": np.int64(step), "weight_version": np.int64(version)}
 
 
-def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None,
-          stop_after: int | None = None) -> dict[str, Any]:
-    """Run (or resume) RL training as configured. Returns the last step's metrics
-    and where the run lives. `stop_after` ends the run after that many steps of
-    this session (tests use it to emulate an interruption)."""
+def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) -> dict[str, Any]:
+    """Run (or resume) RL training as configured. Returns the last step's metrics,
+    the learner state and where the run lives."""
     run_dir = cfg.run_path
     os.makedirs(run_dir, exist_ok=True)
     policy = policy or load_policy(cfg.model.source)
@@ -383,7 +381,7 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None,
             progress.update(step, metrics)
             ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
                       force=step == cfg.total_steps or stop.requested)
-            if stop.requested or (stop_after is not None and step - start_step >= stop_after):
+            if stop.requested:
                 break
         ckpt.wait()
     return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version,
