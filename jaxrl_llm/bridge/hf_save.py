@@ -84,7 +84,7 @@ def _hf_arrays(params: Mapping[str, Any], cfg: DecoderConfig, dtype: np.dtype) -
     items = [(path, names, transposed) for path, (_, names, transposed) in hf_layout(cfg).items()]
     pending = start(items[0][0], items[0][2])
     for index, (_, names, _) in enumerate(items):
-        host = np.asarray(pending)  # waits for this leaf only
+        host = np.ascontiguousarray(pending)  # waits for this leaf only; no copy when already contiguous
         if index + 1 < len(items):
             pending = start(items[index + 1][0], items[index + 1][2])
         if isinstance(names, list):
