@@ -155,6 +155,7 @@ def test_sampler_logprobs_after_merged_sync_match_the_learner(setup):
     assert np.abs(np.asarray(base_logp) - np.asarray(learner_logp))[mask].max() > 1e-3  # the sync mattered
 
 
+@pytest.mark.slow
 def test_mesh_learner_keeps_base_sharded_and_matches_single_device(setup):
     _, cfg, params, seq, rewards = setup
     from jaxrl_llm.models import make_mesh
