@@ -239,3 +239,16 @@ def test_loop_checkpoints_adapters_and_export_merged(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match=r"trained on base .*model \(sha256 [0-9a-f]{12}\.\.\.\), but model.source "
                                          r"gives .*other"):
         loop.restore_params(cfg, loop.load_policy(other_dir))
+
+
+def test_lora_config_fields_are_validated():
+    from jaxrl_llm.train.config import ConfigError, Config, apply_overrides
+
+    cfg = apply_overrides(Config(), ["train.lora_rank=8", "train.lora_alpha=16", "train.lora_targets=q_proj,v_proj"])
+    spec = lora.spec_from_train_config(cfg.train)
+    assert (spec.rank, spec.scale, spec.targets) == (8, 2.0, ("q_proj", "v_proj"))
+    assert lora.spec_from_train_config(Config().train) is None  # default: full fine-tuning
+    with pytest.raises(ConfigError, match=r"train.lora_targets = \('q_proj', 'embed'\) is invalid; valid: distinct"):
+        apply_overrides(Config(), ["train.lora_targets=q_proj,embed"])
+    with pytest.raises(ConfigError, match=r"train.lora_rank = -1 is out of range; valid: >= 0"):
+        apply_overrides(Config(), ["train.lora_rank=-1"])
