@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.data import HELDOUT, TRAIN, ChatTemplate, Example, make_task
-from jaxrl_llm.models import DecoderConfig, make_mesh
+from jaxrl_llm.models import DecoderConfig
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
 from jaxrl_llm.train.batch import build_sequences
@@ -339,12 +339,15 @@ def checkpoint_state(state: LearnerState, step: int, version: int) -> dict:
 def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) -> dict[str, Any]:
     """Run (or resume) RL training as configured. Returns the last step's metrics,
     the learner state and where the run lives."""
+    from jaxrl_llm.train import distributed
+
+    distributed.initialize_from_env()  # before any JAX computation; no-op for one process
     run_dir = cfg.run_path
     os.makedirs(run_dir, exist_ok=True)
     policy = policy or load_policy(cfg.model.source)
     task = make_task_from_config(cfg)
     recipe = make_recipe(cfg)
-    mesh = make_mesh(**mesh_axes(cfg)) if jax.device_count() > 1 else None
+    mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
     learner = Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
                       temperature=cfg.rollout.temperature, mesh=mesh)
     state = learner.init(policy.params, seed=cfg.seed)
