@@ -347,6 +347,7 @@ def train_async(cfg, *, max_lag: int = 1, policy=None, steps: int | None = None,
     """
     from jaxrl_llm.rewards import GraderPool
     from jaxrl_llm.train import loop
+    from jaxrl_llm.train.distributed import global_mesh
     from jaxrl_llm.train.learner import Learner
     from jaxrl_llm.train.metrics import MetricsWriter
 
@@ -357,14 +358,14 @@ def train_async(cfg, *, max_lag: int = 1, policy=None, steps: int | None = None,
         recipe = staleness_corrected(recipe, correction_cap)
     import jax
 
-    mesh = loop.make_mesh(**loop.mesh_axes(cfg)) if jax.device_count() > 1 else None
+    mesh = global_mesh(cfg.mesh) if jax.device_count() > 1 else None
     learner = Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
                       temperature=cfg.rollout.temperature, mesh=mesh)
-    state = learner.init(policy.params)
+    state = learner.init(policy.params, seed=cfg.seed)
     last = cfg.total_steps if steps is None else min(cfg.total_steps, steps)
     history: list[dict[str, float]] = []
     with contextlib.ExitStack() as stack:
-        engine = loop.make_engine(cfg, policy, state.params, stack=stack)
+        engine = loop.make_engine(cfg, policy, learner.full_params(state.params), stack=stack)
         graders = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers,
                                                  timeout_s=cfg.task.reward_timeout_s))
         writer = (stack.enter_context(contextlib.closing(MetricsWriter(cfg.run_path, tensorboard=False, config=cfg)))
@@ -390,8 +391,8 @@ def train_async(cfg, *, max_lag: int = 1, policy=None, steps: int | None = None,
             jax.block_until_ready(state.params)
             t2 = time.perf_counter()
             staleness = producer.staleness(batch)
-            new_params = state.params if cfg.rollout.engine == "vllm" else loop.cast_params(
-                state.params, loop.sampler_dtype(cfg))
+            full = learner.full_params(state.params)  # LoRA: merged weights; else the params
+            new_params = full if cfg.rollout.engine == "vllm" else loop.cast_params(full, loop.sampler_dtype(cfg))
             producer.publish(new_params)
             t3 = time.perf_counter()
             metrics = {**loop.response_metrics(rewards, batch.rollouts), **learn_metrics,

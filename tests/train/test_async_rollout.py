@@ -224,6 +224,7 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
 from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: E402,F401
 
 
+@pytest.mark.slow  # ~2.5 min on 2 shared cores: three short training runs
 def test_train_async_lag0_reproduces_the_synchronous_loop_and_lag1_runs_stale(tiny_model_dir, tmp_path):
     """max_lag=0 is the synchronous loop: same prompts, samples, rewards and learner steps as
     loop.train, so its metrics must equal loop.train's. max_lag=1 then runs the same steps
