@@ -122,7 +122,7 @@ def main(argv=None) -> None:
         print(f"  {s.name:<12} {s.trainable_values:>12,} {_mib(s.param_bytes):>13} {_mib(s.opt_bytes):>13} "
               f"{_mib(total):>13} {total / (full.param_bytes + full.opt_bytes):>7.3f}x {_mib(s.temp_bytes):>13} "
               f"{median:>8.3f} {median / full_time:>7.2f}x")
-    print(f"  step times (s, per round): " + "; ".join(
+    print("  step times (s, per round): " + "; ".join(
         f"{name}: {', '.join(f'{t:.2f}' for t in ts)}" for name, ts in times.items()))
 
 
