@@ -213,6 +213,8 @@ class AsyncRolloutProducer:
             raise RuntimeError(f"all batches of steps {self.first_step}..{self.last_step} were consumed")
         if self._error is not None:
             raise RuntimeError("the rollout producer failed") from self._error
+        if self._stop:
+            raise RuntimeError("the rollout producer was closed; its unconsumed batches were dropped")
         try:
             batch = self._queue.get(timeout=timeout_s)
         except queue.Empty:

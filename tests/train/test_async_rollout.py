@@ -94,6 +94,8 @@ def test_every_sample_consumed_once_or_dropped_at_shutdown():
     assert ledger.produced == ledger.consumed | ledger.dropped
     assert not ledger.consumed & ledger.dropped
     assert [b.step for b in consumed] == [3, 4, 5]
+    with pytest.raises(RuntimeError, match="producer was closed"):
+        producer.next_batch(timeout_s=1)
 
 
 def test_ledger_rejects_double_use_and_unknown_ids():
