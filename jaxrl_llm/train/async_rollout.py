@@ -161,6 +161,7 @@ class AsyncRolloutProducer:
         self._queue: queue.Queue[ProducedBatch] = queue.Queue()
         self._stop = False
         self._error: BaseException | None = None
+        self._failure_seen = False
         self._next_consume = self.first_step
         self._in_flight = 0  # produced, not yet consumed
         self.max_in_flight = 0  # largest number of batches ahead of the learner, for tests and metrics
@@ -213,7 +214,8 @@ class AsyncRolloutProducer:
         """The batch of the next step, in order; each batch is handed out once."""
         if self._next_consume > self.last_step:
             raise RuntimeError(f"all batches of steps {self.first_step}..{self.last_step} were consumed")
-        if self._error is not None:
+        # Batches produced before a failure are still handed out; the failure comes after them.
+        if self._failure_seen:
             raise RuntimeError("the rollout producer failed") from self._error
         if self._stop:
             raise RuntimeError("the rollout producer was closed; its unconsumed batches were dropped")
@@ -222,6 +224,7 @@ class AsyncRolloutProducer:
         except queue.Empty:
             raise TimeoutError(f"no batch for step {self._next_consume} within {timeout_s} s") from None
         if batch is None:
+            self._failure_seen = True
             raise RuntimeError("the rollout producer failed") from self._error
         if batch.step != self._next_consume:
             raise RuntimeError(f"expected the batch of step {self._next_consume}, got step {batch.step}")

@@ -139,10 +139,12 @@ def test_async_overlaps_generation_and_learning():
 
 def test_producer_errors_reach_the_learner_and_bad_arguments_are_named():
     producer = AsyncRolloutProducer(FakeSlowEngine(fail_at_call=2), job, first_step=1, last_step=3, max_lag=1).start()
-    producer.next_batch(timeout_s=30)
-    with pytest.raises(RuntimeError, match="rollout producer failed") as info:
-        producer.next_batch(timeout_s=30)
-    assert isinstance(info.value.__cause__, OSError)
+    time.sleep(0.2)  # the producer has failed on step 2 by now; step 1's batch must still come out
+    assert producer.next_batch(timeout_s=30).step == 1
+    for _ in range(2):  # the failure, then again on every later call
+        with pytest.raises(RuntimeError, match="rollout producer failed") as info:
+            producer.next_batch(timeout_s=30)
+        assert isinstance(info.value.__cause__, OSError)
     producer.close()
     with pytest.raises(ValueError, match=r"max_lag=-1 is invalid; valid: an int >= 0"):
         AsyncRolloutProducer(FakeSlowEngine(), job, first_step=1, last_step=2, max_lag=-1)
