@@ -70,7 +70,7 @@ def run_consumer(producer: AsyncRolloutProducer, steps: int, learn_s: float) -> 
 def test_staleness_is_bounded_and_reached_when_the_learner_is_slow(max_lag):
     engine = FakeSlowEngine(delay_s=0.01)
     with AsyncRolloutProducer(engine, job, first_step=1, last_step=6, max_lag=max_lag) as producer:
-        seen = run_consumer(producer, 6, learn_s=0.08)
+        seen = run_consumer(producer, 6, learn_s=0.15)
     # Fast producer, slow learner: batch k is sampled as early as allowed, with version
     # max(0, k - 1 - max_lag), and the learner is at version k - 1 when it trains on it.
     assert seen == [(k, max(0, k - 1 - max_lag), min(k - 1, max_lag)) for k in range(1, 7)]
