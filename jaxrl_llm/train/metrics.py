@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import socket
@@ -178,7 +179,9 @@ class MetricsWriter:
         self._file.flush()
         if self._tb is not None:
             for key, value in values.items():
-                if isinstance(value, (bool, int, float)):
+                # NaN marks "undefined this step" (e.g. length_incorrect when all answers are right):
+                # kept in the JSONL, left out of TensorBoard, which would warn and draw a gap anyway.
+                if isinstance(value, (bool, int, float)) and math.isfinite(value):
                     self._tb.add_scalar(key, float(value), global_step=int(step), walltime=record["time"])
             self._tb.flush()
         self._last_step = int(step)
