@@ -391,12 +391,6 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
             "params": learner.full_params(state.params)}
 
 
-def mesh_axes(cfg: Config) -> dict[str, int]:
-    axes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
-    known = int(np.prod([v for v in axes.values() if v != -1]))
-    return {k: (jax.device_count() // known if v == -1 else v) for k, v in axes.items()}
-
-
 def run_step(cfg: Config, step: int, policy: Policy, task, recipe, learner: Learner, state: LearnerState,
              engine, pool: GraderPool) -> tuple[dict[str, float], LearnerState]:
     t0 = time.perf_counter()
