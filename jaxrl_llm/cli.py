@@ -108,6 +108,9 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"[demo] held-out after:  pass@1 {after['pass@1']:.3f}  "
           f"pass@{cfg.task.eval_samples} {after[f'pass@{cfg.task.eval_samples}']:.3f}")
     print(f"[demo] held-out pass@1 change: {after['pass@1'] - before['pass@1']:+.3f}")
+    for label, result in (("before", before), ("after", after)):
+        for shown in result["examples"]:
+            print(f"[demo] {label}: {shown['prompt']!r} -> {shown['completion']!r} (reward {shown['reward']:g})")
     png = os.path.join(cfg.run_path, "training.png")
     plot_runs([cfg.run_path], metrics=["reward", "pass_rate", "length_correct", "length_incorrect", "entropy",
                                        "grad_norm"], out_png=png, title=f"{cfg.name}: training")

@@ -256,9 +256,11 @@ def evaluate(engine, policy: Policy, task, cfg: Config, *, samples: int, seed: i
         pool = pool or stack.enter_context(GraderPool(num_workers=1, timeout_s=10.0))
         rewards, _ = grade(pool, task, texts, examples, samples)
     correct = (rewards >= 1.0).sum(axis=1)
+    shown = [{"prompt": examples[i].prompt, "completion": texts[i * samples], "reward": float(rewards[i, 0])}
+             for i in range(min(3, len(examples)))]
     return {"pass@1": float(np.mean([core.pass_at_k(samples, c, 1) for c in correct])),
             f"pass@{samples}": float(np.mean([core.pass_at_k(samples, c, samples) for c in correct])),
-            f"avg@{samples}": float(rewards.mean()), "num_prompts": len(examples)}
+            f"avg@{samples}": float(rewards.mean()), "num_prompts": len(examples), "examples": shown}
 
 
 def evaluate_params(cfg: Config, policy: Policy, params, *, samples: int | None = None, seed: int = 12345,
