@@ -36,12 +36,14 @@ vllm-env:
 TEST_DIRS = $(sort $(dir $(wildcard tests/*/__init__.py)))
 
 test: venv vllm-env
-	@for d in $(TEST_DIRS); do echo "== $$d"; $(PY) -m pytest -q -m "not slow" $$d; \
-	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done  # 5: a folder with only slow tests
+	@failed=""; for d in $(TEST_DIRS); do echo "== $$d"; $(PY) -m pytest -q -m "not slow" $$d; \
+	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || failed="$$failed $$d"; done; \
+	  if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed"; exit 1; fi  # 5: only slow tests there
 	@echo "make test: all test folders passed"
 
 test-all: venv vllm-env
-	@for d in $(TEST_DIRS); do echo "== $$d"; $(PY) -m pytest -q $$d || exit 1; done
+	@failed=""; for d in $(TEST_DIRS); do echo "== $$d"; $(PY) -m pytest -q $$d || failed="$$failed $$d"; done; \
+	  if [ -n "$$failed" ]; then echo "make test-all: FAILED in$$failed"; exit 1; fi
 	@echo "make test-all: all test folders passed"
 
 demo: venv

@@ -49,7 +49,7 @@ class GradeResult:
     statuses:   one of "ok", "error", "timeout" per completion.
     n_errors:   graders that raised, returned a bad value, or lost their worker.
     n_timeouts: graders stopped at the deadline.
-    errors:     one message per error or timeout, naming the completion index.
+    errors:     one message per error or timeout, naming the completion index, in index order.
     wall_s:     wall time of the whole batch.
     """
 
@@ -71,7 +71,7 @@ class _Collector:
     def __init__(self, n: int):
         self.rewards = [0.0] * n
         self.statuses = [""] * n
-        self.errors: list[str] = []
+        self.errors: list[tuple[int, str]] = []
         self.started = time.monotonic()
 
     def ok(self, index: int, value: Any) -> None:
@@ -84,11 +84,11 @@ class _Collector:
 
     def error(self, index: int, message: str) -> None:
         self.statuses[index] = ERROR
-        self.errors.append(f"completion {index}: {message}")
+        self.errors.append((index, f"completion {index}: {message}"))
 
     def timeout(self, index: int, timeout_s: float) -> None:
         self.statuses[index] = TIMEOUT
-        self.errors.append(f"completion {index}: grader ran past {timeout_s:g} s, worker killed")
+        self.errors.append((index, f"completion {index}: grader ran past {timeout_s:g} s, worker killed"))
 
     def result(self) -> GradeResult:
         return GradeResult(
@@ -96,7 +96,8 @@ class _Collector:
             statuses=tuple(self.statuses),
             n_errors=self.statuses.count(ERROR),
             n_timeouts=self.statuses.count(TIMEOUT),
-            errors=tuple(self.errors),
+            # by completion index, whatever order the workers finished in
+            errors=tuple(message for _, message in sorted(self.errors)),
             wall_s=time.monotonic() - self.started,
         )
 
