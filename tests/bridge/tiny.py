@@ -7,6 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.models.hf_reference import random_hf_model  # noqa: E402
+
 # Sizes divide a (fsdp=4, tensor=2) mesh: D=64, heads*hd=64, kv=32, F=96, V=96.
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
@@ -22,17 +24,7 @@ FAMILIES = {
 def tiny_model(name: str, seed: int = 0):
     """Random weights N(0, 0.2^2), norms U(0.5, 1.5): a mis-mapped tensor changes the logits."""
     config_cls, model_cls, overrides = FAMILIES[name]
-    config = getattr(transformers, config_cls)(**{**COMMON, **overrides})
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if "norm" in param_name:
-                param.uniform_(0.5, 1.5)
-            else:
-                param.normal_(0.0, 0.2)
-    return model
+    return random_hf_model(config_cls, model_cls, {**COMMON, **overrides}, seed)
 
 
 def torch_logits(model, tokens: np.ndarray) -> np.ndarray:

@@ -27,11 +27,10 @@ TINY_CONFIGS = {
 }
 
 
-def hf_model(name: str, seed: int = 0, **changes):
-    """A transformers model of TINY_CONFIGS[name] (+ ``changes``) with every weight drawn N(0, 0.2^2)
-    and norms in [0.5, 1.5] (random norms and biases so a wrong mapping of any tensor shows up)."""
-    config_cls, model_cls, overrides = TINY_CONFIGS[name]
-    config = getattr(transformers, config_cls)(**{**_COMMON, **overrides, **changes})
+def random_hf_model(config_cls: str, model_cls: str, config_kwargs: dict, seed: int = 0):
+    """A transformers model with every weight drawn N(0, 0.2^2) and norms in [0.5, 1.5]
+    (random norms and biases so a wrong mapping of any tensor shows up)."""
+    config = getattr(transformers, config_cls)(**config_kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
@@ -42,6 +41,12 @@ def hf_model(name: str, seed: int = 0, **changes):
             else:
                 param.normal_(0.0, 0.2)
     return model
+
+
+def hf_model(name: str, seed: int = 0, **changes):
+    """A random transformers model (see random_hf_model) of TINY_CONFIGS[name] (+ ``changes``)."""
+    config_cls, model_cls, overrides = TINY_CONFIGS[name]
+    return random_hf_model(config_cls, model_cls, {**_COMMON, **overrides, **changes}, seed)
 
 
 def our_config_and_params(model, **dtype_policy):
