@@ -176,9 +176,24 @@ def plot_difficulty_bias(batch: SampledBatch, path: str) -> None:
     plt.close(fig)
 
 
-def run(out_dir: str, *, recipes=DEFAULT_RECIPES, seed: int = 0) -> list[dict]:
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else float("nan")
+
+
+def batch_from_groups(records: list[dict], max_length: int) -> SampledBatch:
+    """The groups of a real run (`groups.jsonl` records, see train.metrics.GroupLog)
+    pooled into one batch: rewards [sum of P over steps, G] and their lengths."""
+    if not records:
+        raise ValueError("no groups to pool; valid: the records of a run's groups.jsonl")
+    rewards = np.concatenate([np.asarray(r["rewards"], np.float32) for r in records])
+    lengths = np.concatenate([np.asarray(r["lengths"], np.int32).reshape(-1) for r in records])
+    return SampledBatch((rewards >= 1.0).astype(np.float32), np.clip(lengths, 1, max_length), int(max_length))
+
+
+def run(out_dir: str, *, recipes=DEFAULT_RECIPES, seed: int = 0, batch: SampledBatch | None = None) -> list[dict]:
+    """The report on `batch` (default: `sample_batch(seed=seed)`, a synthetic one)."""
     os.makedirs(out_dir, exist_ok=True)
-    batch = sample_batch(seed=seed)
+    batch = batch if batch is not None else sample_batch(seed=seed)
     measured = {name: measured_token_weights(name, batch) for name in recipes}
     rows = [summarise(name, batch, *measured[name]) for name in recipes]
     table = format_table(rows)
@@ -190,9 +205,9 @@ def run(out_dir: str, *, recipes=DEFAULT_RECIPES, seed: int = 0) -> list[dict]:
             f.write(",".join(str(v) for v in row.values()) + "\n")
     plot_length_bias(batch, measured, os.path.join(out_dir, "length_bias.png"))
     plot_difficulty_bias(batch, os.path.join(out_dir, "difficulty_bias.png"))
-    print(f"Sampled batch: {batch.rewards.shape[0]} prompts x {batch.rewards.shape[1]} responses, "
-          f"mean length correct {batch.lengths[batch.rewards.reshape(-1) > 0].mean():.0f}, "
-          f"incorrect {batch.lengths[batch.rewards.reshape(-1) == 0].mean():.0f} tokens, L_max {batch.max_length}")
+    print(f"Batch: {batch.rewards.shape[0]} prompts x {batch.rewards.shape[1]} responses, "
+          f"mean length correct {_mean(batch.lengths[batch.rewards.reshape(-1) > 0]):.0f}, "
+          f"incorrect {_mean(batch.lengths[batch.rewards.reshape(-1) == 0]):.0f} tokens, L_max {batch.max_length}")
     print(table)
     print("length exponent: slope of log|w/A| vs log L (-1 = per-token weight ~ 1/L, 0 = independent of L);\n"
           "|w|: mean per-token |w_it A_i|; last column: mean total push sum_t |w A| on long vs short wrong answers.")

@@ -49,7 +49,7 @@ from jaxrl_llm.train.batch import build_sequences
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.learner import PRECISION_DTYPES, Learner, LearnerState
-from jaxrl_llm.train.metrics import MetricsWriter, write_run_info
+from jaxrl_llm.train.metrics import GroupLog, MetricsWriter, write_run_info
 from jaxrl_llm.train.progress import Progress
 
 # Step metrics that depend on the wall clock, not on the computation: left out
@@ -371,6 +371,7 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
         write_run_info(run_dir, cfg, resumed_from_step=start_step if resume else None)
         writer = stack.enter_context(contextlib.closing(MetricsWriter(
             run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start_step if resume else None, config=cfg)))
+        groups = GroupLog(run_dir, resume_step=start_step if resume else None)
         engine = make_engine(cfg, policy, learner.full_params(state.params), initial_version=version, stack=stack)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
         stop = stack.enter_context(install_stop_handler())
@@ -380,9 +381,10 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
         metrics: dict[str, float] = {}
         step = start_step
         for step in range(start_step + 1, cfg.total_steps + 1):
-            metrics, state = run_step(cfg, step, policy, task, recipe, learner, state, engine, pool)
+            metrics, state, step_groups = run_step(cfg, step, policy, task, recipe, learner, state, engine, pool)
             version = engine.weight_version
             writer.write(step, metrics)
+            groups.write(step, *step_groups)
             progress.update(step, metrics)
             ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
                       force=step == cfg.total_steps or stop.requested)
@@ -394,7 +396,9 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
 
 
 def run_step(cfg: Config, step: int, policy: Policy, task, recipe, learner: Learner, state: LearnerState,
-             engine, pool: GraderPool) -> tuple[dict[str, float], LearnerState]:
+             engine, pool: GraderPool) -> tuple[dict[str, float], LearnerState, tuple[np.ndarray, ...]]:
+    """One RL step. Returns its metrics, the new learner state and the step's groups
+    (rewards, completion lengths, truncated; each [P, G]) for `GroupLog`."""
     t0 = time.perf_counter()
     examples = step_examples(task, cfg, step)
     rollouts = engine.generate(encode_prompts(policy, examples), n=cfg.rollout.samples_per_prompt,
@@ -416,4 +420,7 @@ def run_step(cfg: Config, step: int, policy: Policy, task, recipe, learner: Lear
                "weight_version": float(rollouts.records[0].weight_version),
                "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1, "time_learn_s": t3 - t2,
                "time_sync_s": t4 - t3, "time_step_s": t4 - t0, "tokens_per_s": tokens / max(t4 - t0, 1e-9)}
-    return metrics, state
+    shape = rewards.shape
+    lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(shape)
+    truncated = np.array([r.finish_reason != "stop" for r in rollouts.records]).reshape(shape)
+    return metrics, state, (rewards, lengths, truncated)

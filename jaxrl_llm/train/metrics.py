@@ -6,6 +6,9 @@ Layout of a run directory:
                             {"step": 3, "time": 1731...., "reward/mean": 0.4, ...}
     run_dir/tb/             TensorBoard event files (tensorboardX)
     run_dir/run_info.json   config, git commit, package versions, host, date
+    run_dir/groups.jsonl    per step, every prompt group's rewards [P][G] and
+                            completion lengths [P][G] (`GroupLog`): what the
+                            difficulty- and length-bias analyses read
 
 Step convention: `step` is the number of optimiser steps completed when the
 values were measured, and a checkpoint at step k holds the state after k
@@ -35,6 +38,7 @@ from jaxrl_llm.train.config import Config, write_text_atomic
 METRICS_FILE = "metrics.jsonl"
 RUN_INFO_FILE = "run_info.json"
 TB_DIR = "tb"
+GROUPS_FILE = "groups.jsonl"
 
 # Distributions whose versions identify the software a run used.
 TRACKED_PACKAGES = (
@@ -199,6 +203,46 @@ class MetricsWriter:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class GroupLog:
+    """Appends one JSON line per step with the step's groups: rewards[p][g],
+    lengths[p][g] (completion tokens) and truncated[p][g] (hit max_tokens).
+
+    Resuming from checkpoint k drops lines with step > k, as `MetricsWriter` does.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, *, resume_step: int | None = None, enabled: bool = True):
+        self.path = Path(run_dir) / GROUPS_FILE
+        self.enabled = enabled
+        if not enabled:
+            return
+        if resume_step is None:
+            if self.path.exists() and self.path.stat().st_size:
+                raise FileExistsError(f"{self.path} already holds groups; resume that run or use a new run_dir")
+        else:
+            truncate_metrics(self.path, resume_step)
+
+    def write(self, step: int, rewards, lengths, truncated) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step), "rewards": _nested(rewards, float), "lengths": _nested(lengths, int),
+                  "truncated": _nested(truncated, bool)}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _nested(array, kind) -> list[list]:
+    return [[kind(v) for v in row] for row in array]
+
+
+def read_groups(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of run_dir/groups.jsonl (see `GroupLog`); an error names a run without one."""
+    path = Path(run_dir) / GROUPS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; valid: a run directory written by `jaxrl train` "
+                                f"(version with per-group logging)")
+    return read_metrics(path)
 
 
 # ----------------------------------------------------------------------------

@@ -8,8 +8,10 @@ or from the command line (cli.py forwards to `plot_main`):
     jaxrl plot runs/grpo runs/dr_grpo --metrics reward/mean,response_length/mean --out compare.png
 
 Lines are labelled with the run's name from run_info.json (the config's
-`name`), falling back to the directory name. The figure is drawn with the
-Agg canvas directly, so no display and no global pyplot state are involved.
+name), and the figure's top-right footer names the runs' git commit and JAX
+version (also from run_info.json). Lines fall back to the directory name
+when there is no run_info.json. The figure is drawn with the Agg canvas
+directly, so no display and no global pyplot state are involved.
 """
 
 from __future__ import annotations
@@ -64,6 +66,18 @@ def _labels(run_dirs: Sequence[str | os.PathLike]) -> list[str]:
     return [
         f"{lab} ({Path(d).resolve().name})" if labels.count(lab) > 1 else lab for lab, d in zip(labels, run_dirs)
     ]
+
+
+def provenance(run_dirs: Sequence[str | os.PathLike]) -> str:
+    """The footer "git <commit>[+dirty] | jax <version>" of the runs (from run_info.json),
+    so a figure says which code produced its lines; differing values are all listed."""
+    infos = [read_run_info(d) or {} for d in run_dirs]
+    commits = sorted({(i.get("git_commit") or "?")[:10] + ("+dirty" if i.get("git_dirty") else "")
+                      for i in infos if i})
+    jax_versions = sorted({(i.get("versions") or {}).get("jax", "?") for i in infos if i})
+    if not commits:
+        return ""
+    return f"git {', '.join(commits)} | jax {', '.join(jax_versions)}"
 
 
 def _numeric(value: Any) -> bool:
@@ -149,6 +163,9 @@ def plot_runs(
     fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncols=min(4, len(handles)))
     if title:
         fig.suptitle(title)
+    footer = provenance(run_dirs)
+    if footer:
+        fig.text(0.995, 0.995, footer, ha="right", va="top", fontsize=6, color="0.4")
 
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,98 @@
+"""Experiment 3: difficulty bias of std-normalised advantages.
+
+Question (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, section 3.1): for binary
+rewards, dividing the group-centred advantage by the group's std re-weights
+prompts by 1/std: how does the per-prompt gradient weight depend on the
+group's success rate p, analytically and in the groups of a real run?
+
+    python experiments/difficulty_bias.py --quick      # ~4 min: one GRPO run of 6 steps, or
+    python experiments/difficulty_bias.py --runs runs/experiments/length_bias/quick/grpo \\
+        runs/experiments/length_bias/quick/dr_grpo runs/experiments/length_bias/quick/dapo
+    jaxrl train --config experiments/difficulty_bias.py:gpu    # GPU-scale run to measure
+
+Without --runs it measures the length-bias experiment's runs when they exist
+(same --quick size) and otherwise trains its own. Writes to
+runs/experiments/difficulty_bias/<quick|full>/: difficulty_bias.png,
+summary.md / .json, run_info.json.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from jaxrl_llm.reports import difficulty
+from jaxrl_llm.reports.runs import experiment_parser, gpu_scale, output_dir, train_or_resume, variant_config, write_summary
+from jaxrl_llm.train.config import (
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    MetricsConfig,
+    ModelConfig,
+    RecipeConfig,
+    RolloutConfig,
+    TaskConfig,
+    TrainConfig,
+)
+
+NAME = "difficulty_bias"
+QUICK = ("total_steps=6", "rollout.prompts_per_step=4", "rollout.max_tokens=24")
+
+
+def get_config(arg: str = "") -> Config:
+    """ARG = "" (CPU) or "gpu". A GRPO run whose groups are measured."""
+    if arg not in ("", "cpu", "gpu"):
+        raise ConfigError(f"experiments/difficulty_bias.py:{arg}: valid ARG: none, 'cpu' or 'gpu'")
+    cfg = Config(
+        name=f"{NAME}_grpo", seed=1, total_steps=30,
+        model=ModelConfig(source="smollm2"),
+        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=32),
+        recipe=RecipeConfig(name="grpo"),
+        train=TrainConfig(lr=2e-5, micro_batch_size=16, precision="fp32"),
+        task=TaskConfig(name="addition", digits=1, eval_size=0),
+        checkpoint=CheckpointConfig(every_steps=2, keep=1, async_save=False),
+        metrics=MetricsConfig(tensorboard=False, progress_every=1),
+    )
+    return gpu_scale(cfg, name=cfg.name) if arg == "gpu" else cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = experiment_parser(__doc__, name=NAME)
+    parser.add_argument("--runs", nargs="*", default=None, help="run directories with groups.jsonl to measure")
+    args = parser.parse_args(argv)
+    out = output_dir(args, NAME)
+    from jaxrl_llm.train.metrics import GROUPS_FILE, read_groups
+
+    runs = [Path(r) for r in args.runs] if args.runs else []
+    if not runs:
+        sibling = Path("runs/experiments/length_bias") / ("quick" if args.quick else "full")
+        runs = sorted(p.parent for p in sibling.glob(f"*/{GROUPS_FILE}")) if not args.overrides else []
+    if not runs:
+        runs = [train_or_resume(variant_config(get_config(), out, "grpo", QUICK, args.overrides, quick_on=args.quick))]
+    records = [r for run in runs for r in read_groups(run)]
+    sizes = {len(r["rewards"][0]) for r in records}
+    if len(sizes) != 1:
+        raise ValueError(f"the runs {[str(r) for r in runs]} have group sizes {sorted(sizes)}; valid: one group size")
+    result = difficulty.measure(records)
+    difficulty.plot(result, out / "difficulty_bias.png",
+                    title=f"Difficulty bias on {len(result['success'])} real groups from {len(runs)} run(s)")
+    rows = result["rows"]
+    mid = min(rows, key=lambda r: abs(r["p"] - 0.5))
+    edge = next((r for r in rows if 0 < r["p"] < 1), None)
+    notes = [f"runs measured: {', '.join(str(r) for r in runs)}",
+             "analytic: E|A| = 2p(1-p) without std; 2p(1-p)/std with std, std = sqrt(G/(G-1) p(1-p)) (ddof=1). "
+             "grad share: mean share of a step's total |dL/dlog pi| held by one group at that p, from the real loss "
+             "(both with seq-mean-token-mean aggregation)."]
+    if edge is not None:
+        for short in ("analytic", "measured"):
+            std = edge[f"{short} std"] / mid[f"{short} std"]
+            no = edge[f"{short} no_std"] / mid[f"{short} no_std"]
+            notes.append(f"{short}: weight at p={edge['p']:.3f} relative to p={mid['p']:.3f}: std {std:.3f}, "
+                         f"no std {no:.3f} (std up-weights it {std / no:.2f}x)")
+    write_summary(out, rows, list(rows[0]), title=f"Difficulty bias ({'quick' if args.quick else 'full'})",
+                  notes=notes, config={"name": NAME, "quick": args.quick, "runs": [str(r) for r in runs]})
+    print(f"wrote {out}/difficulty_bias.png, {out}/summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Experiment 1: length bias. GRPO vs Dr. GRPO vs DAPO from the same seed.
+
+Question (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, section 3.1 and Fig. 5):
+GRPO divides each response's loss by its length (seq-mean-token-mean), so a
+long wrong answer is penalised less per token than a short one. Do incorrect
+responses grow longer under GRPO than under Dr. GRPO (group-mean advantage,
+constant normaliser) and DAPO (token-mean), while the reward is similar?
+
+    python experiments/length_bias.py --quick     # 3 runs x 8 steps, ~12 min on 2 CPU cores
+    python experiments/length_bias.py             # CPU full size: 3 runs x 40 steps
+    jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
+    jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
+
+Writes to runs/experiments/length_bias/<quick|full>/:
+  grpo/, dr_grpo/, dapo/    the runs (metrics.jsonl, groups.jsonl, run_info.json, checkpoints)
+  training.png              reward and mean length of correct / incorrect responses over steps
+  analytic/length_bias.png  implied per-token weight against length for each recipe, computed
+                            by differentiating each recipe's loss on the GRPO run's real groups
+  summary.md / .json        the numbers of experiments/README.md
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxrl_llm.reports import bias_report
+from jaxrl_llm.reports.runs import (
+    experiment_parser,
+    gpu_scale,
+    output_dir,
+    train_or_resume,
+    variant_config,
+    window_mean,
+    write_summary,
+)
+from jaxrl_llm.train.config import (
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    MetricsConfig,
+    ModelConfig,
+    RecipeConfig,
+    RolloutConfig,
+    TaskConfig,
+    TrainConfig,
+)
+
+NAME = "length_bias"
+RECIPES = ("grpo", "dr_grpo", "dapo")
+# The --quick size: half the prompts per step, 32-token answers, 8 steps.
+QUICK = ("total_steps=8", "rollout.prompts_per_step=4", "rollout.max_tokens=32")
+
+
+def get_config(arg: str = "grpo") -> Config:
+    """ARG = "<recipe>" (CPU) or "<recipe>,gpu" (GPU scale)."""
+    recipe, _, scale = arg.partition(",")
+    if scale not in ("", "gpu"):
+        raise ConfigError(f"experiments/length_bias.py:{arg}: scale {scale!r} is invalid; valid: none or 'gpu'")
+    cfg = Config(
+        name=f"{NAME}_{recipe}",
+        seed=0,  # the same prompts and, at step 1, the same samples for every recipe
+        total_steps=40,
+        model=ModelConfig(source="smollm2", param_dtype="float32"),
+        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=64,
+                              temperature=1.0),
+        recipe=RecipeConfig(name=recipe),  # dr_grpo's L_const = rollout.max_tokens
+        train=TrainConfig(lr=2e-5, warmup_steps=0, micro_batch_size=16, precision="fp32", grad_clip=1.0),
+        task=TaskConfig(name="addition", digits=1, eval_size=0),
+        checkpoint=CheckpointConfig(every_steps=2, keep=1, async_save=False),
+        metrics=MetricsConfig(tensorboard=False, progress_every=1),
+    )
+    return gpu_scale(cfg, name=cfg.name) if scale == "gpu" else cfg
+
+
+def summarise(recipe: str, records: list[dict]) -> dict:
+    k = max(1, min(3, len(records) // 2))  # average the first / last k steps (noise of 32-64 samples)
+    row = {"recipe": recipe, "steps": len(records)}
+    for key in ("reward", "length_correct", "length_incorrect", "truncated_fraction"):
+        row[f"{key} first"] = window_mean(records, key, first=k)
+        row[f"{key} last"] = window_mean(records, key, last=k)
+    row["d length_incorrect"] = row["length_incorrect last"] - row["length_incorrect first"]
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = experiment_parser(__doc__, name=NAME).parse_args(argv)
+    out = output_dir(args, NAME)
+    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.metrics import read_groups, read_metrics
+    from jaxrl_llm.train.plots import plot_runs
+
+    configs = [variant_config(get_config(r), out, r, QUICK, args.overrides, quick_on=args.quick) for r in RECIPES]
+    policy = loop.load_policy(configs[0].model.source)
+    runs = [train_or_resume(cfg, policy=policy) for cfg in configs]
+
+    plot_runs(runs, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",
+                     "entropy"], out / "training.png", title="Length bias: same seed, three recipes")
+    # The analytic view on real data: each recipe's implied per-token weight, from the
+    # gradient of its loss, on the groups the GRPO run actually sampled.
+    batch = bias_report.batch_from_groups(read_groups(runs[0]), configs[0].rollout.max_tokens)
+    analytic = bias_report.run(str(out / "analytic"), recipes=RECIPES, batch=batch)
+    exponents = {row["recipe"]: row["length_exponent"] for row in analytic}
+
+    rows = [summarise(r, read_metrics(run)) | {"length exponent": exponents[r]} for r, run in zip(RECIPES, runs)]
+    grpo, dr = rows[0], rows[1]
+    notes = [
+        f"Claim (Dr. GRPO paper): incorrect responses grow longer under GRPO than under Dr. GRPO at similar reward. "
+        f"Here: change in mean incorrect length, GRPO {grpo['d length_incorrect']:+.2f} vs Dr. GRPO "
+        f"{dr['d length_incorrect']:+.2f} tokens; final reward {grpo['reward last']:.3f} vs {dr['reward last']:.3f}.",
+        "first/last: mean over the first/last min(3, steps/2) steps. length exponent: slope of log|w/A| against "
+        "log L of the per-token gradient weight on the GRPO run's pooled groups (-1 = GRPO's 1/L, 0 = none).",
+    ]
+    write_summary(out, rows, ["recipe", "steps", "reward first", "reward last", "length_correct first",
+                              "length_correct last", "length_incorrect first", "length_incorrect last",
+                              "d length_incorrect", "truncated_fraction last", "length exponent"],
+                  title=f"Length bias ({'quick' if args.quick else 'full'})", notes=notes,
+                  config={"name": NAME, "quick": args.quick, "overrides": list(args.overrides),
+                          "variants": {r: c.to_dict() for r, c in zip(RECIPES, configs)}})
+    print(f"wrote {out}/training.png, {out}/analytic/length_bias.png, {out}/summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""What the experiment scripts (experiments/*.py) share: their command line,
+training runs that resume or are kept, GPU-scale settings, and summary tables.
+
+An experiment trains a few variants of one config (e.g. three recipes from
+the same seed) into <out>/<variant>. Rerunning the same command after a crash
+resumes each unfinished variant from its latest checkpoint and keeps the
+finished ones, so an interrupted experiment loses at most
+`checkpoint.every_steps` steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, replace_values
+from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_run_info, write_run_info
+
+
+def experiment_parser(description: str, *, name: str) -> argparse.ArgumentParser:
+    """--quick, --out, --fresh and dotted config overrides, the same for every experiment."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="the reduced size that finishes in <= 15 min on a 2-core CPU")
+    parser.add_argument("--out", default=None,
+                        help=f"output directory (default runs/experiments/{name}/<quick|full>)")
+    parser.add_argument("--fresh", action="store_true", help="delete earlier results in --out first")
+    parser.add_argument("overrides", nargs="*",
+                        help="dotted overrides applied to every variant, e.g. total_steps=4 train.lr=1e-5")
+    return parser
+
+
+def output_dir(args: argparse.Namespace, name: str) -> Path:
+    out = Path(args.out or os.path.join("runs", "experiments", name, "quick" if args.quick else "full"))
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def variant_config(base: Config, out: Path, variant: str, quick: Sequence[str], overrides: Sequence[str],
+                   *, quick_on: bool) -> Config:
+    """`base` with the quick-size overrides (if asked), the user's overrides, and
+    its run directory <out>/<variant>."""
+    cfg = apply_overrides(base, list(quick) if quick_on else [])
+    cfg = apply_overrides(cfg, overrides)
+    return replace_values(cfg, {"run_dir": str(out / variant)})
+
+
+def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != "run_dir"}
+
+
+def train_or_resume(cfg: Config, *, policy=None) -> Path:
+    """Trains `cfg` into cfg.run_path. A run that stopped part-way resumes from
+    its latest checkpoint; a finished one is kept. A directory holding a run
+    of another config is an error (use another --out or --fresh)."""
+    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.checkpoint import Checkpointer
+
+    run = cfg.run_path
+    info = read_run_info(run) if run.exists() else None
+    if info is not None and info.get("config") and _comparable(info["config"]) != _comparable(cfg.to_dict()):
+        raise ConfigError(f"{run} holds a run with a different config; valid: the same command as before, "
+                          f"another --out, or --fresh to start over")
+    with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=cfg.checkpoint.keep) as ckpt:
+        latest = ckpt.latest_step()
+    if latest is not None and latest >= cfg.total_steps:
+        print(f"[experiment] {run}: finished earlier ({latest} steps), kept")
+        return run
+    if latest is None:  # nothing to resume: lines logged before the first checkpoint are redone
+        for name in (METRICS_FILE, GROUPS_FILE):
+            (run / name).unlink(missing_ok=True)
+        shutil.rmtree(run / "tb", ignore_errors=True)
+    else:
+        print(f"[experiment] {run}: resuming from step {latest}")
+    loop.train(cfg, resume=latest is not None, policy=policy)
+    return run
+
+
+def gpu_scale(cfg: Config, *, name: str) -> Config:
+    """The GPU-scale form of a CPU experiment config, for launch/single_node.py.
+
+    The setting of Liu et al. 2025 (Dr. GRPO, arXiv 2503.20783): a 1.5B math
+    model, MATH levels 3-5, 8 samples per prompt, ~3000 generated tokens, served
+    by vLLM in bf16 on its own GPUs. model.source and task.jsonl_path are the
+    user's (single_node.py --model-dir sets model.source).
+    """
+    return replace_values(cfg, {
+        "name": f"{name}_gpu", "total_steps": 400, "eval_every": 25,
+        "model.source": "Qwen/Qwen2.5-Math-1.5B (set with --model-dir)",
+        "rollout.engine": "vllm", "rollout.prompts_per_step": 128, "rollout.samples_per_prompt": 8,
+        "rollout.max_tokens": 3000, "rollout.server_dtype": "bfloat16",
+        "train.lr": 1e-6, "train.warmup_steps": 0, "train.micro_batch_size": 8, "train.precision": "bf16",
+        "train.minibatches_per_batch": 1, "train.remat": True,
+        "task.name": "jsonl", "task.jsonl_path": "math_level3to5.jsonl (user-provided)", "task.eval_size": 500,
+        "task.eval_samples": 4, "task.reward_workers": 8,
+        "checkpoint.every_steps": 25, "metrics.progress_every": 1,
+    })
+
+
+# -------------------------------------------------------------- summaries
+def finite_mean(values: Sequence[float]) -> float:
+    kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return float(np.mean(kept)) if kept else float("nan")
+
+
+def window_mean(records: Sequence[Mapping[str, Any]], key: str, *, first: int | None = None,
+                last: int | None = None) -> float:
+    """Mean of `key` over the first or last k records, ignoring NaN (undefined steps)."""
+    rows = records[:first] if first is not None else records[-last:] if last is not None else records
+    return finite_mean([r.get(key, float("nan")) for r in rows])
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    def cell(value):
+        if isinstance(value, float):
+            return "nan" if not math.isfinite(value) else f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:.3f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_summary(out: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, title: str,
+                  notes: Sequence[str] = (), config: Mapping[str, Any] | None = None) -> str:
+    """Writes <out>/summary.md and summary.json (+ run_info.json with config, commit and
+    versions), prints the table and returns it."""
+    table = markdown_table(rows, columns)
+    text = f"## {title}\n\n{table}\n" + "".join(f"\n{n}\n" for n in notes)
+    (out / "summary.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps({"title": title, "rows": list(rows), "notes": list(notes)},
+                                                 indent=2, default=float) + "\n")
+    write_run_info(out, dict(config) if config is not None else None, extra={"kind": "experiment summary"})
+    print(text)
+    return text
+
