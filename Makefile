@@ -11,7 +11,7 @@ QUIET_PIP := 2>&1 | { grep -v "is neither a file nor a directory" || true; }
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: test test-all demo venv vllm-env bench-model bench-rollout clean
+.PHONY: test test-all demo venv vllm-env bench-model bench-rollout experiments-quick experiments clean
 
 venv: $(STAMP)
 
@@ -48,6 +48,16 @@ test-all: venv vllm-env
 
 demo: venv
 	$(PY) -m jaxrl_llm.cli demo
+
+# experiments/README.md: the four seed-paper experiments; the quick sizes take
+# <= 15 min each on 2 CPU cores. Rerunning resumes/keeps finished runs.
+EXPERIMENTS = length_bias difficulty_bias precision_mismatch sanity_check
+
+experiments-quick: venv vllm-env
+	for e in $(EXPERIMENTS); do $(PY) experiments/$$e.py --quick; done
+
+experiments: venv vllm-env
+	for e in $(EXPERIMENTS); do $(PY) experiments/$$e.py; done
 
 bench-model: venv
 	$(PY) -m jaxrl_llm.benchmarks.model

@@ -35,7 +35,7 @@ from jaxrl_llm.train.config import (
 )
 
 NAME = "difficulty_bias"
-QUICK = ("total_steps=6", "rollout.prompts_per_step=4", "rollout.max_tokens=24")
+QUICK = ("total_steps=6", "rollout.prompts_per_step=4")
 
 
 def get_config(arg: str = "") -> Config:

@@ -7,7 +7,7 @@ responses grow longer under GRPO than under Dr. GRPO (group-mean advantage,
 constant normaliser) and DAPO (token-mean), while the reward is similar?
 
     python experiments/length_bias.py --quick     # 3 runs x 8 steps, ~12 min on 2 CPU cores
-    python experiments/length_bias.py             # CPU full size: 3 runs x 40 steps
+    python experiments/length_bias.py             # CPU full size: 3 runs x 16 steps of 8 x 8, ~35 min
     jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
     jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
 
@@ -48,8 +48,8 @@ from jaxrl_llm.train.config import (
 
 NAME = "length_bias"
 RECIPES = ("grpo", "dr_grpo", "dapo")
-# The --quick size: half the prompts per step, 32-token answers, 8 steps.
-QUICK = ("total_steps=8", "rollout.prompts_per_step=4", "rollout.max_tokens=32")
+# The --quick size: half the prompts per step, half the steps.
+QUICK = ("total_steps=8", "rollout.prompts_per_step=4")
 
 
 def get_config(arg: str = "grpo") -> Config:
@@ -60,9 +60,9 @@ def get_config(arg: str = "grpo") -> Config:
     cfg = Config(
         name=f"{NAME}_{recipe}",
         seed=0,  # the same prompts and, at step 1, the same samples for every recipe
-        total_steps=40,
+        total_steps=16,
         model=ModelConfig(source="smollm2", param_dtype="float32"),
-        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=64,
+        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=32,
                               temperature=1.0),
         recipe=RecipeConfig(name=recipe),  # dr_grpo's L_const = rollout.max_tokens
         train=TrainConfig(lr=2e-5, warmup_steps=0, micro_batch_size=16, precision="fp32", grad_clip=1.0),
@@ -73,12 +73,24 @@ def get_config(arg: str = "grpo") -> Config:
     return gpu_scale(cfg, name=cfg.name) if scale == "gpu" else cfg
 
 
-def summarise(recipe: str, records: list[dict]) -> dict:
-    k = max(1, min(3, len(records) // 2))  # average the first / last k steps (noise of 32-64 samples)
-    row = {"recipe": recipe, "steps": len(records)}
-    for key in ("reward", "length_correct", "length_incorrect", "truncated_fraction"):
-        row[f"{key} first"] = window_mean(records, key, first=k)
-        row[f"{key} last"] = window_mean(records, key, last=k)
+def pooled_lengths(groups: list[dict], correct: bool) -> tuple[float, int]:
+    """Mean length of the correct (or incorrect) responses pooled over `groups`, and their count."""
+    lengths = np.concatenate([np.asarray(g["lengths"]).reshape(-1) for g in groups])
+    rewards = np.concatenate([np.asarray(g["rewards"]).reshape(-1) for g in groups])
+    chosen = lengths[(rewards >= 1.0) == correct]
+    return (float(chosen.mean()) if chosen.size else float("nan")), int(chosen.size)
+
+
+def summarise(recipe: str, records: list[dict], groups: list[dict]) -> dict:
+    """First / last window (min(3, steps/2) steps) of reward, and of the lengths pooled over
+    all responses of the window, so a late step with one wrong answer does not dominate."""
+    k = max(1, min(3, len(records) // 2))
+    row = {"recipe": recipe, "steps": len(records),
+           "reward first": window_mean(records, "reward", first=k), "reward last": window_mean(records, "reward", last=k)}
+    for side, window in (("first", groups[:k]), ("last", groups[-k:])):
+        row[f"length_correct {side}"], row[f"n correct {side}"] = pooled_lengths(window, True)
+        row[f"length_incorrect {side}"], row[f"n incorrect {side}"] = pooled_lengths(window, False)
+    row["d length_correct"] = row["length_correct last"] - row["length_correct first"]
     row["d length_incorrect"] = row["length_incorrect last"] - row["length_incorrect first"]
     return row
 
@@ -102,18 +114,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     analytic = bias_report.run(str(out / "analytic"), recipes=RECIPES, batch=batch)
     exponents = {row["recipe"]: row["length_exponent"] for row in analytic}
 
-    rows = [summarise(r, read_metrics(run)) | {"length exponent": exponents[r]} for r, run in zip(RECIPES, runs)]
+    rows = [summarise(r, read_metrics(run), read_groups(run)) | {"length exponent": exponents[r]}
+            for r, run in zip(RECIPES, runs)]
     grpo, dr = rows[0], rows[1]
     notes = [
         f"Claim (Dr. GRPO paper): incorrect responses grow longer under GRPO than under Dr. GRPO at similar reward. "
         f"Here: change in mean incorrect length, GRPO {grpo['d length_incorrect']:+.2f} vs Dr. GRPO "
-        f"{dr['d length_incorrect']:+.2f} tokens; final reward {grpo['reward last']:.3f} vs {dr['reward last']:.3f}.",
-        "first/last: mean over the first/last min(3, steps/2) steps. length exponent: slope of log|w/A| against "
+        f"{dr['d length_incorrect']:+.2f} tokens (correct: {grpo['d length_correct']:+.2f} vs "
+        f"{dr['d length_correct']:+.2f}); final reward {grpo['reward last']:.3f} vs {dr['reward last']:.3f}.",
+        "first/last: the first/last min(3, steps/2) steps; lengths pooled over their responses (n = how many). "
+        "length exponent: slope of log|w/A| against "
         "log L of the per-token gradient weight on the GRPO run's pooled groups (-1 = GRPO's 1/L, 0 = none).",
     ]
     write_summary(out, rows, ["recipe", "steps", "reward first", "reward last", "length_correct first",
-                              "length_correct last", "length_incorrect first", "length_incorrect last",
-                              "d length_incorrect", "truncated_fraction last", "length exponent"],
+                              "length_correct last", "d length_correct", "length_incorrect first",
+                              "length_incorrect last", "n incorrect last", "d length_incorrect", "length exponent"],
                   title=f"Length bias ({'quick' if args.quick else 'full'})", notes=notes,
                   config={"name": NAME, "quick": args.quick, "overrides": list(args.overrides),
                           "variants": {r: c.to_dict() for r, c in zip(RECIPES, configs)}})

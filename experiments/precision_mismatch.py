@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         "prob_diff_min", "max_abs_logprob_diff", "seq_log_ratio_length_slope",
                                         "seq_log_ratio_mean"],
                   title=f"Precision mismatch ({'quick' if args.quick else 'full'})", notes=notes,
-                  config={"name": NAME, "quick": args.quick, "study": dataclasses.asdict(study)})
+                  config={"name": NAME, "quick": args.quick, "study": dataclasses.asdict(study),
+                          "vllm_version": result["vllm_version"]})
     print(f"wrote {out}/prob_scatter.png, seq_log_ratio_vs_length.png, kl_grid.png, summary.md")
     return 0
 

@@ -12,7 +12,8 @@ p = 1/2 (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, section 3.1).
 The measured side takes every group a run logged (groups.jsonl), applies the
 recipes' own advantage functions, and differentiates the real loss
 (`core.recipe_loss`) per step to get each group's share of the gradient
-weight. Both recipes compared use the same aggregation (seq-mean-token-mean),
+weight, and how std normalisation changes that share (ratio of shares).
+Both recipes compared use the same aggregation (seq-mean-token-mean),
 so the difference is the std normalisation alone.
 """
 from __future__ import annotations
@@ -85,6 +86,10 @@ def measure(records: Sequence[dict]) -> dict:
             values = np.concatenate(adv[name])[sel]
             row[f"measured {short}"] = float(values.mean()) if sel.any() else float("nan")
             row[f"grad share {short}"] = float(np.concatenate(share[name])[sel].mean()) if sel.any() else float("nan")
+        # How std normalisation re-weights a group against the others of its own step.
+        std_share, no_share = (np.concatenate(share[n])[sel] for n in RECIPES)
+        row["share ratio std/no_std"] = (float(np.mean(std_share[no_share > 0] / no_share[no_share > 0]))
+                                         if (no_share > 0).any() else float("nan"))
         rows.append(row)
     return {"group_size": group_size, "rows": rows, "success": success,
             "mean_abs_adv": {n: np.concatenate(v) for n, v in adv.items()}}
@@ -112,15 +117,12 @@ def plot(result: dict, path: Path, *, title: str = "Difficulty bias") -> None:
     ax1.legend(fontsize=7)
 
     inner = [r for r in rows if 0 < r["p"] < 1 and r["groups"]]
-    xs = np.array([r["p"] for r in inner])
-    width = 0.35 / g
-    for offset, short, color in ((-width / 2, "std", "C3"), (width / 2, "no_std", "C0")):
-        ax2.bar(xs + offset, [r[f"grad share {short}"] for r in inner], width=width, color=color,
-                label="std (GRPO)" if short == "std" else "no std (Dr. GRPO)")
+    ax2.bar([r["p"] for r in inner], [r["share ratio std/no_std"] for r in inner], width=0.6 / g, color="C3")
+    ax2.axhline(1.0, color="k", lw=0.8)
     ax2.set_xlabel("group success rate p")
-    ax2.set_ylabel("mean share of the step's gradient weight")
-    ax2.set_title("measured from the loss gradient, real groups", fontsize=10)
-    ax2.legend(fontsize=7)
+    ax2.set_ylabel("gradient share with std / without")
+    ax2.set_title("measured from the loss gradient, real groups:\n>1 = std normalisation up-weights the group",
+                  fontsize=10)
 
     ax3.bar([r["p"] for r in rows], [r["groups"] for r in rows], width=0.8 / g, color="C7")
     ax3.set_xlabel("group success rate p")

