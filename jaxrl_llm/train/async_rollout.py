@@ -32,6 +32,9 @@ policy optimization", arXiv 2110.00641), used for asynchronous RL by AReaL
 C = 2) into a recipe that has no correction; `core.prepare_step_batch` then
 computes the weights from the batch's sampler logprobs (loop.learn passes them).
 
+The RL loop (`loop.train`) always takes its batches from an AsyncRolloutProducer;
+`rollout.max_lag` in the config picks synchronous (0) or asynchronous (>= 1) mode.
+
 Exact accounting. Each sample has an id "step:prompt:sample"; the `SampleLedger`
 records every id produced, consumed (handed to the learner, at most once) and
 dropped (produced but never consumed, e.g. the batches in flight at shutdown).
@@ -39,15 +42,12 @@ At the end produced = consumed + dropped, disjointly.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import queue
 import threading
 import time
 from typing import Any, Callable, Sequence
-
-import jax
 
 from jaxrl_llm import core
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
@@ -216,7 +216,7 @@ class AsyncRolloutProducer:
             raise RuntimeError(f"all batches of steps {self.first_step}..{self.last_step} were consumed")
         # Batches produced before a failure are still handed out; the failure comes after them.
         if self._failure_seen:
-            raise RuntimeError("the rollout producer failed") from self._error
+            raise self._failure() from self._error
         if self._stop:
             raise RuntimeError("the rollout producer was closed; its unconsumed batches were dropped")
         try:
@@ -225,7 +225,7 @@ class AsyncRolloutProducer:
             raise TimeoutError(f"no batch for step {self._next_consume} within {timeout_s} s") from None
         if batch is None:
             self._failure_seen = True
-            raise RuntimeError("the rollout producer failed") from self._error
+            raise self._failure() from self._error
         if batch.step != self._next_consume:
             raise RuntimeError(f"expected the batch of step {self._next_consume}, got step {batch.step}")
         lag = self.learner_version - batch.weight_version
@@ -237,6 +237,9 @@ class AsyncRolloutProducer:
             self._in_flight -= 1
         self._next_consume += 1
         return batch
+
+    def _failure(self) -> RuntimeError:
+        return RuntimeError(f"the rollout producer failed: {type(self._error).__name__}: {self._error}")
 
     def staleness(self, batch: ProducedBatch) -> int:
         return self.learner_version - batch.weight_version
@@ -341,84 +344,17 @@ def _contiguous_chunks(total: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-# --------------------------------------------------------------- the RL loop
-def train_async(cfg, *, max_lag: int = 1, policy=None, steps: int | None = None, correction_cap: float = 2.0,
-                write_metrics: bool = True) -> dict[str, Any]:
-    """The RL loop of `loop.train` with rollouts (and grading) in a producer thread.
-
-    Same prompts, seeds, learner and metrics as `loop.train`; the recipe gets token TIS
-    (`staleness_corrected`) when max_lag > 0 and it has no correction. Metrics per step add
-    `staleness` (versions behind the learner) and `time_wait_s` (learner idle, waiting for
-    a batch). No checkpoints: this entry point is for throughput runs and comparisons.
-    Returns {"step", "metrics" (last step), "history", "ledger" counts, "wall_s", "state"}.
-    """
-    from jaxrl_llm.rewards import GraderPool
-    from jaxrl_llm.train import loop
-    from jaxrl_llm.train.distributed import global_mesh
-    from jaxrl_llm.train.learner import Learner
-    from jaxrl_llm.train.metrics import MetricsWriter
-
-    policy = policy or loop.load_policy(cfg.model.source)
-    task = loop.make_task_from_config(cfg)
-    recipe = loop.make_recipe(cfg)
-    if max_lag > 0:
-        recipe = staleness_corrected(recipe, correction_cap)
-    mesh = global_mesh(cfg.mesh) if jax.device_count() > 1 else None
-    learner = Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
-                      temperature=cfg.rollout.temperature, mesh=mesh)
-    state = learner.init(policy.params, seed=cfg.seed)
-    last = cfg.total_steps if steps is None else min(cfg.total_steps, steps)
-    history: list[dict[str, float]] = []
-    with contextlib.ExitStack() as stack:
-        engine = loop.make_engine(cfg, policy, learner.full_params(state.params), stack=stack)
-        graders = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers,
-                                                 timeout_s=cfg.task.reward_timeout_s))
-        writer = (stack.enter_context(contextlib.closing(MetricsWriter(cfg.run_path, tensorboard=False, config=cfg)))
-                  if write_metrics else None)
-
-        def make_job(step: int) -> RolloutJob:
-            examples = loop.step_examples(task, cfg, step)
-            return RolloutJob(step, loop.encode_prompts(policy, examples), cfg.rollout.samples_per_prompt,
-                              loop.sampling_params(cfg, seed=cfg.seed * 1_000_003 + step), examples)
-
-        def grade(job: RolloutJob, rollouts: RolloutBatch):
-            return loop.grade(graders, task, loop.decode_completions(policy, rollouts), job.context, job.n)
-
-        producer = stack.enter_context(AsyncRolloutProducer(engine, make_job, first_step=1, last_step=last,
-                                                            max_lag=max_lag, postprocess=grade))
-        started = time.perf_counter()
-        for step in range(1, last + 1):
-            t0 = time.perf_counter()
-            batch = producer.next_batch()
-            t1 = time.perf_counter()
-            rewards, graded = batch.extra
-            state, learn_metrics = loop.learn(learner, state, recipe, cfg, batch.rollouts, rewards)
-            jax.block_until_ready(state.params)
-            t2 = time.perf_counter()
-            staleness = producer.staleness(batch)
-            full = learner.full_params(state.params)  # LoRA: merged weights; else the params
-            new_params = full if cfg.rollout.engine == "vllm" else loop.cast_params(full, loop.sampler_dtype(cfg))
-            producer.publish(new_params)
-            t3 = time.perf_counter()
-            metrics = {**loop.response_metrics(rewards, batch.rollouts), **learn_metrics,
-                       "reward_errors": float(graded.n_errors), "weight_version": float(batch.weight_version),
-                       "staleness": float(staleness), "time_wait_s": t1 - t0, "time_learn_s": t2 - t1,
-                       "time_sync_s": t3 - t2, "time_rollout_s": batch.time_generate_s, "time_step_s": t3 - t0}
-            history.append(metrics)
-            if writer is not None:
-                writer.write(step, metrics)
-        wall = time.perf_counter() - started
-    return {"step": last, "metrics": history[-1] if history else {}, "history": history,
-            "ledger": producer.ledger.counts(), "wall_s": wall, "state": state}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m jaxrl_llm.train.async_rollout --config EXP.py --max-lag 0 1 -- overrides...`:
-    wall time of the same run per max_lag (0 = synchronous)."""
+    the same run (`jaxrl train`, fresh temporary run directories) once per max_lag, with the
+    wall time of each (0 = synchronous)."""
     import argparse
     import json
+    import tempfile
 
-    from jaxrl_llm.train.config import load_config
+    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.config import load_config, replace_values
+    from jaxrl_llm.train.metrics import read_metrics
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--config", required=True)
@@ -426,14 +362,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    from jaxrl_llm.train import loop
-
     policy = loop.load_policy(cfg.model.source)
     for lag in args.max_lag:
-        out = train_async(cfg, max_lag=lag, policy=policy, write_metrics=False)
-        hist = out["history"]
+        with tempfile.TemporaryDirectory() as tmp:
+            run = replace_values(cfg, {"rollout.max_lag": lag, "run_dir": tmp, "checkpoint.every_steps": 0,
+                                       "metrics.tensorboard": False})
+            start = time.perf_counter()
+            out = loop.train(run, policy=policy)
+            wall = time.perf_counter() - start
+            hist = read_metrics(tmp)
         # steady_s: steps 2.. only (step 1 compiles the learner and the sampler).
-        print(json.dumps({"max_lag": lag, "steps": out["step"], "wall_s": round(out["wall_s"], 3),
+        print(json.dumps({"max_lag": lag, "steps": out["step"], "wall_s": round(wall, 3),
                           "steady_s": round(sum(h["time_step_s"] for h in hist[1:]), 3),
                           "learn_s": round(sum(h["time_learn_s"] for h in hist), 3),
                           "wait_s": round(sum(h["time_wait_s"] for h in hist), 3),

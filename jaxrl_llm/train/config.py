@@ -124,6 +124,10 @@ class RolloutConfig(_Section):
     server_dtype: Dtype = "bfloat16"
     # Running vLLM servers; empty: the launcher starts one on 127.0.0.1.
     server_urls: tuple[str, ...] = ()
+    # Asynchronous rollouts: the batch of step k may be sampled by weights up to max_lag
+    # versions old while the learner trains (0: synchronous). Staleness is corrected with
+    # token TIS min(pi_old/mu, recipe.correction_cap or 2) unless the recipe has a correction.
+    max_lag: int = _field(0, ge=0)
     _path_prefix = "rollout."
 
 

@@ -54,8 +54,8 @@ from jaxrl_llm.train.progress import Progress
 
 # Step metrics that depend on the wall clock, not on the computation: left out
 # when two runs are compared for exactness.
-TIMING_METRICS = ("time_rollout_s", "time_reward_s", "time_learn_s", "time_sync_s", "time_step_s",
-                  "tokens_per_s", "reward_wall_s")
+TIMING_METRICS = ("time_rollout_s", "time_reward_s", "time_wait_s", "time_learn_s", "time_sync_s",
+                  "time_step_s", "tokens_per_s", "reward_wall_s")
 
 
 # ------------------------------------------------------------------ model
@@ -340,8 +340,18 @@ def checkpoint_state(state: LearnerState, step: int, version: int) -> dict:
 
 def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) -> dict[str, Any]:
     """Run (or resume) RL training as configured. Returns the last step's metrics,
-    the learner state and where the run lives."""
+    the learner state, the sample ledger's counts and where the run lives.
+
+    Batches come from an `AsyncRolloutProducer` (async_rollout.py): with
+    rollout.max_lag = 0 it samples step k only after the weights of step k-1 are
+    published (the synchronous loop); with max_lag = m > 0 it samples up to m
+    versions ahead while the learner trains, and the recipe gets token TIS
+    against the staleness (`staleness_corrected`). Resume is exact for max_lag = 0;
+    with max_lag > 0 the batches in flight at the crash are dropped (the ledger
+    counts them) and resampled by the restored weights.
+    """
     from jaxrl_llm.train import distributed
+    from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, RolloutJob, staleness_corrected
 
     distributed.initialize_from_env()  # before any JAX computation; no-op for one process
     run_dir = cfg.run_path
@@ -349,6 +359,8 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
     policy = policy or load_policy(cfg.model.source)
     task = make_task_from_config(cfg)
     recipe = make_recipe(cfg)
+    if cfg.rollout.max_lag > 0:
+        recipe = staleness_corrected(recipe, cfg.recipe.correction_cap or 2.0)
     mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
     learner = Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
                       temperature=cfg.rollout.temperature, mesh=mesh)
@@ -372,54 +384,72 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
         writer = stack.enter_context(contextlib.closing(MetricsWriter(
             run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start_step if resume else None, config=cfg)))
         groups = GroupLog(run_dir, resume_step=start_step if resume else None)
+        metrics: dict[str, float] = {}
+        step, ledger = start_step, {"produced": 0, "consumed": 0, "dropped": 0}
+        if start_step >= cfg.total_steps:
+            return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version,
+                    "params": learner.full_params(state.params), "ledger": ledger}
         engine = make_engine(cfg, policy, learner.full_params(state.params), initial_version=version, stack=stack)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
+
+        def make_job(step: int) -> RolloutJob:
+            examples = step_examples(task, cfg, step)
+            return RolloutJob(step, encode_prompts(policy, examples), cfg.rollout.samples_per_prompt,
+                              sampling_params(cfg, seed=cfg.seed * 1_000_003 + step), examples)
+
+        def grade_job(job: RolloutJob, rollouts: RolloutBatch):  # runs in the producer thread
+            t0 = time.perf_counter()
+            rewards, graded = grade(pool, task, decode_completions(policy, rollouts), job.context, job.n)
+            return rewards, graded, time.perf_counter() - t0
+
+        producer = AsyncRolloutProducer(engine, make_job, first_step=start_step + 1, last_step=cfg.total_steps,
+                                        max_lag=cfg.rollout.max_lag, postprocess=grade_job)
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
             cfg.total_steps, initial=start_step, print_every=cfg.metrics.progress_every,
             keys=("reward", "pass_rate", "length_mean", "time_step_s"))))
-        metrics: dict[str, float] = {}
-        step = start_step
-        for step in range(start_step + 1, cfg.total_steps + 1):
-            metrics, state, step_groups = run_step(cfg, step, policy, task, recipe, learner, state, engine, pool)
-            version = engine.weight_version
-            writer.write(step, metrics)
-            groups.write(step, *step_groups)
-            progress.update(step, metrics)
-            ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
-                      force=step == cfg.total_steps or stop.requested)
-            if stop.requested:
-                break
+        with producer:
+            for step in range(start_step + 1, cfg.total_steps + 1):
+                metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state)
+                version = engine.weight_version
+                writer.write(step, metrics)
+                groups.write(step, *step_groups)
+                progress.update(step, metrics)
+                ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
+                          force=step == cfg.total_steps or stop.requested)
+                if stop.requested:
+                    break
+        ledger = producer.ledger.counts()
         ckpt.wait()
     return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version,
-            "params": learner.full_params(state.params)}
+            "params": learner.full_params(state.params), "ledger": ledger}
 
 
-def run_step(cfg: Config, step: int, policy: Policy, task, recipe, learner: Learner, state: LearnerState,
-             engine, pool: GraderPool) -> tuple[dict[str, float], LearnerState, tuple[np.ndarray, ...]]:
-    """One RL step. Returns its metrics, the new learner state and the step's groups
-    (rewards, completion lengths, truncated; each [P, G]) for `GroupLog`."""
+def run_step(cfg: Config, producer, recipe, learner: Learner,
+             state: LearnerState) -> tuple[dict[str, float], LearnerState, tuple[np.ndarray, ...]]:
+    """One RL step: the next batch from the producer (sampled and graded), the learner's
+    update, and the new weights published to the rollout engine. Returns its metrics, the
+    new learner state and the step's groups (rewards, completion lengths, truncated; each
+    [P, G]) for `GroupLog`."""
     t0 = time.perf_counter()
-    examples = step_examples(task, cfg, step)
-    rollouts = engine.generate(encode_prompts(policy, examples), n=cfg.rollout.samples_per_prompt,
-                               params=sampling_params(cfg, seed=cfg.seed * 1_000_003 + step))
+    batch = producer.next_batch()
     t1 = time.perf_counter()
-    rewards, graded = grade(pool, task, decode_completions(policy, rollouts), examples,
-                            cfg.rollout.samples_per_prompt)
-    t2 = time.perf_counter()
+    rollouts = batch.rollouts
+    rewards, graded, reward_s = batch.extra
+    staleness = producer.staleness(batch)
     state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, rewards)
     jax.block_until_ready(state.params)
-    t3 = time.perf_counter()
+    t2 = time.perf_counter()
     full = learner.full_params(state.params)  # LoRA: merged W + alpha/r * A @ B
-    new_params = full if cfg.rollout.engine == "vllm" else cast_params(full, sampler_dtype(cfg))
-    engine.update_weights(new_params)
-    t4 = time.perf_counter()
+    producer.publish(full if cfg.rollout.engine == "vllm" else cast_params(full, sampler_dtype(cfg)))
+    t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(rewards, rollouts), **learn_metrics,
                "reward_errors": float(graded.n_errors), "reward_timeouts": float(graded.n_timeouts),
-               "weight_version": float(rollouts.records[0].weight_version),
-               "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1, "time_learn_s": t3 - t2,
-               "time_sync_s": t4 - t3, "time_step_s": t4 - t0, "tokens_per_s": tokens / max(t4 - t0, 1e-9)}
+               "weight_version": float(batch.weight_version), "staleness": float(staleness),
+               "time_rollout_s": batch.time_generate_s, "time_reward_s": reward_s, "time_wait_s": t1 - t0,
+               "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
+               "tokens_per_s": tokens / max(t3 - t0, 1e-9)}
     shape = rewards.shape
     lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(shape)
     truncated = np.array([r.finish_reason != "stop" for r in rollouts.records]).reshape(shape)

@@ -225,30 +225,51 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
 
 
 # ------------------------------------------------------------- the RL loop
+from jaxrl_llm.train.metrics import read_metrics  # noqa: E402
 from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: E402,F401
 
 
 @pytest.mark.slow  # ~2.5 min on 2 shared cores: three short training runs
-def test_train_async_lag0_reproduces_the_synchronous_loop_and_lag1_runs_stale(tiny_model_dir, tmp_path):
-    """max_lag=0 is the synchronous loop: same prompts, samples, rewards and learner steps as
-    loop.train, so its metrics must equal loop.train's. max_lag=1 then runs the same steps
-    with staleness 1 from step 2 on and the token TIS correction in place."""
+def test_loop_lag0_equals_the_reference_loop_and_lag1_runs_stale(tiny_model_dir, tmp_path):
+    """rollout.max_lag=0 is the synchronous loop: its metrics equal a second run of the same
+    config (determinism), and max_lag=1 runs the same steps with staleness 1 from step 2 on
+    and the token TIS correction in place."""
     from jaxrl_llm.train import loop
-    from jaxrl_llm.train.async_rollout import train_async
 
-    cfg = tiny_config(tiny_model_dir, tmp_path / "sync", "total_steps=3", "checkpoint.every_steps=0")
-    policy = loop.load_policy(cfg.model.source)
-    loop.train(cfg, policy=policy)
-    reference = model_metrics(cfg.run_path)
-    lag0 = train_async(tiny_config(tiny_model_dir, tmp_path / "lag0", "total_steps=3"), max_lag=0, policy=policy)
-    assert [h["staleness"] for h in lag0["history"]] == [0.0, 0.0, 0.0]
-    for want, have in zip(reference, lag0["history"]):
-        for key in ("reward", "loss", "grad_norm", "length_mean", "weight_version", "entropy"):
+    policy = loop.load_policy(tiny_model_dir)
+    runs = {}
+    for name, lag in (("a", 0), ("b", 0), ("lag1", 1)):
+        cfg = tiny_config(tiny_model_dir, tmp_path / name, "total_steps=3", f"rollout.max_lag={lag}")
+        runs[name] = (loop.train(cfg, policy=policy), read_metrics(cfg.run_path))
+    reference, again = model_metrics(tmp_path / "a"), model_metrics(tmp_path / "b")
+    for want, have in zip(reference, again, strict=True):
+        for key in ("reward", "loss", "grad_norm", "length_mean", "weight_version", "entropy", "mismatch_k1"):
             assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), key
-    lag1 = train_async(tiny_config(tiny_model_dir, tmp_path / "lag1", "total_steps=3"), max_lag=1, policy=policy)
-    assert [h["staleness"] for h in lag1["history"]] == [0.0, 1.0, 1.0]
-    assert [h["weight_version"] for h in lag1["history"]] == [0.0, 0.0, 1.0]
-    assert lag1["history"][0]["reward"] == pytest.approx(reference[0]["reward"])  # step 1: same weights
+    assert [r["staleness"] for r in reference] == [0.0, 0.0, 0.0]
+    out, lag1 = runs["lag1"]
+    assert [h["staleness"] for h in lag1] == [0.0, 1.0, 1.0]
+    assert [h["weight_version"] for h in lag1] == [0.0, 0.0, 1.0]
+    assert lag1[0]["reward"] == pytest.approx(reference[0]["reward"])  # step 1: same weights
     # (The pi_old != mu of stale batches is checked in the JaxSampler test above: this random
     # tiny model scores 0 on every answer, so its advantages and updates are zero.)
-    assert lag1["ledger"] == {"produced": 3 * 8, "consumed": 3 * 8, "dropped": 0}
+    assert out["ledger"] == {"produced": 3 * 8, "consumed": 3 * 8, "dropped": 0}
+
+
+def test_async_loop_checkpoints_and_resumes_without_reusing_a_sample(tiny_model_dir, tmp_path):
+    """rollout.max_lag=1 through `jaxrl train`'s loop: checkpoints every step; a run stopped
+    after step 2 resumes at step 3, whose batch is sampled fresh by the restored weights
+    (version 2: staleness 0); the ledger of each session balances."""
+    from jaxrl_llm.train import loop
+
+    policy = loop.load_policy(tiny_model_dir)
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2", "rollout.max_lag=1")
+    first = loop.train(cfg, policy=policy)
+    # Session 1 had steps 1..2: every produced batch was consumed (none left in flight at the end).
+    assert first["ledger"] == {"produced": 2 * 8, "consumed": 2 * 8, "dropped": 0}
+    longer = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=3", "rollout.max_lag=1")
+    second = loop.train(longer, resume=True, policy=policy)
+    assert second["ledger"] == {"produced": 8, "consumed": 8, "dropped": 0}
+    rows = read_metrics(cfg.run_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 0.0]
+    assert [r["weight_version"] for r in rows] == [0.0, 0.0, 2.0]
