@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, replace_values
+from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, config_from_dict, replace_values
 from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_run_info, write_run_info
 
 
@@ -57,6 +57,14 @@ def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k != "run_dir"}
 
 
+def _stored(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A run's recorded config with the defaults of fields added since (None if it no longer loads)."""
+    try:
+        return _comparable(config_from_dict(config).to_dict())
+    except ConfigError:
+        return None
+
+
 def train_or_resume(cfg: Config, *, policy=None) -> Path:
     """Trains `cfg` into cfg.run_path. A run that stopped part-way resumes from
     its latest checkpoint; a finished one is kept. A directory holding a run
@@ -66,7 +74,7 @@ def train_or_resume(cfg: Config, *, policy=None) -> Path:
 
     run = cfg.run_path
     info = read_run_info(run) if run.exists() else None
-    if info is not None and info.get("config") and _comparable(info["config"]) != _comparable(cfg.to_dict()):
+    if info is not None and info.get("config") and _stored(info["config"]) != _comparable(cfg.to_dict()):
         raise ConfigError(f"{run} holds a run with a different config; valid: the same command as before, "
                           f"another --out, or --fresh to start over")
     with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=cfg.checkpoint.keep) as ckpt:
