@@ -162,7 +162,7 @@ def load_hf_dir(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | None
     if shardings is None and mesh is not None:
         shardings = param_shardings(param_shapes(cfg), mesh)
     params: dict = {}
-    default = SingleDeviceSharding(jax.devices()[0])
+    default = SingleDeviceSharding(jax.local_devices()[0])  # this process's own device
     for leaf_path, (shape, names, transposed) in hf_layout(cfg).items():
         sharding = default if shardings is None else _get_path(shardings, leaf_path)
         reader = _leaf_reader(files, names, transposed, target)

@@ -18,7 +18,9 @@ slot. Prompt widths and batch sizes are rounded up to buckets so a training
 run compiles a handful of programs, not one per step.
 
 Determinism: with ``SamplingParams.seed`` set, the same prompts, params and
-seed give the same samples (the key for step t is fold_in(seed_key, t)).
+seed give the same samples (the key for step t is fold_in(seed_key, t)), and
+``SamplingParams.first_row`` lets a batch split over calls or processes draw
+the samples of one call (the noise of a row depends on its global index).
 """
 from __future__ import annotations
 
@@ -60,9 +62,9 @@ def filtered_logprobs(logits: jax.Array, temperature: jax.Array, top_k: int | No
     return jax.nn.log_softmax(logp, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p"))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids, *,
-              max_tokens: int, top_k: int | None, use_top_p: bool):
+              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0):
     """prompt_tokens/prompt_mask [B, Lp] left-padded -> (tokens [B, max_tokens],
     logprobs [B, max_tokens], lengths [B], stopped [B])."""
     batch, prompt_len = prompt_tokens.shape
@@ -72,7 +74,10 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
 
     def sample(logits, step):
         logp = filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
-        gumbel = jax.random.gumbel(jax.random.fold_in(key, step), logp.shape, jnp.float32)
+        # Rows first_row.. of a [first_row + B, V] draw: with JAX's partitionable threefry an
+        # element's noise depends on its index only, so a split batch draws the noise of one call.
+        shape = (first_row + logp.shape[0], logp.shape[1])
+        gumbel = jax.random.gumbel(jax.random.fold_in(key, step), shape, jnp.float32)[first_row:]
         token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
         return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
@@ -153,13 +158,17 @@ class JaxSampler:
             tokens[i, width - p.size:] = p
             mask[i, width - p.size:] = True
         mask[len(rows):, -1] = True  # filler rows: one visible token so attention is never empty
+        if params.first_row and not jax.config.jax_threefry_partitionable:
+            raise ValueError("SamplingParams.first_row > 0 needs jax_threefry_partitionable=True (JAX's default "
+                             "since 0.5) so that a row's noise does not depend on the batch size")
         stop = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
         seed = 0 if params.seed is None else params.seed
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
         out = _generate(self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                         jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
-                        max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0)
+                        max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0,
+                        first_row=int(params.first_row))
         out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
         records = []
         for i, prompt in enumerate(rows):

@@ -34,6 +34,10 @@ class SamplingParams:
         tokenizer's EOS is always a stop token unless the engine is told
         otherwise).
       seed: base seed for reproducible sampling; None means unseeded.
+      first_row: index, in a larger batch, of this call's first sample (prompt
+        p of the call, sample j is row first_row + p * n + j). Seeded noise is
+        a function of (seed, row), so a batch split over several calls or
+        processes draws the same samples as one call with first_row = 0.
     """
 
     temperature: float = 1.0
@@ -42,6 +46,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    first_row: int = 0
 
     def __post_init__(self):
         if not (np.isfinite(self.temperature) and self.temperature > 0):
@@ -58,6 +63,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
         if self.seed is not None and not isinstance(self.seed, (int, np.integer)):
             raise ValueError(f"seed must be None or an int, got {self.seed!r}")
+        if not isinstance(self.first_row, (int, np.integer)) or self.first_row < 0:
+            raise ValueError(f"first_row must be an int >= 0, got {self.first_row!r}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -233,9 +233,10 @@ class VLLMClient:
                params: SamplingParams) -> list[list[CompletionSample]]:
         """n samples for each prompt; result[p][j] is sample j of prompt p.
 
-        With params.seed = s, prompt p is sent with seed s + p * n and vLLM
-        gives its j-th child seed s + p * n + j, so every sample of the
-        batch has its own seed and the batch is reproducible.
+        With params.seed = s, prompt p is sent with seed s + first_row + p * n and
+        vLLM gives its j-th child seed s + first_row + p * n + j, so every sample
+        of the batch has its own seed, the batch is reproducible, and a batch
+        split over calls (params.first_row) gets the seeds of one call.
         """
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n (samples per prompt) must be an int >= 1, got {n!r}")
@@ -245,7 +246,7 @@ class VLLMClient:
                 raise ValueError(f"prompt {index} is empty; every prompt needs at least one token id")
 
         def one(index: int) -> list[CompletionSample]:
-            seed = None if params.seed is None else int(params.seed) + index * n
+            seed = None if params.seed is None else int(params.seed) + params.first_row + index * n
             body = completion_request_body(prompts[index], n, params, self.model, seed)
             answer = self.post("/v1/completions", body)
             choices = sorted(answer["choices"], key=lambda c: c["index"])

@@ -35,6 +35,7 @@ from jaxrl_llm.models import batch_sharding, make_mesh
 
 DEFAULT_SLURM_PORT = 12355
 _initialized: "DistributedEnv | None" = None
+_barriers = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,4 +198,66 @@ def gather_to_host(tree: Any) -> Any:
         return jax.tree.map(np.asarray, jax.device_get(tree))
     from jax.experimental import multihost_utils
 
+    barrier("gather_to_host")
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
+def barrier(name: str, *, timeout_s: float = 1800.0) -> None:
+    """Waits until every process reaches `name` (no-op for one process). Cross-process
+    collectives on CPU (gloo) give up after 30 s, so processes whose work differs in
+    length (sampling different prompts, compiling) meet here first."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as _jax_distributed  # the coordination-service client
+
+    global _barriers
+    client = _jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("several JAX processes but no distributed client: call initialize_from_env() first")
+    _barriers += 1  # every process passes its barriers in the same order: the ids match
+    client.wait_at_barrier(f"jaxrl_{name}_{_barriers}", int(timeout_s * 1000))
+
+
+# ------------------------------------------------------------------ rollouts
+def process_prompt_block(num_prompts: int) -> slice:
+    """The prompts of a step this process samples: an equal contiguous share per process."""
+    count, index = jax.process_count(), jax.process_index()
+    if num_prompts % count:
+        raise ValueError(f"rollout.prompts_per_step={num_prompts} is not a multiple of the {count} JAX processes; "
+                         f"valid: a multiple of {count} (each process samples an equal share)")
+    share = num_prompts // count
+    return slice(index * share, (index + 1) * share)
+
+
+def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, prompt_width: int,
+                       completion_width: int):
+    """Every process's (RolloutBatch, rewards [P_i, G], counts [k]) as one step batch on
+    every process, in process order: the rollouts and rewards concatenated, the counts
+    summed (collective: all processes call it). The records travel as fixed-width arrays,
+    prompts right-padded to `prompt_width`, completions to `completion_width`."""
+    from jax.experimental import multihost_utils
+
+    from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord
+
+    barrier("allgather_rollouts")
+    records = rollouts.records
+    rows = len(records)
+    arrays = {"prompt": np.zeros((rows, prompt_width), np.int32), "prompt_len": np.zeros(rows, np.int32),
+              "completion": np.zeros((rows, completion_width), np.int32), "length": np.zeros(rows, np.int32),
+              "logp": np.zeros((rows, completion_width), np.float32), "stop": np.zeros(rows, bool),
+              "version": np.zeros(rows, np.int32), "rewards": np.asarray(rewards, np.float32),
+              "counts": np.asarray(counts, np.int64)[None]}
+    for i, r in enumerate(records):
+        p, c = r.prompt_token_ids.size, r.num_completion_tokens
+        arrays["prompt"][i, :p], arrays["prompt_len"][i] = r.prompt_token_ids, p
+        arrays["completion"][i, :c], arrays["logp"][i, :c], arrays["length"][i] = (
+            r.completion_token_ids, r.sampler_logprobs, c)
+        arrays["stop"][i], arrays["version"][i] = r.finish_reason == "stop", r.weight_version
+    full = jax.tree.map(np.asarray, multihost_utils.process_allgather(arrays, tiled=True))
+    n = rollouts.samples_per_prompt
+    merged = tuple(RolloutRecord(
+        prompt_index=i // n, sample_index=i % n, prompt_token_ids=full["prompt"][i, :full["prompt_len"][i]],
+        completion_token_ids=full["completion"][i, :full["length"][i]],
+        sampler_logprobs=full["logp"][i, :full["length"][i]], finish_reason="stop" if full["stop"][i] else "length",
+        weight_version=int(full["version"][i])) for i in range(full["prompt"].shape[0]))
+    return RolloutBatch(merged, len(merged) // n, n), full["rewards"], full["counts"].sum(axis=0)

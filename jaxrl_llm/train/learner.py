@@ -48,6 +48,24 @@ class LossScale(NamedTuple):
     good_steps: jax.Array  # int32 scalar: finite steps since the last change
 
 
+def _put(tree, shardings):
+    """jax.device_put that also works with several JAX processes: there a sharding spans
+    other processes' devices and JAX places only host values (identical on every process)
+    or arrays already spread over the mesh, so process-local arrays go through the host."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(x, sharding):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, sharding)  # already global: a reshard
+        host = np.asarray(x)  # each process fills its own devices' shards, no cross-process check
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda x: one(x, shardings), tree)
+    return jax.tree.map(one, tree, shardings)
+
+
 class LearnerState(NamedTuple):
     params: Any  # float32 master weights
     opt_state: Any
@@ -135,7 +153,7 @@ class Learner:
         (A from PRNGKey(seed), B = 0) on the frozen `params`, which become `self.frozen`."""
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
         if self.lora is not None:
-            self.frozen = params if self.mesh is None else jax.device_put(params, param_shardings(params, self.mesh))
+            self.frozen = params if self.mesh is None else _put(params, param_shardings(params, self.mesh))
             params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
         scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
@@ -148,11 +166,11 @@ class Learner:
             shardings = param_shardings(params, self.mesh)
         else:  # adapters are small: replicated on every device
             shardings = jax.tree.map(lambda _: replicated, params)
-        params = jax.device_put(params, shardings)
+        params = _put(params, shardings)
         opt_state = optax.tree_utils.tree_map_params(
-            self.optimizer, jax.device_put, self.optimizer.init(params), shardings,
-            transform_non_params=lambda x: jax.device_put(x, replicated))
-        return LearnerState(params, opt_state, *jax.device_put(scalars, replicated))
+            self.optimizer, _put, self.optimizer.init(params), shardings,
+            transform_non_params=lambda x: _put(x, replicated))
+        return LearnerState(params, opt_state, *_put(scalars, replicated))
 
     def compute_params(self, params, frozen=None):
         """Master params (LoRA: adapters merged into `frozen`) cast to the compute dtype
@@ -179,7 +197,7 @@ class Learner:
     def _place(self, tree):
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, tree)
-        return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(self.mesh, np.ndim(x))), tree)
+        return jax.tree.map(lambda x: _put(x, batch_sharding(self.mesh, np.ndim(x))), tree)
 
     # -------------------------------------------------------------- logprobs
     def logprobs(self, params, seq: SequenceBatch) -> tuple[jax.Array, jax.Array]:

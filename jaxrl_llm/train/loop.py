@@ -49,7 +49,7 @@ from jaxrl_llm.train.batch import build_sequences
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.learner import PRECISION_DTYPES, Learner, LearnerState
-from jaxrl_llm.train.metrics import GroupLog, MetricsWriter, write_run_info
+from jaxrl_llm.train.metrics import GroupLog, MetricsWriter
 from jaxrl_llm.train.progress import Progress
 
 # Step metrics that depend on the wall clock, not on the computation: left out
@@ -207,6 +207,15 @@ def response_metrics(rewards: np.ndarray, rollouts: RolloutBatch) -> dict[str, f
     return out
 
 
+def to_device(learner: Learner):
+    """Host array -> JAX array: plain with one process; with several, replicated over the
+    learner's global mesh (so it can meet the learner's global arrays in one computation)."""
+    if jax.process_count() == 1 or learner.mesh is None:
+        return jnp.asarray
+    sharding = jax.sharding.NamedSharding(learner.mesh, jax.sharding.PartitionSpec())
+    return lambda x: jax.device_put(np.asarray(x), sharding)
+
+
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
           rewards: np.ndarray) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps. Mini-batches
@@ -214,7 +223,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     every optimiser step's weights use that step's own global denominators."""
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
     old_logp, entropy = learner.logprobs(state.params, seq)
-    mask = jnp.asarray(seq.completion_mask)
+    put = to_device(learner)
+    mask = put(seq.completion_mask)
     prompts, group = rewards.shape
     minibatches = cfg.train.minibatches_per_batch
     if prompts % minibatches:
@@ -225,8 +235,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     for m in range(minibatches):
         rows = slice(m * per_mb * group, (m + 1) * per_mb * group)
         batch, prep = core.prepare_step_batch(
-            recipe, jnp.asarray(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
-            jnp.asarray(seq.sampler_logp[rows]), truncated=jnp.asarray(seq.truncated[rows]))
+            recipe, put(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
+            put(seq.sampler_logp[rows]), truncated=put(seq.truncated[rows]))
         prepared.append((rows, batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
@@ -366,6 +376,11 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
                       temperature=cfg.rollout.temperature, mesh=mesh)
     state = learner.init(policy.params, seed=cfg.seed)
     ckpt_metadata = lora_checkpoint_metadata(learner, policy)
+    # Several JAX processes: each samples and grades its share of the prompts
+    # (`process_prompt_block`), `run_step` gathers the step batch on every process, and
+    # process 0 alone writes metrics and run_info (checkpoints are written by all).
+    lead = jax.process_index() == 0
+    block = distributed.process_prompt_block(cfg.rollout.prompts_per_step)
     start_step, version = 0, 0
     with contextlib.ExitStack() as stack:
         ckpt = stack.enter_context(Checkpointer(cfg.checkpoint_path, every_steps=cfg.checkpoint.every_steps,
@@ -380,27 +395,31 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
         elif ckpt.latest_step() is not None:
             raise FileExistsError(f"{cfg.checkpoint_path} already holds checkpoints; pass --resume to continue "
                                   f"or choose another run_dir")
-        write_run_info(run_dir, cfg, resumed_from_step=start_step if resume else None)
         writer = stack.enter_context(contextlib.closing(MetricsWriter(
-            run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start_step if resume else None, config=cfg)))
-        groups = GroupLog(run_dir, resume_step=start_step if resume else None)
+            run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start_step if resume else None, config=cfg,
+            enabled=lead)))
+        groups = GroupLog(run_dir, resume_step=start_step if resume else None, enabled=lead)
         metrics: dict[str, float] = {}
         step, ledger = start_step, {"produced": 0, "consumed": 0, "dropped": 0}
         if start_step >= cfg.total_steps:
             return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version,
                     "params": learner.full_params(state.params), "ledger": ledger}
-        engine = make_engine(cfg, policy, learner.full_params(state.params), initial_version=version, stack=stack)
+        engine = make_engine(cfg, policy, host_params(learner.full_params(state.params)), initial_version=version,
+                             stack=stack)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
 
         def make_job(step: int) -> RolloutJob:
             examples = step_examples(task, cfg, step)
-            return RolloutJob(step, encode_prompts(policy, examples), cfg.rollout.samples_per_prompt,
-                              sampling_params(cfg, seed=cfg.seed * 1_000_003 + step), examples)
+            prompts = encode_prompts(policy, examples)
+            group = cfg.rollout.samples_per_prompt
+            params = dataclasses.replace(sampling_params(cfg, seed=cfg.seed * 1_000_003 + step),
+                                         first_row=block.start * group)  # the samples of an unsplit batch
+            return RolloutJob(step, prompts[block], group, params, (examples[block], max(map(len, prompts))))
 
         def grade_job(job: RolloutJob, rollouts: RolloutBatch):  # runs in the producer thread
             t0 = time.perf_counter()
-            rewards, graded = grade(pool, task, decode_completions(policy, rollouts), job.context, job.n)
-            return rewards, graded, time.perf_counter() - t0
+            rewards, graded = grade(pool, task, decode_completions(policy, rollouts), job.context[0], job.n)
+            return rewards, np.array([graded.n_errors, graded.n_timeouts]), time.perf_counter() - t0
 
         producer = AsyncRolloutProducer(engine, make_job, first_step=start_step + 1, last_step=cfg.total_steps,
                                         max_lag=cfg.rollout.max_lag, postprocess=grade_job)
@@ -414,7 +433,8 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
                 version = engine.weight_version
                 writer.write(step, metrics)
                 groups.write(step, *step_groups)
-                progress.update(step, metrics)
+                if lead:
+                    progress.update(step, metrics)
                 ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
                           force=step == cfg.total_steps or stop.requested)
                 if stop.requested:
@@ -423,6 +443,16 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
         ckpt.wait()
     return {"run_dir": run_dir, "step": step, "metrics": metrics, "state": state, "engine_version": version,
             "params": learner.full_params(state.params), "ledger": ledger}
+
+
+def host_params(params):
+    """`params` for this process's rollout engine: unchanged with one JAX process; with
+    several, a full host copy on every process (the learner's arrays span all of them)."""
+    if jax.process_count() == 1:
+        return params
+    from jaxrl_llm.train.distributed import gather_to_host
+
+    return gather_to_host(params)
 
 
 def run_step(cfg: Config, producer, recipe, learner: Learner,
@@ -435,17 +465,23 @@ def run_step(cfg: Config, producer, recipe, learner: Learner,
     batch = producer.next_batch()
     t1 = time.perf_counter()
     rollouts = batch.rollouts
-    rewards, graded, reward_s = batch.extra
+    rewards, counts, reward_s = batch.extra
     staleness = producer.staleness(batch)
+    if jax.process_count() > 1:
+        from jaxrl_llm.train.distributed import allgather_rollouts
+
+        rollouts, rewards, counts = allgather_rollouts(rollouts, rewards, counts, prompt_width=batch.context[1],
+                                                       completion_width=cfg.rollout.max_tokens)
     state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, rewards)
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     full = learner.full_params(state.params)  # LoRA: merged W + alpha/r * A @ B
+    full = host_params(full)
     producer.publish(full if cfg.rollout.engine == "vllm" else cast_params(full, sampler_dtype(cfg)))
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(rewards, rollouts), **learn_metrics,
-               "reward_errors": float(graded.n_errors), "reward_timeouts": float(graded.n_timeouts),
+               "reward_errors": float(counts[0]), "reward_timeouts": float(counts[1]),
                "weight_version": float(batch.weight_version), "staleness": float(staleness),
                "time_rollout_s": batch.time_generate_s, "time_reward_s": reward_s, "time_wait_s": t1 - t0,
                "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,

@@ -1,5 +1,6 @@
 """The JAX sampler against independent references: transformers' greedy
 generate, the learner's full-forward logprobs, and hand-computed filters."""
+import dataclasses
 import math
 
 import jax
@@ -64,6 +65,23 @@ def test_same_seed_same_samples_and_different_seed_differs(tiny):
     diff = [np.array_equal(x.completion_token_ids, y.completion_token_ids) for x, y in zip(a, c)]
     assert all(same) and not all(diff)
     assert [r.prompt_index for r in a] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_a_batch_split_with_first_row_draws_the_samples_of_one_call(tiny):
+    """What a multi-process RL step relies on: prompts 0..1 in one call and prompt 2 in
+    another (first_row = 2 prompts x 3 samples) give the 9 samples of one call."""
+    _, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    sp = SamplingParams(temperature=1.0, max_tokens=8, seed=7)
+    whole = sampler.generate(PROMPTS, n=3, params=sp)
+    head = sampler.generate(PROMPTS[:2], n=3, params=sp)
+    tail = sampler.generate(PROMPTS[2:], n=3, params=dataclasses.replace(sp, first_row=6))
+    for expected, got in zip(whole.records, head.records + tail.records, strict=True):
+        np.testing.assert_array_equal(got.completion_token_ids, expected.completion_token_ids)
+        np.testing.assert_allclose(got.sampler_logprobs, expected.sampler_logprobs, atol=1e-5)
+    shifted = sampler.generate(PROMPTS[2:], n=3, params=sp)  # first_row = 0: other noise, other samples
+    assert not all(np.array_equal(a.completion_token_ids, b.completion_token_ids)
+                   for a, b in zip(shifted.records, tail.records))
 
 
 def test_first_token_frequencies_follow_softmax():

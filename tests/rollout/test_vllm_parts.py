@@ -96,6 +96,26 @@ def test_request_body_is_explicit_about_every_sampling_field():
     assert body["stop_token_ids"] == [2] and body["max_tokens"] == 9
 
 
+def test_request_seeds_of_a_split_batch_equal_those_of_one_call(monkeypatch):
+    """Seed of prompt p = seed + first_row + p * n: prompts 2..3 sent with first_row = 2 * n
+    get the seeds they get in one call of prompts 0..3 (what a multi-process step relies on)."""
+    client = VLLMClient(["http://127.0.0.1:9"])
+    sent = []
+    choice = dict(REAL_CHOICE)
+
+    def fake_post(path, body):  # records the request instead of sending it (no server involved)
+        sent.append((body["prompt"][0], body["seed"]))
+        return {"choices": [dict(choice, index=j) for j in range(body["n"])]}
+
+    monkeypatch.setattr(client, "post", fake_post)
+    prompts = [[10], [11], [12], [13]]
+    client.sample(prompts, 3, SamplingParams(seed=100))
+    whole = dict(sent)
+    sent.clear()
+    client.sample(prompts[2:], 3, SamplingParams(seed=100, first_row=6))
+    assert dict(sent) == {12: whole[12], 13: whole[13]} == {12: 106, 13: 109}
+
+
 # The shape of a vLLM 0.32 /v1/completions choice, copied from a real answer.
 REAL_CHOICE = {
     "index": 0, "text": " a fantasy",
