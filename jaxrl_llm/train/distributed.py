@@ -218,6 +218,18 @@ def barrier(name: str, *, timeout_s: float = 1800.0) -> None:
     client.wait_at_barrier(f"jaxrl_{name}_{_barriers}", int(timeout_s * 1000))
 
 
+def warm_up_collectives() -> None:
+    """Sets up the cross-process communicator (gloo on CPU) while all processes are lined up:
+    its set-up gives up after 30 s, so it must not happen inside the first jitted step, where
+    one process may still be compiling. No-op for one process."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    barrier("warm_up_collectives")
+    multihost_utils.process_allgather(np.zeros(1, np.float32), tiled=True)
+
+
 # ------------------------------------------------------------------ rollouts
 def process_prompt_block(num_prompts: int) -> slice:
     """The prompts of a step this process samples: an equal contiguous share per process."""

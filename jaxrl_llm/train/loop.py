@@ -364,6 +364,7 @@ def train(cfg: Config, *, resume: bool = False, policy: Policy | None = None) ->
     from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, RolloutJob, staleness_corrected
 
     distributed.initialize_from_env()  # before any JAX computation; no-op for one process
+    distributed.warm_up_collectives()
     run_dir = cfg.run_path
     os.makedirs(run_dir, exist_ok=True)
     policy = policy or load_policy(cfg.model.source)

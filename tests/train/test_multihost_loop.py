@@ -63,7 +63,12 @@ def _start(run_dir, model_dir, out, devices: int, extra_env: dict) -> subprocess
 
 
 def _finish(procs) -> None:
-    logs = [p.communicate(timeout=600)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=480)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        logs = [p.communicate()[0] for p in procs]
     report = "\n".join(f"--- process {i} (exit {p.returncode}):\n{log[-3000:]}" for i, (p, log) in
                         enumerate(zip(procs, logs)))
     assert all(p.returncode == 0 for p in procs), report
