@@ -6,17 +6,15 @@ import json
 import math
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm import bridge
-from jaxrl_llm.models import DecoderConfig, init_params
 from jaxrl_llm.reports import bias_report, difficulty
 from jaxrl_llm.reports.precision import matched_ratios
 from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.metrics import read_groups, read_metrics, read_run_info
 from jaxrl_llm.train.plots import plot_runs
+from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture: random 2-layer decoder, SmolLM2 tokenizer)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
@@ -28,16 +26,6 @@ def load_experiment(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> str:
-    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rms_norm_eps=1e-5,
-                        max_position_embeddings=512)
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    bridge.save_hf_dir(cfg, init_params(cfg, jax.random.key(0)), out, tokenizer_dir=bridge.smollm2_hf_dir())
-    return str(out)
 
 
 def png_shape(path: Path) -> tuple[int, ...]:
