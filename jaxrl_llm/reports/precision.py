@@ -149,19 +149,19 @@ def run_study(study: PrecisionStudy, out: Path, *, policy=None) -> dict[str, Any
     examples = make_task("addition", digits=1).examples(TRAIN, study.prompts, seed=study.seed, unique=True)
     prompts = loop.encode_prompts(policy, examples)
     sampled, unsupported = sample_all(study, policy, prompts, log_dir=out)
-    rows, token_pairs = [], {}
+    rows, matched_pairs = [], {}  # (engine, dtype) -> (sampled, pi of the same-precision learner)
     for s in sampled:
         for precision in study.learner_precisions:
             pi = learner_logprobs(policy, s.seq, precision, study.temperature)
             m = pair_metrics(s, pi)
             matched = SHORT[s.dtype] == precision
             rows.append({"sampler": f"{s.engine}:{SHORT[s.dtype]}", "learner": precision, "matched": matched, **m})
-            if matched or precision == "fp32":
-                token_pairs[(s.engine, SHORT[s.dtype], precision)] = (s, pi)
+            if matched:
+                matched_pairs[(s.engine, precision)] = (s, pi)
     timings = {f"{s.engine}:{SHORT[s.dtype]}": {"seconds": s.seconds, "tokens": s.tokens,
                                                   "tokens_per_s": s.tokens / max(s.seconds, 1e-9)} for s in sampled}
-    plot_scatter(token_pairs, out / "prob_scatter.png")
-    plot_length_slope(token_pairs, out / "seq_log_ratio_vs_length.png")
+    plot_scatter(matched_pairs, out / "prob_scatter.png")
+    plot_length_slope(matched_pairs, out / "seq_log_ratio_vs_length.png")
     plot_kl_grid(rows, study, out / "kl_grid.png")
     return {"rows": rows, "unsupported": unsupported, "timings": timings,
             "vllm_version": vllm_version() if "vllm" in study.engines else None}
@@ -219,10 +219,9 @@ def _token_probs(s: Sampled, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.exp(pi[valid]), np.exp(s.seq.sampler_logp[valid])
 
 
-def plot_scatter(pairs: dict, path: Path) -> None:
+def plot_scatter(matched: dict, path: Path) -> None:
     """Per engine (rows) and dtype (columns): sampler probability mu against the
     matched-precision learner's pi, one point per sampled token."""
-    matched = {k: v for k, v in pairs.items() if k[1] == k[2]}
     engines = sorted({k[0] for k in matched})
     dtypes = [d for d in ("fp32", "bf16", "fp16") if any(k[1] == d for k in matched)]
     if not matched:
@@ -231,10 +230,10 @@ def plot_scatter(pairs: dict, path: Path) -> None:
     for i, engine in enumerate(engines):
         for j, dtype in enumerate(dtypes):
             ax = axes[i, j]
-            if (engine, dtype, dtype) not in matched:
+            if (engine, dtype) not in matched:
                 ax.set_axis_off()
                 continue
-            s, pi = matched[(engine, dtype, dtype)]
+            s, pi = matched[(engine, dtype)]
             p_learner, p_sampler = _token_probs(s, pi)
             ax.scatter(p_learner, p_sampler, s=4, alpha=0.4)
             ax.plot([0, 1], [0, 1], "k--", lw=0.8)
@@ -246,18 +245,17 @@ def plot_scatter(pairs: dict, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_length_slope(pairs: dict, path: Path) -> None:
+def plot_length_slope(matched: dict, path: Path) -> None:
     """Sequence log-ratio log pi(y|x) - log mu(y|x) against length, matched pairs, with the LSQ line."""
-    matched = {k: v for k, v in pairs.items() if k[1] == k[2]}
     engines = sorted({k[0] for k in matched})
     if not matched:
         return
     fig, axes = _figure(1, len(engines), size=(4.6, 3.6))
     for ax, engine in zip(axes[0], engines):
         for color, dtype in zip(("C0", "C1", "C2"), ("fp32", "bf16", "fp16")):
-            if (engine, dtype, dtype) not in matched:
+            if (engine, dtype) not in matched:
                 continue
-            s, pi = matched[(engine, dtype, dtype)]
+            s, pi = matched[(engine, dtype)]
             mask = s.seq.completion_mask
             lengths = mask.sum(axis=1)
             log_ratio = ((pi - s.seq.sampler_logp) * mask).sum(axis=1)
