@@ -21,18 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from jaxrl_llm.reports import difficulty
-from jaxrl_llm.reports.runs import experiment_parser, gpu_scale, output_dir, train_or_resume, variant_config, write_summary
-from jaxrl_llm.train.config import (
-    CheckpointConfig,
-    Config,
-    ConfigError,
-    MetricsConfig,
-    ModelConfig,
-    RecipeConfig,
-    RolloutConfig,
-    TaskConfig,
-    TrainConfig,
-)
+from jaxrl_llm.reports.runs import addition_config, experiment_parser, output_dir, train_or_resume, variant_config, write_summary
+from jaxrl_llm.train.config import Config
 
 NAME = "difficulty_bias"
 QUICK = ("total_steps=6", "rollout.prompts_per_step=4")
@@ -40,19 +30,8 @@ QUICK = ("total_steps=6", "rollout.prompts_per_step=4")
 
 def get_config(arg: str = "") -> Config:
     """ARG = "" (CPU) or "gpu". A GRPO run whose groups are measured."""
-    if arg not in ("", "cpu", "gpu"):
-        raise ConfigError(f"experiments/difficulty_bias.py:{arg}: valid ARG: none, 'cpu' or 'gpu'")
-    cfg = Config(
-        name=f"{NAME}_grpo", seed=1, total_steps=30,
-        model=ModelConfig(source="smollm2"),
-        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=32),
-        recipe=RecipeConfig(name="grpo"),
-        train=TrainConfig(lr=2e-5, micro_batch_size=16, precision="fp32"),
-        task=TaskConfig(name="addition", digits=1, eval_size=0),
-        checkpoint=CheckpointConfig(every_steps=2, keep=1, async_save=False),
-        metrics=MetricsConfig(tensorboard=False, progress_every=1),
-    )
-    return gpu_scale(cfg, name=cfg.name) if arg == "gpu" else cfg
+    return addition_config(f"{NAME}_grpo", "" if arg == "cpu" else arg, recipe="grpo", total_steps=30,
+                           max_tokens=32, seed=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,25 +26,15 @@ import numpy as np
 
 from jaxrl_llm.reports import bias_report
 from jaxrl_llm.reports.runs import (
+    addition_config,
     experiment_parser,
-    gpu_scale,
     output_dir,
     train_or_resume,
     variant_config,
     window_mean,
     write_summary,
 )
-from jaxrl_llm.train.config import (
-    CheckpointConfig,
-    Config,
-    ConfigError,
-    MetricsConfig,
-    ModelConfig,
-    RecipeConfig,
-    RolloutConfig,
-    TaskConfig,
-    TrainConfig,
-)
+from jaxrl_llm.train.config import Config
 
 NAME = "length_bias"
 RECIPES = ("grpo", "dr_grpo", "dapo")
@@ -53,24 +43,10 @@ QUICK = ("total_steps=8", "rollout.prompts_per_step=4")
 
 
 def get_config(arg: str = "grpo") -> Config:
-    """ARG = "<recipe>" (CPU) or "<recipe>,gpu" (GPU scale)."""
+    """ARG = "<recipe>" (CPU) or "<recipe>,gpu" (GPU scale). Seed 0 for every recipe: the same
+    prompts and, at step 1, the same samples."""
     recipe, _, scale = arg.partition(",")
-    if scale not in ("", "gpu"):
-        raise ConfigError(f"experiments/length_bias.py:{arg}: scale {scale!r} is invalid; valid: none or 'gpu'")
-    cfg = Config(
-        name=f"{NAME}_{recipe}",
-        seed=0,  # the same prompts and, at step 1, the same samples for every recipe
-        total_steps=16,
-        model=ModelConfig(source="smollm2", param_dtype="float32"),
-        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=32,
-                              temperature=1.0),
-        recipe=RecipeConfig(name=recipe),  # dr_grpo's L_const = rollout.max_tokens
-        train=TrainConfig(lr=2e-5, warmup_steps=0, micro_batch_size=16, precision="fp32", grad_clip=1.0),
-        task=TaskConfig(name="addition", digits=1, eval_size=0),
-        checkpoint=CheckpointConfig(every_steps=2, keep=1, async_save=False),
-        metrics=MetricsConfig(tensorboard=False, progress_every=1),
-    )
-    return gpu_scale(cfg, name=cfg.name) if scale == "gpu" else cfg
+    return addition_config(f"{NAME}_{recipe}", scale, recipe=recipe, total_steps=16, max_tokens=32)
 
 
 def pooled_lengths(groups: list[dict], correct: bool) -> tuple[float, int]:

@@ -19,25 +19,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from jaxrl_llm.reports.runs import (
+    addition_config,
     experiment_parser,
-    gpu_scale,
     output_dir,
     train_or_resume,
     variant_config,
     window_mean,
     write_summary,
 )
-from jaxrl_llm.train.config import (
-    CheckpointConfig,
-    Config,
-    ConfigError,
-    MetricsConfig,
-    ModelConfig,
-    RecipeConfig,
-    RolloutConfig,
-    TaskConfig,
-    TrainConfig,
-)
+from jaxrl_llm.train.config import Config, ConfigError
 
 NAME = "sanity_check"
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -45,23 +35,14 @@ QUICK = ("total_steps=8", "rollout.prompts_per_step=4")
 
 
 def get_config(arg: str = "fp32") -> Config:
-    """ARG = "<precision>" (CPU) or "<precision>,gpu"."""
+    """ARG = "<precision>" (CPU) or "<precision>,gpu". Dr. GRPO; float32 master weights in
+    every mode, the JAX sampler at the learner's precision."""
     precision, _, scale = arg.partition(",")
-    if precision not in PRECISIONS or scale not in ("", "gpu"):
+    if precision not in PRECISIONS:
         raise ConfigError(f"experiments/sanity_check.py:{arg} is invalid; valid: one of {PRECISIONS}, "
                           f"optionally followed by ',gpu'")
-    cfg = Config(
-        name=f"{NAME}_{precision}", seed=0, total_steps=20,
-        model=ModelConfig(source="smollm2", param_dtype="float32"),  # fp32 master weights in every mode
-        rollout=RolloutConfig(engine="jax", prompts_per_step=8, samples_per_prompt=8, max_tokens=12),
-        recipe=RecipeConfig(name="dr_grpo"),
-        # The JAX sampler runs at the learner's precision (model.compute_dtype unset).
-        train=TrainConfig(lr=2e-5, micro_batch_size=16, precision=precision, grad_clip=1.0),
-        task=TaskConfig(name="addition", digits=1, eval_size=0),
-        checkpoint=CheckpointConfig(every_steps=2, keep=1, async_save=False),
-        metrics=MetricsConfig(tensorboard=False, progress_every=1),
-    )
-    return gpu_scale(cfg, name=cfg.name) if scale == "gpu" else cfg
+    return addition_config(f"{NAME}_{precision}", scale, recipe="dr_grpo", total_steps=20, max_tokens=12,
+                           precision=precision)
 
 
 def first_step_at(records: list[dict], key: str, threshold: float) -> int | None:

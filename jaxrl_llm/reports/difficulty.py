@@ -96,12 +96,10 @@ def measure(records: Sequence[dict]) -> dict:
 
 
 def plot(result: dict, path: Path, *, title: str = "Difficulty bias") -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from jaxrl_llm.train.plots import new_figure, save_png
 
     g, rows = result["group_size"], result["rows"]
-    fig = Figure(figsize=(15, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((15, 4.2))
     ax1, ax2, ax3 = fig.subplots(1, 3)
     grid = np.linspace(0, 1, 201)
     for std, color, label in ((True, "C3", "std (GRPO)"), (False, "C0", "no std (Dr. GRPO)")):
@@ -129,6 +127,4 @@ def plot(result: dict, path: Path, *, title: str = "Difficulty bias") -> None:
     ax3.set_ylabel("groups in the run(s)")
     ax3.set_title("where the run's groups fall (p = 0 or 1: no signal)", fontsize=10)
     fig.suptitle(title)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    tmp.replace(path)
+    save_png(fig, path)

@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.plots import new_figure, save_png
 
 ENGINES = ("jax", "vllm")
 SAMPLER_DTYPES = ("float32", "bfloat16", "float16")
@@ -200,18 +201,8 @@ def _ratio(a: float, b: float) -> float:
 
 # ------------------------------------------------------------------ figures
 def _figure(rows: int, cols: int, size=(3.6, 3.3)):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(size[0] * cols, size[1] * rows), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((size[0] * cols, size[1] * rows))
     return fig, fig.subplots(rows, cols, squeeze=False)
-
-
-def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    tmp.replace(path)
 
 
 def _token_probs(s: Sampled, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,7 +233,7 @@ def plot_scatter(matched: dict, path: Path) -> None:
             ax.set_xlabel("learner pi(token)")
             ax.set_ylabel("sampler mu(token)")
     fig.suptitle("Token probabilities: sampler vs learner at the same precision")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def plot_length_slope(matched: dict, path: Path) -> None:
@@ -269,7 +260,7 @@ def plot_length_slope(matched: dict, path: Path) -> None:
         ax.set_xlabel("completion length (tokens)")
         ax.set_ylabel("log pi(y|x) - log mu(y|x)")
         ax.legend(fontsize=7)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def plot_kl_grid(rows: Sequence[dict], study: PrecisionStudy, path: Path) -> None:
@@ -291,4 +282,4 @@ def plot_kl_grid(rows: Sequence[dict], study: PrecisionStudy, path: Path) -> Non
     ax.set_yticks(range(len(samplers)), samplers)
     ax.set_title("KL[mu || pi] (k3 estimate), log10 colour", fontsize=9)
     fig.colorbar(image, ax=ax, label="log10 k3")
-    _save(fig, path)
+    save_png(fig, path)

@@ -92,6 +92,28 @@ def train_or_resume(cfg: Config, *, policy=None) -> Path:
     return run
 
 
+def addition_config(name: str, scale: str = "", *, recipe: str, total_steps: int, max_tokens: int,
+                    precision: str = "fp32", seed: int = 0) -> Config:
+    """The CPU setting the experiments share: SmolLM2-135M-Instruct (float32 master
+    weights) on 1-digit addition, the JAX sampler at temperature 1 (and at the learner's
+    precision), 8 prompts x 8 samples, lr 2e-5, a checkpoint every 2 steps.
+    scale = "gpu" gives its `gpu_scale` form."""
+    if scale not in ("", "gpu"):
+        raise ConfigError(f"{name}: scale {scale!r} is invalid; valid: none or 'gpu'")
+    cfg = config_from_dict({
+        "name": name, "seed": seed, "total_steps": total_steps,
+        "model": {"source": "smollm2", "param_dtype": "float32"},
+        "rollout": {"engine": "jax", "prompts_per_step": 8, "samples_per_prompt": 8, "max_tokens": max_tokens,
+                    "temperature": 1.0},
+        "recipe": {"name": recipe},  # dr_grpo's L_const = rollout.max_tokens
+        "train": {"lr": 2e-5, "warmup_steps": 0, "micro_batch_size": 16, "precision": precision, "grad_clip": 1.0},
+        "task": {"name": "addition", "digits": 1, "eval_size": 0},
+        "checkpoint": {"every_steps": 2, "keep": 1, "async_save": False},
+        "metrics": {"tensorboard": False, "progress_every": 1},
+    })
+    return gpu_scale(cfg, name=name) if scale == "gpu" else cfg
+
+
 def gpu_scale(cfg: Config, *, name: str) -> Config:
     """The GPU-scale form of a CPU experiment config, for launch/single_node.py.
 

@@ -194,6 +194,13 @@ class Learner:
                              f"{rows} sequences of an optimiser step")
         return rows // size
 
+    def replicated(self, x) -> jax.Array:
+        """A host array as a JAX array that can meet the learner's arrays in one computation:
+        plain with one process; with several, replicated over the global mesh."""
+        if jax.process_count() == 1 or self.mesh is None:
+            return jnp.asarray(x)
+        return _put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+
     def _place(self, tree):
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, tree)

@@ -207,15 +207,6 @@ def response_metrics(rewards: np.ndarray, rollouts: RolloutBatch) -> dict[str, f
     return out
 
 
-def to_device(learner: Learner):
-    """Host array -> JAX array: plain with one process; with several, replicated over the
-    learner's global mesh (so it can meet the learner's global arrays in one computation)."""
-    if jax.process_count() == 1 or learner.mesh is None:
-        return jnp.asarray
-    sharding = jax.sharding.NamedSharding(learner.mesh, jax.sharding.PartitionSpec())
-    return lambda x: jax.device_put(np.asarray(x), sharding)
-
-
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
           rewards: np.ndarray) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps. Mini-batches
@@ -223,7 +214,7 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     every optimiser step's weights use that step's own global denominators."""
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
     old_logp, entropy = learner.logprobs(state.params, seq)
-    put = to_device(learner)
+    put = learner.replicated
     mask = put(seq.completion_mask)
     prompts, group = rewards.shape
     minibatches = cfg.train.minibatches_per_batch

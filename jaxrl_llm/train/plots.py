@@ -68,6 +68,23 @@ def _labels(run_dirs: Sequence[str | os.PathLike]) -> list[str]:
     ]
 
 
+def new_figure(figsize: tuple[float, float]) -> Figure:
+    """A constrained-layout Figure on its own Agg canvas (no pyplot state, no display)."""
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig: Figure, path: str | os.PathLike) -> Path:
+    """Writes fig as PNG atomically (temporary file + rename), creating the folder."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, out)
+    return out
+
+
 def provenance(run_dirs: Sequence[str | os.PathLike]) -> str:
     """The footer "git <commit>[+dirty] | jax <version>" of the runs (from run_info.json),
     so a figure says which code produced its lines; differing values are all listed."""
@@ -138,8 +155,7 @@ def plot_runs(
 
     ncols = max(1, min(ncols, len(metrics)))
     nrows = math.ceil(len(metrics) / ncols)
-    fig = Figure(figsize=(4.8 * ncols, 3.4 * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((4.8 * ncols, 3.4 * nrows))
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax in axes[len(metrics):]:
         fig.delaxes(ax)
@@ -167,11 +183,7 @@ def plot_runs(
     if footer:
         fig.text(0.995, 0.995, footer, ha="right", va="top", fontsize=6, color="0.4")
 
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, out)
+    save_png(fig, out_png)
     return fig
 
 
