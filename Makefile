@@ -46,7 +46,11 @@ test-all: venv vllm-env
 	  if [ -n "$$failed" ]; then echo "make test-all: FAILED in$$failed"; exit 1; fi
 	@echo "make test-all: all test folders passed"
 
+# The demo samples from a vLLM server: build its environment first if it is missing.
 demo: venv
+	@$(PY) -c "import sys; from jaxrl_llm.rollout.vllm_env import vllm_env_is_built; sys.exit(not vllm_env_is_built())" || \
+	  echo "[demo] the vLLM server environment is missing: building it first (~3 min, ~3.5 GB, once per machine)"
+	@$(MAKE) --no-print-directory vllm-env >/dev/null
 	$(PY) -m jaxrl_llm.cli demo
 
 # experiments/README.md: the four seed-paper experiments; the quick sizes take

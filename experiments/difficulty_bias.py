@@ -20,8 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from base_configs import addition_config
 from jaxrl_llm.reports import difficulty
-from jaxrl_llm.reports.runs import addition_config, experiment_parser, output_dir, train_or_resume, variant_config, write_summary
+from jaxrl_llm.reports.runs import experiment_parser, output_dir, train_or_resume, variant_config, write_summary
 from jaxrl_llm.train.config import Config
 
 NAME = "difficulty_bias"

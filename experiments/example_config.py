@@ -27,8 +27,7 @@ def get_config(recipe: str = "dr_grpo") -> Config:
         seed=0,
         run_dir=f"runs/{recipe}_add1",
         total_steps=200,
-        eval_every=20,
-        model=ModelConfig(source="smollm2", param_dtype="float32"),
+        model=ModelConfig(source="smollm2"),
         rollout=RolloutConfig(
             engine="vllm",
             prompts_per_step=16,

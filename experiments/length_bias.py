@@ -24,9 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
+from base_configs import addition_config
 from jaxrl_llm.reports import bias_report
 from jaxrl_llm.reports.runs import (
-    addition_config,
     experiment_parser,
     output_dir,
     train_or_resume,
@@ -74,12 +74,12 @@ def summarise(recipe: str, records: list[dict], groups: list[dict]) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME).parse_args(argv)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.plots import plot_runs
 
     configs = [variant_config(get_config(r), out, r, QUICK, args.overrides, quick_on=args.quick) for r in RECIPES]
-    policy = loop.load_policy(configs[0].model.source)
+    policy = load_policy(configs[0].model.source)
     runs = [train_or_resume(cfg, policy=policy) for cfg in configs]
 
     plot_runs(runs, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from base_configs import addition_config
 from jaxrl_llm.reports.runs import (
-    addition_config,
     experiment_parser,
     output_dir,
     train_or_resume,
@@ -52,12 +52,12 @@ def first_step_at(records: list[dict], key: str, threshold: float) -> int | None
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME).parse_args(argv)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.metrics import read_metrics
     from jaxrl_llm.train.plots import plot_runs
 
     configs = [variant_config(get_config(p), out, p, QUICK, args.overrides, quick_on=args.quick) for p in PRECISIONS]
-    policy = loop.load_policy(configs[0].model.source)
+    policy = load_policy(configs[0].model.source)
     runs = [train_or_resume(cfg, policy=policy) for cfg in configs]
     plot_runs(runs, ["reward", "pass_rate", "mismatch_k3", "grad_norm", "entropy", "skipped"], out / "reward.png",
               title="Sanity check: training reward by precision")

@@ -13,14 +13,32 @@ Examples:
   jaxrl eval --config experiments/demo.py --step latest
   jaxrl export --config experiments/demo.py train.lora_rank=1 --merged --out runs/demo_lora/hf
   jaxrl plot runs/demo_dr_grpo runs/demo_grpo --metrics reward,length_incorrect --out cmp.png
+
+A user error (unknown key, bad value, missing file, a combination the loop cannot run)
+prints one line naming the problem and exits with status 2; --debug shows the traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import logging
 import sys
-import time
+
+USAGE_ERROR = 2
+
+
+class UserError(Exception):
+    """A problem with what the user asked for; reported as one line, exit status 2."""
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that name a user's mistake (a config value, a path, a data file), not a bug."""
+    from jaxrl_llm.bridge import CheckpointError
+    from jaxrl_llm.data import ChatTemplateError, DatasetFormatError
+    from jaxrl_llm.train.config import ConfigError
+
+    return (UserError, ConfigError, DatasetFormatError, ChatTemplateError, CheckpointError, FileNotFoundError,
+            FileExistsError, NotADirectoryError, IsADirectoryError)
 
 
 def _load(args: argparse.Namespace):
@@ -30,24 +48,35 @@ def _load(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.loop import train
 
-    cfg = _load(args)
-    out = loop.train(cfg, resume=args.resume)
-    print(f"run {out['run_dir']}: step {out['step']}, reward {out['metrics'].get('reward', float('nan')):.3f}")
+    out = train(_load(args), resume=args.resume)
+    print(f"run {out.run_dir}: step {out.step}, reward {out.metrics.get('reward', float('nan')):.3f}")
     return 0
 
 
+def _checkpoint_step(text: str) -> int | None:
+    if text == "latest":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--step {text!r} is invalid; valid: a checkpoint step (an int), 'latest' or 'base'") from None
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.evaluation import evaluate_params
+    from jaxrl_llm.train.policy import load_policy
+    from jaxrl_llm.train.run_state import restore_params
 
     cfg = _load(args)
-    policy = loop.load_policy(cfg.model.source)
+    wanted = None if args.step == "base" else _checkpoint_step(args.step)  # a bad --step fails before loading
+    policy = load_policy(cfg.model.source)
     if args.step == "base":
         step, params = 0, policy.params
     else:
-        step, params = loop.restore_params(cfg, policy, None if args.step == "latest" else int(args.step))
-    result = loop.evaluate_params(cfg, policy, params, samples=args.samples, step=step)
+        step, params = restore_params(cfg, policy, wanted)
+    result = evaluate_params(cfg, policy, params, samples=args.samples, step=step)
     print(json.dumps({"step": step, **result}, indent=2))
     return 0
 
@@ -56,15 +85,17 @@ def _export(args: argparse.Namespace) -> int:
     """W + alpha/r * A @ B for a LoRA run (full weights for a full fine-tuning run) -> HF directory."""
     from jaxrl_llm.bridge import save_hf_dir
     from jaxrl_llm.models.lora import spec_from_train_config
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.policy import load_policy
+    from jaxrl_llm.train.run_state import restore_params
 
     cfg = _load(args)
     if spec_from_train_config(cfg.train) is not None and not args.merged:
-        raise SystemExit("export: this run trains LoRA adapters (train.lora_rank="
-                         f"{cfg.train.lora_rank}); pass --merged to write base + adapters as full weights "
-                         "(the adapters alone are in the run's checkpoints)")
-    policy = loop.load_policy(cfg.model.source)
-    step, params = loop.restore_params(cfg, policy, None if args.step == "latest" else int(args.step))
+        raise UserError(f"export: this run trains LoRA adapters (train.lora_rank={cfg.train.lora_rank}); pass "
+                        "--merged to write base + adapters as full weights (the adapters alone are in the "
+                        "run's checkpoints)")
+    wanted = _checkpoint_step(args.step)
+    policy = load_policy(cfg.model.source)
+    step, params = restore_params(cfg, policy, wanted)
     out = save_hf_dir(policy.cfg, params, args.out, dtype=args.dtype, tokenizer_dir=policy.model_dir)
     print(f"step {step} -> {out}")
     return 0
@@ -84,48 +115,23 @@ def _bias_report(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Base-model held-out pass@1, Dr. GRPO training, pass@1 after, plots and the bias report."""
-    import shutil
+    from jaxrl_llm.reports.demo import run_demo
 
-    from jaxrl_llm.reports import bias_report
-    from jaxrl_llm.train import loop
-    from jaxrl_llm.train.config import load_config
-    from jaxrl_llm.train.plots import plot_runs
-
-    cfg = load_config(args.config, args.overrides)
-    if os.path.exists(cfg.run_path) and not args.resume:
-        shutil.rmtree(cfg.run_path)  # the demo always starts fresh unless asked to resume
-    start = time.perf_counter()
-    policy = loop.load_policy(cfg.model.source)
-    print(f"[demo] {cfg.name}: {cfg.recipe.name} on {cfg.task.name} ({cfg.total_steps} steps of "
-          f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} samples)")
-    before = loop.evaluate_params(cfg, policy, policy.params, step=0)
-    print(f"[demo] held-out before: pass@1 {before['pass@1']:.3f}  "
-          f"pass@{cfg.task.eval_samples} {before[f'pass@{cfg.task.eval_samples}']:.3f}  "
-          f"({before['num_prompts']} questions x {cfg.task.eval_samples} samples)")
-    out = loop.train(cfg, resume=args.resume, policy=policy)
-    after = loop.evaluate_params(cfg, policy, out["params"], step=out["step"])
-    print(f"[demo] held-out after:  pass@1 {after['pass@1']:.3f}  "
-          f"pass@{cfg.task.eval_samples} {after[f'pass@{cfg.task.eval_samples}']:.3f}")
-    print(f"[demo] held-out pass@1 change: {after['pass@1'] - before['pass@1']:+.3f}")
-    for label, result in (("before", before), ("after", after)):
-        for shown in result["examples"]:
-            print(f"[demo] {label}: {shown['prompt']!r} -> {shown['completion']!r} (reward {shown['reward']:g})")
-    png = os.path.join(cfg.run_path, "training.png")
-    plot_runs([cfg.run_path], metrics=["reward", "pass_rate", "length_correct", "length_incorrect", "entropy",
-                                       "grad_norm"], out_png=png, title=f"{cfg.name}: training")
-    bias_report.run(os.path.join(cfg.run_path, "bias"), seed=0)
-    summary = {"before": before, "after": after, "steps": out["step"], "wall_s": time.perf_counter() - start}
-    with open(os.path.join(cfg.run_path, "demo_summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(f"[demo] wrote {png}, {cfg.run_path}/bias/*.png, metrics.jsonl, eval.jsonl; "
-          f"wall {summary['wall_s'] / 60:.1f} min")
+    run_demo(_load(args), resume=args.resume)
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (and exit status 2, as argparse's are)."""
+
+    def error(self, message: str):
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxrl", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="jaxrl", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def config_args(p, default=None):
         p.add_argument("--config", default=default, required=default is None,
@@ -168,9 +174,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join((str(err).strip() or type(err).__name__).split())
+
+
+def _configure_logging(debug: bool) -> None:
+    """Library messages (logger "jaxrl_llm") to stderr; other libraries' loggers untouched."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[jaxrl] %(message)s"))
+    lib = logging.getLogger("jaxrl_llm")
+    lib.addHandler(handler)
+    lib.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    _configure_logging(args.debug)
+    if args.debug:
+        return args.func(args)
+    try:
+        return args.func(args)
+    except _user_error_types() as err:
+        print(f"jaxrl {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ For each server dtype, one real vLLM server is started and measured:
    temperature 1 (fixed seed), against the in-process JAX sampler on the
    same prompts and settings (reference; ratio vLLM / JAX).
 2. training-inference mismatch: the vLLM sampler logprobs mu of those
-   samples vs the float32 JAX learner's recomputed pi_old (SPEC 5 metrics,
+   samples vs the float32 JAX learner's recomputed pi_old (the metrics of
+   docs/objectives.md#mismatch-metrics,
    jaxrl_llm.core.corrections.mismatch_metrics).
 3. weight sync: wall time of export -> reload -> prefix-cache reset ->
    verified probe (DiskWeightSync), split by phase; against the server's own

@@ -84,18 +84,25 @@ def default_cache_root() -> str:
     return os.environ.get("JAXRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_llm")
 
 
-def smollm2_hf_dir(cache_root: str | os.PathLike | None = None) -> str:
-    """A float32 HF directory (config, safetensors, tokenizer) of SmolLM2-135M-Instruct.
+def gguf_hf_dir(gguf_path: str | os.PathLike, cache_root: str | os.PathLike | None = None, *,
+                name: str | None = None) -> str:
+    """A float32 HF directory (config, safetensors, tokenizer) converted from a GGUF file.
 
-    Converted from the GGUF on first use into
-    ``<cache_root>/smollm2-135m-instruct-<hash of the GGUF and converter version>``
-    and reused afterwards; the directory is published atomically, so concurrent
-    first calls are safe (the last one wins with identical content).
+    Converted on first use into ``<cache_root>/<name or the file's stem>-<hash of the
+    GGUF and converter version>`` and reused afterwards; the directory is published
+    atomically, so concurrent first calls are safe (the last one wins with identical
+    content).
     """
-    gguf_path = smollm2_gguf_path()
+    gguf_path = os.fspath(gguf_path)
     root = os.fspath(cache_root) if cache_root is not None else default_cache_root()
-    target = os.path.join(root, f"smollm2-135m-instruct-{_file_digest(gguf_path)}")
+    stem = name or os.path.splitext(os.path.basename(gguf_path))[0].lower()
+    target = os.path.join(root, f"{stem}-{_file_digest(gguf_path)}")
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
     cfg, params, tokenizer = load_gguf(gguf_path)
     return save_hf_dir(cfg, params, target, dtype="float32", tokenizer=tokenizer)
+
+
+def smollm2_hf_dir(cache_root: str | os.PathLike | None = None) -> str:
+    """The HF directory of the bundled SmolLM2-135M-Instruct GGUF (see `gguf_hf_dir`)."""
+    return gguf_hf_dir(smollm2_gguf_path(), cache_root, name="smollm2-135m-instruct")

@@ -1,4 +1,4 @@
-"""jaxrl_llm.core: the pure math of RL post-training (docs/SPEC.md sections 1-6, 8).
+"""jaxrl_llm.core: the pure math of RL post-training (stated in docs/objectives.md).
 
 Imports jax, chex and numpy only; no I/O. Topic files:
   advantages   GRPO, Dr. GRPO, RLOO, batch-std, REINFORCE++, GAE
@@ -82,6 +82,7 @@ from jaxrl_llm.core.losses import (
     ppo_clip_loss,
 )
 from jaxrl_llm.core.recipes import (
+    ADVANTAGES,
     RECIPES,
     GaeAdvantage,
     GroupAdvantage,
@@ -90,6 +91,7 @@ from jaxrl_llm.core.recipes import (
     StepBatch,
     TokenAdvantage,
     TokenAdvantages,
+    customize_recipe,
     get_recipe,
     micro_batches,
     prepare_step_batch,

@@ -1,4 +1,4 @@
-"""Advantage estimators (SPEC section 1).
+"""Advantage estimators (docs/objectives.md#advantage-estimators).
 
 Conventions: a step holds P prompts x G samples = N responses, rows ordered
 prompt-major (row i belongs to prompt i // G). Rewards are [P, G]; token

@@ -1,4 +1,4 @@
-"""Loss aggregation with explicit per-token weights (SPEC section 3).
+"""Loss aggregation with explicit per-token weights (docs/objectives.md#aggregation-modes).
 
 Every mode is  L = sum_i sum_t w_it l_it  with weights from `token_weights`:
 

@@ -1,4 +1,4 @@
-"""Bias diagnostics as pure functions (SPEC section 3, end).
+"""Bias diagnostics as pure functions (docs/objectives.md#length-bias, #difficulty-bias).
 
 For the policy-gradient loss l_it = -A_i log pi_it aggregated with weights
 w_it, d L / d log pi_it = -w_it A_i. The "implied per-token gradient weight"

@@ -1,4 +1,4 @@
-"""Training-inference mismatch corrections and metrics (SPEC section 5).
+"""Training-inference mismatch corrections and metrics (docs/objectives.md#mismatch-corrections).
 
 The sampler mu (e.g. vLLM) and the learner pi_old compute slightly different
 probabilities for the same tokens, mostly from low precision (Qi et al. 2025).
@@ -116,7 +116,7 @@ def sequence_mis_mask(old_logp, sampler_logp, mask, *, cap: float = 10.0) -> jax
 
     keep_it = m_it [rho_i <= C]
 
-    Source: Qi et al. 2025, Precision-RL (arXiv 2510.26788); C ~ 10 per SPEC.
+    Source: Qi et al. 2025, Precision-RL (arXiv 2510.26788); default C = 10.
 
     Returns:
       [N, T] float32 in {0, 1}.
@@ -200,7 +200,7 @@ def geometric_sequence_rejection(
 
 
 def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
-    """Training-inference mismatch diagnostics (SPEC section 5), float32 scalars.
+    """Training-inference mismatch diagnostics (docs/objectives.md#mismatch-metrics), float32 scalars.
 
     With d_it = log mu_it - log pi_old_it over valid tokens (tokens sampled from mu):
       mismatch_k1 = sum m d / sum m                   (estimates KL(mu || pi_old))

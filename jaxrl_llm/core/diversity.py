@@ -1,4 +1,4 @@
-"""DARLING diversity-aware rewards (SPEC section 6).
+"""DARLING diversity-aware rewards (docs/objectives.md#darling-diversity-rewards).
 
 Li et al. 2025, "Jointly Reinforcing Diversity and Quality in Language Model
 Generations" (DARLING, arXiv 2509.02534): partition a group's responses into

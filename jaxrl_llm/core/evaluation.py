@@ -1,4 +1,4 @@
-"""Evaluation estimators (SPEC section 8)."""
+"""Evaluation estimators (docs/objectives.md#evaluation)."""
 from __future__ import annotations
 
 import chex

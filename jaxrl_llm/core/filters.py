@@ -1,4 +1,4 @@
-"""Sampling-side filters and reward shaping (SPEC section 6).
+"""Sampling-side filters and reward shaping (docs/objectives.md#filters-and-reward-shaping).
 
 Filters here return keep masks; applying them to the token mask BEFORE
 `aggregation.token_weights` is what removes the filtered responses from the

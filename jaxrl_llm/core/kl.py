@@ -1,4 +1,4 @@
-"""Per-token KL estimators to a frozen reference (SPEC section 4).
+"""Per-token KL estimators to a frozen reference (docs/objectives.md#kl-estimators).
 
 x_it = clip(log pi_ref_it - log pi_it, -clamp, clamp), tokens sampled from pi:
   k1 = -x            unbiased for KL(pi || pi_ref), high variance, can be < 0

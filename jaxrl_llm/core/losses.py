@@ -1,4 +1,4 @@
-"""Per-token policy losses (SPEC section 2).
+"""Per-token policy losses (docs/objectives.md#policy-losses).
 
 Every policy loss has the same call signature
 

@@ -30,7 +30,7 @@ from jaxrl_llm.data.records import (
     check_split,
     split_of,
 )
-from jaxrl_llm.data.tasks import DEFAULT_HELDOUT_FRACTION, Task
+from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, Task
 from jaxrl_llm.rewards import extract_last_boxed, math_verify_reward
 
 # Appended to each prompt by default: the grader reads the last \boxed{}.

@@ -20,54 +20,16 @@ import itertools
 import random
 from typing import Any, Callable, Iterator
 
+from jaxrl_llm.data.jsonl import JsonlTask
 from jaxrl_llm.data.records import (
-    HELDOUT,
-    TRAIN,
     Example,
     check_heldout_fraction,
     check_split,
     short_hash,
     split_of,
 )
-from jaxrl_llm.rewards import RewardFn, addition_reward, reasoning_gym_reward
-
-DEFAULT_HELDOUT_FRACTION = 0.3
-
-
-class Task(abc.ABC):
-    """A source of examples with a grader.
-
-    Attributes:
-      name: every example's ``task`` field.
-      reward_fn: ``reward(completion_text, example) -> float`` for its examples.
-      heldout_fraction: share of the questions held out (by question hash).
-    """
-
-    name: str
-    reward_fn: RewardFn
-    heldout_fraction: float
-
-    @abc.abstractmethod
-    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
-        """``n`` examples of ``split``, a pure function of (task config, split, n, seed).
-
-        Draws are independent and uniform over the split's questions, so
-        repeats are possible (the 1-digit addition train split has only 71
-        questions); ``unique=True`` skips repeats and raises ValueError if
-        the split cannot supply ``n`` distinct questions.
-        """
-
-    def _check_request(self, split: str, n: int) -> None:
-        check_split(split)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"n must be a non-negative int, got {n!r}")
-        empty = (split == HELDOUT and self.heldout_fraction == 0.0) or (
-            split == TRAIN and self.heldout_fraction == 1.0
-        )
-        if empty:
-            raise ValueError(
-                f"task {self.name!r} has no {split} questions: heldout_fraction={self.heldout_fraction}"
-            )
+from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, Task  # also importable from here
+from jaxrl_llm.rewards import addition_reward, reasoning_gym_reward
 
 
 class GeneratedTask(Task):
@@ -256,12 +218,6 @@ REASONING_GYM_TASKS = (
 )
 
 
-def _jsonl_task(**kwargs: Any) -> Task:
-    from jaxrl_llm.data.jsonl import JsonlTask
-
-    return JsonlTask(**kwargs)
-
-
 def _reasoning_gym_factory(dataset: str) -> Callable[..., Task]:
     def factory(**config: Any) -> Task:
         return ReasoningGymTask(dataset, **config)
@@ -274,7 +230,7 @@ TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
     **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
     "reasoning_gym": ReasoningGymTask,
-    "jsonl": _jsonl_task,
+    "jsonl": JsonlTask,
 }
 
 

@@ -4,8 +4,8 @@ For a sampled batch (P prompts x G responses with binary rewards, wrong
 answers longer than right ones, as observed in RL on LLMs) this computes,
 for each recipe, the per-token gradient weight  -dL/d log pi_it  by
 differentiating the recipe's real loss (`core.prepare_step_batch` +
-`core.recipe_loss`) at pi = pi_old, and compares it with the closed form of
-SPEC section 3 (`core.implied_token_weight`). It also draws the difficulty
+`core.recipe_loss`) at pi = pi_old, and compares it with the closed form
+(`core.implied_token_weight`; docs/objectives.md#length-bias). It also draws the difficulty
 weight that std normalisation implies against the group success rate
 (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, section 3.1).
 
@@ -115,7 +115,7 @@ def format_table(rows: list[dict]) -> str:
 def plot_length_bias(batch: SampledBatch, measured: dict[str, tuple[np.ndarray, np.ndarray]], path: str) -> None:
     """One panel per recipe: per-token weight per unit advantage |w_it| = |w_it A_i / A_i|
     against L_i on log-log axes (a slope of -1 is the 1/L length bias), correct and
-    incorrect responses coloured, with the closed form of SPEC section 3 dashed."""
+    incorrect responses coloured, with the closed form (docs/objectives.md#length-bias) dashed."""
     import matplotlib
 
     matplotlib.use("Agg")

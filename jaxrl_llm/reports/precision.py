@@ -107,7 +107,7 @@ def sample_all(study: PrecisionStudy, policy, prompts: list[list[int]], *, log_d
 def _make_sampler(engine: str, dtype: str, policy, stack: contextlib.ExitStack, log_path: Path):
     if engine == "jax":
         from jaxrl_llm.rollout.jax_sampler import JaxSampler
-        from jaxrl_llm.train.loop import cast_params
+        from jaxrl_llm.train.engines import cast_params
 
         return JaxSampler(policy.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype),
                           cast_params(policy.params, dtype), eos_token_ids=policy.eos_token_ids,
@@ -143,12 +143,12 @@ def pair_metrics(sampled: Sampled, pi: np.ndarray) -> dict[str, float]:
 def run_study(study: PrecisionStudy, out: Path, *, policy=None) -> dict[str, Any]:
     """Samples, scores and plots; returns {"rows": [...], "unsupported": {...}, "timings": {...}}."""
     from jaxrl_llm.data import TRAIN, make_task
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.policy import encode_prompts, load_policy
 
     out.mkdir(parents=True, exist_ok=True)
-    policy = policy or loop.load_policy(study.model)
+    policy = policy or load_policy(study.model)
     examples = make_task("addition", digits=1).examples(TRAIN, study.prompts, seed=study.seed, unique=True)
-    prompts = loop.encode_prompts(policy, examples)
+    prompts = encode_prompts(policy, examples)
     sampled, unsupported = sample_all(study, policy, prompts, log_dir=out)
     rows, matched_pairs = [], {}  # (engine, dtype) -> (sampled, pi of the same-precision learner)
     for s in sampled:

@@ -1,5 +1,6 @@
 """What the experiment scripts (experiments/*.py) share: their command line,
-training runs that resume or are kept, GPU-scale settings, and summary tables.
+training runs that resume or are kept, and summary tables (their configs are in
+experiments/base_configs.py).
 
 An experiment trains a few variants of one config (e.g. three recipes from
 the same seed) into <out>/<variant>. Rerunning the same command after a crash
@@ -69,7 +70,7 @@ def train_or_resume(cfg: Config, *, policy=None) -> Path:
     """Trains `cfg` into cfg.run_path. A run that stopped part-way resumes from
     its latest checkpoint; a finished one is kept. A directory holding a run
     of another config is an error (use another --out or --fresh)."""
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.loop import train
     from jaxrl_llm.train.checkpoint import Checkpointer
 
     run = cfg.run_path
@@ -88,51 +89,8 @@ def train_or_resume(cfg: Config, *, policy=None) -> Path:
         shutil.rmtree(run / "tb", ignore_errors=True)
     else:
         print(f"[experiment] {run}: resuming from step {latest}")
-    loop.train(cfg, resume=latest is not None, policy=policy)
+    train(cfg, resume=latest is not None, policy=policy)
     return run
-
-
-def addition_config(name: str, scale: str = "", *, recipe: str, total_steps: int, max_tokens: int,
-                    precision: str = "fp32", seed: int = 0) -> Config:
-    """The CPU setting the experiments share: SmolLM2-135M-Instruct (float32 master
-    weights) on 1-digit addition, the JAX sampler at temperature 1 (and at the learner's
-    precision), 8 prompts x 8 samples, lr 2e-5, a checkpoint every 2 steps.
-    scale = "gpu" gives its `gpu_scale` form."""
-    if scale not in ("", "gpu"):
-        raise ConfigError(f"{name}: scale {scale!r} is invalid; valid: none or 'gpu'")
-    cfg = config_from_dict({
-        "name": name, "seed": seed, "total_steps": total_steps,
-        "model": {"source": "smollm2", "param_dtype": "float32"},
-        "rollout": {"engine": "jax", "prompts_per_step": 8, "samples_per_prompt": 8, "max_tokens": max_tokens,
-                    "temperature": 1.0},
-        "recipe": {"name": recipe},  # dr_grpo's L_const = rollout.max_tokens
-        "train": {"lr": 2e-5, "warmup_steps": 0, "micro_batch_size": 16, "precision": precision, "grad_clip": 1.0},
-        "task": {"name": "addition", "digits": 1, "eval_size": 0},
-        "checkpoint": {"every_steps": 2, "keep": 1, "async_save": False},
-        "metrics": {"tensorboard": False, "progress_every": 1},
-    })
-    return gpu_scale(cfg, name=name) if scale == "gpu" else cfg
-
-
-def gpu_scale(cfg: Config, *, name: str) -> Config:
-    """The GPU-scale form of a CPU experiment config, for launch/single_node.py.
-
-    The setting of Liu et al. 2025 (Dr. GRPO, arXiv 2503.20783): a 1.5B math
-    model, MATH levels 3-5, 8 samples per prompt, ~3000 generated tokens, served
-    by vLLM in bf16 on its own GPUs. model.source and task.jsonl_path are the
-    user's (single_node.py --model-dir sets model.source).
-    """
-    return replace_values(cfg, {
-        "name": f"{name}_gpu", "total_steps": 400, "eval_every": 25,
-        "model.source": "Qwen/Qwen2.5-Math-1.5B (set with --model-dir)",
-        "rollout.engine": "vllm", "rollout.prompts_per_step": 128, "rollout.samples_per_prompt": 8,
-        "rollout.max_tokens": 3000, "rollout.server_dtype": "bfloat16",
-        "train.lr": 1e-6, "train.warmup_steps": 0, "train.micro_batch_size": 8, "train.precision": "bf16",
-        "train.minibatches_per_batch": 1, "train.remat": True,
-        "task.name": "jsonl", "task.jsonl_path": "math_level3to5.jsonl (user-provided)", "task.eval_size": 500,
-        "task.eval_samples": 4, "task.reward_workers": 8,
-        "checkpoint.every_steps": 25, "metrics.progress_every": 1,
-    })
 
 
 # -------------------------------------------------------------- summaries

@@ -14,6 +14,7 @@ The in-process JAX sampler lives in `jax_sampler`.
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutEngine, RolloutRecord, SamplingParams
 from jaxrl_llm.rollout.vllm_client import (
     CompletionSample,
+    PromptTooLongError,
     VLLMClient,
     VLLMClientError,
     VLLMRequestError,
@@ -34,7 +35,7 @@ from jaxrl_llm.rollout.weight_sync import (
 
 __all__ = [
     "RolloutBatch", "RolloutEngine", "RolloutRecord", "SamplingParams",
-    "CompletionSample", "VLLMClient", "VLLMClientError", "VLLMRequestError", "VLLMResponseError",
+    "CompletionSample", "PromptTooLongError", "VLLMClient", "VLLMClientError", "VLLMRequestError", "VLLMResponseError",
     "VLLMUnavailableError", "VLLMEngine", "VLLMEnvNotFoundError", "vllm_env_dir", "vllm_env_is_built",
     "vllm_python", "PortInUseError", "VLLMServer", "VLLMServerConfig", "VLLMServerError",
     "DiskWeightSync", "LogprobProbe", "WeightSync", "WeightSyncError", "WeightSyncReport", "bridge_export",

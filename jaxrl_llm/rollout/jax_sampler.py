@@ -8,7 +8,7 @@ are divided by the temperature, optionally restricted to the top-k tokens and
 then to the smallest nucleus of mass >= top_p (Holtzman et al. 2020), and
 renormalised; the token is drawn from that distribution with the Gumbel-max
 trick and its log-probability *under that same distribution* is recorded.
-With top_p = 1 and top_k off (the RL default, SPEC section 5) this is
+With top_p = 1 and top_k off (the RL default; docs/objectives.md#sampler-support) this is
 log_softmax(logits / T), i.e. vLLM's ``processed_logprobs``, and the learner's
 recomputed logprobs at the same temperature should match it up to numerics.
 

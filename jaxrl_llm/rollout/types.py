@@ -5,8 +5,9 @@ the same `RolloutBatch`, so the learner never knows which one produced it.
 
 A record keeps the sampler's own token ids (no re-tokenisation) and the
 sampler's log-probabilities mu of the sampled tokens, *after* temperature
-(vLLM's `processed_logprobs`): those are the mu of SPEC section 5, compared
-with the learner's recomputed pi_old by the mismatch metrics and corrections.
+(vLLM's `processed_logprobs`): those are the mu that the mismatch metrics and
+corrections compare with the learner's recomputed pi_old
+(docs/objectives.md#mismatch-corrections).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class SamplingParams:
         sampling mode; use a small temperature if needed.)
       top_p: nucleus mass in (0, 1]. RL rollouts should keep 1.0: with
         top_p < 1 the processed logprobs are renormalised over the nucleus,
-        and the learner must renormalise over the same support (SPEC 5).
+        while the learner's pi_old is the full softmax
+        (docs/objectives.md#sampler-support).
       top_k: keep the k most likely tokens; None means off.
       max_tokens: most completion tokens per sample, >= 1.
       stop_token_ids: generation stops after emitting any of these (the

@@ -41,6 +41,10 @@ class VLLMRequestError(VLLMClientError):
     """The server rejected the request (HTTP 4xx); retrying would not help."""
 
 
+class PromptTooLongError(VLLMRequestError, ValueError):
+    """A prompt plus max_tokens does not fit the server's max_model_len."""
+
+
 class VLLMUnavailableError(VLLMClientError):
     """No server answered after all retries (down, dead, or timing out)."""
 
@@ -81,6 +85,20 @@ def completion_request_body(prompt_token_ids: Sequence[int], n: int, params: Sam
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
     }
+
+
+def check_prompt_lengths(prompts: Sequence[Sequence[int]], max_tokens: int, max_model_len: int) -> None:
+    """Raise PromptTooLongError naming the first prompt whose length plus
+    max_tokens exceeds max_model_len. vLLM itself rejects only a prompt longer
+    than max_model_len; a shorter one gets its max_tokens silently cut to what
+    is left, and its samples end early with finish_reason "length"."""
+    for index, prompt in enumerate(prompts):
+        if len(prompt) + max_tokens > max_model_len:
+            raise PromptTooLongError(
+                f"prompt {index} has {len(prompt)} tokens, and with max_tokens={max_tokens} needs "
+                f"{len(prompt) + max_tokens} > the server's max_model_len={max_model_len}. Use prompts of at "
+                f"most {max(max_model_len - max_tokens, 0)} tokens, a smaller max_tokens, or start the server "
+                "with a larger VLLMServerConfig.max_model_len")
 
 
 def parse_completion_choice(choice: dict[str, Any]) -> CompletionSample:
@@ -137,11 +155,13 @@ class VLLMClient:
         timeouts, HTTP 5xx).
       backoff_s: first retry delay; doubles each retry (0.5, 1, 2, ...).
       max_concurrency: most requests in flight at once.
+      max_model_len: the servers' context length, for checking prompt +
+        max_tokens before sending; None asks the servers (/v1/models) once.
     """
 
     def __init__(self, urls: Sequence[str] | str, *, model: str = "policy", api_key: str | None = None,
                  request_timeout_s: float = 300.0, connect_timeout_s: float = 5.0, max_retries: int = 3,
-                 backoff_s: float = 0.5, max_concurrency: int = 32):
+                 backoff_s: float = 0.5, max_concurrency: int = 32, max_model_len: int | None = None):
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("urls must name at least one server, got an empty list")
@@ -155,6 +175,7 @@ class VLLMClient:
         self.timeout = (connect_timeout_s, request_timeout_s)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.max_model_len = max_model_len
         self._next_url = itertools.cycle(range(len(self.urls)))
         self._url_lock = threading.Lock()
         self._local = threading.local()
@@ -227,6 +248,21 @@ class VLLMClient:
                 return False
         return [ok(u) for u in self.urls]
 
+    def server_max_model_len(self) -> int | None:
+        """The smallest max_model_len the servers report for this model on
+        /v1/models (remembered once known); None when no server answers."""
+        if self.max_model_len is None:
+            reported = []
+            for url in self.urls:
+                try:
+                    cards = self.get("/v1/models", url=url)["data"]
+                except (requests.RequestException, VLLMClientError, KeyError, TypeError):
+                    continue  # down or not a vLLM server: the request itself will say so
+                reported += [c["max_model_len"] for c in cards if c.get("id") == self.model and
+                             isinstance(c.get("max_model_len"), int)]
+            self.max_model_len = min(reported) if reported else None
+        return self.max_model_len
+
     # -- sampling -----------------------------------------------------------
 
     def sample(self, prompts_token_ids: Sequence[Sequence[int]], n: int,
@@ -244,6 +280,9 @@ class VLLMClient:
         for index, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {index} is empty; every prompt needs at least one token id")
+        max_model_len = self.server_max_model_len()
+        if max_model_len is not None:
+            check_prompt_lengths(prompts, params.max_tokens, max_model_len)
 
         def one(index: int) -> list[CompletionSample]:
             seed = None if params.seed is None else int(params.seed) + params.first_row + index * n

@@ -90,12 +90,22 @@ class VLLMEngine:
         self.close()
 
     def _explain(self, err: Exception) -> Exception:
-        """Name a crashed server (exit code, log tail) instead of a bare
-        connection error, when we own it."""
-        dead = [s for s in self.servers if s.has_exited(within_s=2.0)]
+        """Name a crashed server, when we own it: its exit code and the
+        exception from its log that killed it, instead of a bare connection
+        error. A server whose engine died while its API process still runs
+        answers /health with 503 and counts as crashed too."""
+        started = [s for s in self.servers if s.process is not None]
+        dead = [s for s in started if s.has_exited(within_s=2.0) or not s.is_healthy()]
         if not dead:
             return err
-        details = "\n".join(
-            f"server {s.url} exited with code {s.process.returncode if s.process else None}; "
-            f"log {s.log_path}:\n{s.log_tail(15)}" for s in dead)
-        return VLLMServerError(f"vLLM server died: {err}\n{details}")
+        return VLLMServerError("\n".join(["vLLM server died: " + "; ".join(map(_death_summary, dead)),
+                                          f"client error: {err}"]
+                                         + [f"log {s.log_path}, last lines:\n{s.log_tail(15)}" for s in dead]))
+
+
+def _death_summary(server: VLLMServer) -> str:
+    """'<url> exited with code C: <exception line>' in one line."""
+    code = server.process.poll() if server.process else None
+    state = f"exited with code {code}" if code is not None else "is running but unhealthy (engine dead)"
+    cause = server.crash_cause() or "no exception in its log (killed by a signal or the OOM killer?)"
+    return f"server {server.url} {state}: {cause}"

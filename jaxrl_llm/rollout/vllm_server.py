@@ -10,20 +10,29 @@ child processes: SIGTERM to the group, then SIGKILL after a grace period.
 Flags that matter for RL:
   --logprobs-mode processed_logprobs  the sampled token's logprob is taken
       after temperature (and top-k/top-p), i.e. the mu the sample was
-      actually drawn from (SPEC 5).
+      actually drawn from (docs/objectives.md#sampler-support).
   --generation-config vllm  ignore the model's generation_config.json, whose
       sampling defaults (temperature, top_p) would silently apply to any
       request field we left out.
+  --no-enable-chunked-prefill  every prompt is prefilled in one scheduler
+      step (see VLLMServerConfig.chunked_prefill): on a CPU server a seeded
+      request whose prefill is split kills the engine.
   VLLM_SERVER_DEV_MODE=1  enables /collective_rpc (reload_weights) and
       /reset_prefix_cache. These let any caller run worker methods, which is
       why a non-loopback host requires an API key.
+
+When the server dies, `VLLMServer.crash_cause()` names the exception from its
+log (`last_exception_line`), so callers report the cause, not just "connection
+refused".
 """
 from __future__ import annotations
 
 import dataclasses
 import errno
 import ipaddress
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,6 +47,10 @@ from jaxrl_llm.rollout import vllm_env
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+# vLLM's defaults for an OpenAI server on CPU (vllm/engine/arg_utils.py
+# get_batch_defaults): tokens per scheduler step, and sequences per step.
+VLLM_CPU_DEFAULT_BATCHED_TOKENS = 2048
+VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
 
 
 class VLLMServerError(RuntimeError):
@@ -117,6 +130,24 @@ class VLLMServerConfig:
       dtype: "float32", "bfloat16", "float16" or "auto".
       max_model_len: context length (prompt + completion).
       kv_cache_gib: VLLM_CPU_KVCACHE_SPACE in GiB (integer, CPU backend).
+      chunked_prefill: let vLLM split a prompt's prefill over several
+        scheduler steps. Off by default, because on CPU it kills the server
+        as soon as a seeded request is split: vLLM samples a token for every
+        scheduled request, throws it away when the request's prefill is not
+        finished, and rewinds that request's seeded torch generator with
+        `gen.set_offset(gen.get_offset() - 4)`
+        (vllm/v1/worker/gpu_model_runner.py, `_bookkeeping_sync`). CPU
+        generators have no offset ("RuntimeError: CPU Generator does not use
+        offset"), and every RL rollout is seeded. With it off, vLLM admits a
+        waiting prompt only when its whole prefill fits in the step's token
+        budget; otherwise that prompt, and the ones queued after it, wait for
+        the next step. A budget alone cannot prevent the split: with chunked
+        prefill on, the scheduler fills whatever budget is left with a piece
+        of the next prompt. Safe to turn on for a GPU server.
+      max_num_batched_tokens: tokens one scheduler step may process; None
+        means max(max_model_len, 2048), 2048 being vLLM's CPU default.
+        Without chunked prefill it must be >= max_model_len (a longer prompt
+        could never be scheduled, and vLLM refuses to start).
       api_key: bearer token the server requires (required off loopback).
       seed: server-wide seed.
       enforce_eager: skip torch.compile. On CPU this starts in about a third
@@ -140,6 +171,8 @@ class VLLMServerConfig:
     dtype: str = "bfloat16"
     max_model_len: int = 1024
     kv_cache_gib: int = 2
+    chunked_prefill: bool = False
+    max_num_batched_tokens: int | None = None
     api_key: str | None = None
     seed: int = 0
     enforce_eager: bool = False
@@ -162,6 +195,7 @@ class VLLMServerConfig:
         if not isinstance(self.kv_cache_gib, int) or self.kv_cache_gib < 1:
             raise ValueError(f"kv_cache_gib must be an int >= 1 (VLLM_CPU_KVCACHE_SPACE is whole GiB), "
                              f"got {self.kv_cache_gib!r}")
+        self._check_batching()
         if self.port is not None and not (0 < self.port < 65536):
             raise ValueError(f"port must be in 1..65535 or None, got {self.port!r}")
         if not is_loopback(self.host) and not self.api_key:
@@ -169,6 +203,39 @@ class VLLMServerConfig:
                 f"host {self.host!r} is not a loopback address: the server's dev endpoints "
                 "(/collective_rpc) let any caller run code on it, so api_key is required. Use "
                 "host='127.0.0.1' or pass api_key=...")
+
+    @property
+    def token_budget(self) -> int:
+        """The --max-num-batched-tokens the server is started with."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(self.max_model_len, VLLM_CPU_DEFAULT_BATCHED_TOKENS)
+
+    def _check_batching(self) -> None:
+        """The limits vLLM would otherwise only report by failing to start."""
+        if not isinstance(self.chunked_prefill, bool):
+            raise ValueError(f"chunked_prefill must be True or False, got {self.chunked_prefill!r}")
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            return
+        if not isinstance(budget, int) or budget < VLLM_CPU_DEFAULT_MAX_NUM_SEQS:
+            raise ValueError(f"max_num_batched_tokens must be None or an int >= {VLLM_CPU_DEFAULT_MAX_NUM_SEQS} "
+                             f"(vLLM's max_num_seqs on CPU), got {budget!r}")
+        if not self.chunked_prefill and budget < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: without "
+                "chunked prefill a prompt must fit into one step. Use max_num_batched_tokens >= "
+                f"{self.max_model_len}, None, or a smaller max_model_len")
+
+
+def check_model_limits(config: VLLMServerConfig) -> None:
+    """Refuse a max_model_len beyond the model's max_position_embeddings
+    before launching (vLLM would fail to start after loading for a minute)."""
+    model_config = json.loads((Path(config.model_dir) / "config.json").read_text())
+    limit = model_config.get("max_position_embeddings")
+    if isinstance(limit, int) and config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings="
+                         f"{limit} ({config.model_dir}/config.json); use max_model_len <= {limit}")
 
 
 def server_command(config: VLLMServerConfig, python: Path, port: int) -> list[str]:
@@ -183,6 +250,8 @@ def server_command(config: VLLMServerConfig, python: Path, port: int) -> list[st
         "--logprobs-mode", config.logprobs_mode,
         "--generation-config", "vllm",
         "--seed", str(config.seed),
+        "--max-num-batched-tokens", str(config.token_budget),
+        "--enable-chunked-prefill" if config.chunked_prefill else "--no-enable-chunked-prefill",
         "--disable-uvicorn-access-log",
     ]
     if config.enforce_eager:
@@ -220,6 +289,55 @@ _LOG_DIAGNOSES = (
 )
 
 
+# vLLM's log line prefix: "(EngineCore pid=12) ERROR 11-23 12:02:39 [core.py:1512] ".
+_LOG_PREFIX = re.compile(r"^(?:\((?P<proc>[^)]*)\) )?"
+                         r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[[^\]]*\] ?)?")
+# Exceptions that only point at another traceback ("see stack trace above").
+_WRAPPER_EXCEPTION = re.compile(r"stack trace|EngineDeadError", re.IGNORECASE)
+# Causes the log names, and what to change.
+_CRASH_HINTS = (
+    ("CPU Generator does not use offset",
+     "a seeded request's prefill was split over scheduler steps (chunked prefill) on a CPU server; "
+     "start it with VLLMServerConfig(chunked_prefill=False), the default"),
+    ("out of memory", "out of memory; lower kv_cache_gib, max_model_len or the batch size"),
+)
+
+
+def exception_lines(log_text: str) -> list[str]:
+    """The final line ("RuntimeError: ...") of every Python traceback in a
+    server log, in order. vLLM's line prefixes are removed, and tracebacks of
+    different processes may interleave: each process is followed separately."""
+    in_traceback: dict[str, bool] = {}
+    found = []
+    for raw in log_text.splitlines():
+        prefix = _LOG_PREFIX.match(raw)
+        process, message = prefix.group("proc") or "", raw[prefix.end():]
+        if message.startswith("Traceback (most recent call last):"):
+            in_traceback[process] = True
+        elif in_traceback.get(process) and message and not message[0].isspace():
+            in_traceback[process] = False  # frames are indented; the exception line is not
+            found.append(message.strip())
+    return found
+
+
+def last_exception_line(log_text: str) -> str | None:
+    """The exception that explains a crash: the last traceback's exception
+    line, skipping those that only refer to an earlier traceback (vLLM's
+    EngineDeadError, "Worker failed ..., check the stack trace above");
+    None when the log has no traceback (e.g. the server was SIGKILLed)."""
+    lines = exception_lines(log_text)
+    causes = [line for line in lines if not _WRAPPER_EXCEPTION.search(line)]
+    return (causes or lines or [None])[-1]
+
+
+def crash_hint(cause: str | None) -> str | None:
+    """What to change for a known crash cause, or None."""
+    for needle, hint in _CRASH_HINTS:
+        if cause and needle.lower() in cause.lower():
+            return hint
+    return None
+
+
 class VLLMServer:
     """A running vLLM server subprocess; use as a context manager."""
 
@@ -245,6 +363,7 @@ class VLLMServer:
         config = self.config
         model_dir = Path(config.model_dir)
         check_model_dir(model_dir)
+        check_model_limits(config)
         if config.port is None:
             self.port = find_free_port(config.host)
         else:
@@ -297,13 +416,38 @@ class VLLMServer:
                 break
         else:
             error_type = VLLMServerError
-        return error_type(f"{headline}. Log {self.log_path}, last lines:\n{tail}")
+        cause = self.crash_cause()
+        if cause:
+            headline += f"\ncause: {cause}"
+        return error_type(f"{headline}\nLog {self.log_path}, last lines:\n{tail}")
+
+    def log_text(self, max_bytes: int = 16 << 20) -> str:
+        """The server log (its last max_bytes), or "" before there is one."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(max(0, self.log_path.stat().st_size - max_bytes))
+            return log.read().decode(errors="replace")
 
     def log_tail(self, num_lines: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():
             return "(no log)"
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-num_lines:])
+        return "\n".join(self.log_text(1 << 20).splitlines()[-num_lines:])
+
+    def crash_cause(self) -> str | None:
+        """The exception line that explains a crash (see last_exception_line),
+        followed by what to change when the cause is a known one."""
+        cause = last_exception_line(self.log_text())
+        hint = crash_hint(cause)
+        return f"{cause} ({hint})" if hint else cause
+
+    def is_healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether /health answers 200 (it answers 503 once the engine died)."""
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        try:
+            return requests.get(self.url + "/health", timeout=timeout_s, headers=headers).status_code == 200
+        except requests.RequestException:
+            return False
 
     @property
     def shared_memory_files(self) -> frozenset[str]:

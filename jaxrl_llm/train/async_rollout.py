@@ -30,7 +30,7 @@ the decoupled PPO objective of Hilton et al. 2021 ("Batch size-invariance for
 policy optimization", arXiv 2110.00641), used for asynchronous RL by AReaL
 (Fu et al. 2025, arXiv 2505.24298). `staleness_corrected` puts token TIS (cap
 C = 2) into a recipe that has no correction; `core.prepare_step_batch` then
-computes the weights from the batch's sampler logprobs (loop.learn passes them).
+computes the weights from the batch's sampler logprobs (`learn.learn` passes them).
 
 The RL loop (`loop.train`) always takes its batches from an AsyncRolloutProducer;
 `rollout.max_lag` in the config picks synchronous (0) or asynchronous (>= 1) mode.
@@ -343,43 +343,3 @@ def _contiguous_chunks(total: int, parts: int) -> list[slice]:
         bounds.append(bounds[-1] + base + (1 if i < extra else 0))
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m jaxrl_llm.train.async_rollout --config EXP.py --max-lag 0 1 -- overrides...`:
-    the same run (`jaxrl train`, fresh temporary run directories) once per max_lag, with the
-    wall time of each (0 = synchronous)."""
-    import argparse
-    import json
-    import tempfile
-
-    from jaxrl_llm.train import loop
-    from jaxrl_llm.train.config import load_config, replace_values
-    from jaxrl_llm.train.metrics import read_metrics
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--max-lag", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
-    policy = loop.load_policy(cfg.model.source)
-    for lag in args.max_lag:
-        with tempfile.TemporaryDirectory() as tmp:
-            run = replace_values(cfg, {"rollout.max_lag": lag, "run_dir": tmp, "checkpoint.every_steps": 0,
-                                       "metrics.tensorboard": False})
-            start = time.perf_counter()
-            out = loop.train(run, policy=policy)
-            wall = time.perf_counter() - start
-            hist = read_metrics(tmp)
-        # steady_s: steps 2.. only (step 1 compiles the learner and the sampler).
-        print(json.dumps({"max_lag": lag, "steps": out["step"], "wall_s": round(wall, 3),
-                          "steady_s": round(sum(h["time_step_s"] for h in hist[1:]), 3),
-                          "learn_s": round(sum(h["time_learn_s"] for h in hist), 3),
-                          "wait_s": round(sum(h["time_wait_s"] for h in hist), 3),
-                          "rollout_s": round(sum(h["time_rollout_s"] for h in hist), 3),
-                          "staleness": [h["staleness"] for h in hist], "ledger": out["ledger"]}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -3,10 +3,10 @@
 * Loss: `core.recipe_loss` on a `core.StepBatch` whose aggregation weights
   were fixed on the whole optimiser-step batch (`core.prepare_step_batch`),
   so the micro-batch losses are plain sums and accumulating their gradients
-  equals one pass over the batch (SPEC section 3).
+  equals one pass over the batch (docs/objectives.md#masked-mean-micro-batch-bias).
 * Precision: fp32 master weights and optimiser state always; the forward and
   backward run in the compute dtype of `TrainConfig.precision` (fp32, bf16,
-  fp16), log-softmax in float32 (SPEC section 7). fp16 uses dynamic loss
+  fp16), log-softmax in float32 (docs/objectives.md#precision). fp16 uses dynamic loss
   scaling: on a non-finite gradient the step is skipped and the scale halved;
   after `loss_scale_growth_interval` good steps it doubles (Micikevicius et
   al. 2018, "Mixed Precision Training"). In every precision a non-finite loss

@@ -44,7 +44,7 @@ class WeightsTest(chex.TestCase):
 
     @chex.variants(**VARIANTS)
     def test_gradient_of_pg_loss_is_minus_weight_times_advantage(self):
-        """SPEC 3: d/d log pi_it of sum_it w_it (-A_i log pi_it) = -w_it A_i."""
+        """docs/objectives.md#length-bias: d/d log pi_it of sum_it w_it (-A_i log pi_it) = -w_it A_i."""
         mask = lengths_to_mask(LENGTHS, 4)
         logp = np.log(np.random.default_rng(0).uniform(0.1, 1.0, (4, 4))).astype(np.float32)
         adv = core.broadcast_to_tokens(ADVANTAGES.reshape(2, 2), mask)

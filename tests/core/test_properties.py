@@ -41,7 +41,7 @@ def _value_and_grad(mode):
 
 
 def _numpy_weights(row_lengths, mode):
-    """Independent numpy statement of SPEC 3's weight table."""
+    """Independent numpy statement of the weight table in docs/objectives.md#aggregation-modes."""
     row_lengths = np.asarray(row_lengths, np.float64)
     n = max(np.sum(row_lengths > 0), 1)
     per_row = {

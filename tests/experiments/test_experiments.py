@@ -2,6 +2,7 @@
 SmolLM2's tokenizer, 2 steps, the JAX sampler), and their analysis functions on
 hand-built groups whose expected numbers are derived here by hand."""
 import importlib.util
+import sys
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,10 @@ TINY = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.m
 
 
 def load_experiment(name: str):
+    """experiments/<name>.py as a module; its sibling base_configs.py imports as it does when
+    the file runs as a script (experiments/ on sys.path)."""
+    if str(REPO / "experiments") not in sys.path:
+        sys.path.insert(0, str(REPO / "experiments"))
     spec = importlib.util.spec_from_file_location(f"experiment_{name}", REPO / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

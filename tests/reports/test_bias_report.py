@@ -1,5 +1,5 @@
 """The bias report measures, by differentiating each recipe's real loss, the
-length dependence SPEC section 3 predicts by hand: per-token weight ~ 1/L for
+length dependence the closed forms predict (docs/objectives.md#length-bias): per-token weight ~ 1/L for
 seq-mean-token-mean (exponent -1) and independent of L otherwise (exponent 0)."""
 import numpy as np
 import pytest

@@ -57,7 +57,7 @@ def server(vllm_server) -> VLLMServer:
 
 
 def numpy_mismatch_metrics(sampler_logprobs: list[np.ndarray], learner_logprobs: list[np.ndarray]) -> dict:
-    """SPEC 5 mismatch metrics over all tokens, written out directly in numpy.
+    """The mismatch metrics (docs/objectives.md#mismatch-metrics) over all tokens, in numpy.
     d = log mu - log pi_old; k1 = mean d; k2 = mean d^2 / 2; k3 = mean(expm1(-d) + d)."""
     mu = np.concatenate(sampler_logprobs).astype(np.float64)
     pi = np.concatenate(learner_logprobs).astype(np.float64)

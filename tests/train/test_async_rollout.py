@@ -235,8 +235,9 @@ def test_loop_lag0_equals_the_reference_loop_and_lag1_runs_stale(tiny_model_dir,
     config (determinism), and max_lag=1 runs the same steps with staleness 1 from step 2 on
     and the token TIS correction in place."""
     from jaxrl_llm.train import loop
+    from jaxrl_llm.train.policy import load_policy
 
-    policy = loop.load_policy(tiny_model_dir)
+    policy = load_policy(tiny_model_dir)
     runs = {}
     for name, lag in (("a", 0), ("b", 0), ("lag1", 1)):
         cfg = tiny_config(tiny_model_dir, tmp_path / name, "total_steps=3", f"rollout.max_lag={lag}")
@@ -252,7 +253,7 @@ def test_loop_lag0_equals_the_reference_loop_and_lag1_runs_stale(tiny_model_dir,
     assert lag1[0]["reward"] == pytest.approx(reference[0]["reward"])  # step 1: same weights
     # (The pi_old != mu of stale batches is checked in the JaxSampler test above: this random
     # tiny model scores 0 on every answer, so its advantages and updates are zero.)
-    assert out["ledger"] == {"produced": 3 * 8, "consumed": 3 * 8, "dropped": 0}
+    assert out.ledger == {"produced": 3 * 8, "consumed": 3 * 8, "dropped": 0}
 
 
 def test_async_loop_checkpoints_and_resumes_without_reusing_a_sample(tiny_model_dir, tmp_path):
@@ -260,15 +261,16 @@ def test_async_loop_checkpoints_and_resumes_without_reusing_a_sample(tiny_model_
     after step 2 resumes at step 3, whose batch is sampled fresh by the restored weights
     (version 2: staleness 0); the ledger of each session balances."""
     from jaxrl_llm.train import loop
+    from jaxrl_llm.train.policy import load_policy
 
-    policy = loop.load_policy(tiny_model_dir)
+    policy = load_policy(tiny_model_dir)
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2", "rollout.max_lag=1")
     first = loop.train(cfg, policy=policy)
     # Session 1 had steps 1..2: every produced batch was consumed (none left in flight at the end).
-    assert first["ledger"] == {"produced": 2 * 8, "consumed": 2 * 8, "dropped": 0}
+    assert first.ledger == {"produced": 2 * 8, "consumed": 2 * 8, "dropped": 0}
     longer = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=3", "rollout.max_lag=1")
     second = loop.train(longer, resume=True, policy=policy)
-    assert second["ledger"] == {"produced": 8, "consumed": 8, "dropped": 0}
+    assert second.ledger == {"produced": 8, "consumed": 8, "dropped": 0}
     rows = read_metrics(cfg.run_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["staleness"] for r in rows] == [0.0, 1.0, 0.0]

@@ -30,7 +30,7 @@ TRAIN_KEYS = [
     "lora_alpha", "lora_targets", "loss_scale_init", "loss_scale_growth_interval", "loss_scale_factor",
     "loss_scale_min",
 ]
-TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "eval_every", "model", "rollout", "recipe", "train",
+TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train",
             "task", "checkpoint", "metrics", "mesh"]
 
 
@@ -88,8 +88,43 @@ def test_cross_field_checks():
     # 8 prompts x 8 samples = 64 sequences; 64 / 2 minibatches = 32, not divisible by 12
     with pytest.raises(ConfigError, match=r"train.micro_batch_size = 12 does not divide a minibatch of 32"):
         apply_overrides(Config(), ["train.minibatches_per_batch=2", "train.micro_batch_size=12"])
-    with pytest.raises(ConfigError, match=r"train.minibatches_per_batch = 3 does not divide the step batch of 64"):
+    with pytest.raises(ConfigError, match=r"train.minibatches_per_batch = 3 does not divide rollout.prompts_per_step = 8"):
         apply_overrides(Config(), ["train.minibatches_per_batch=3"])
+    # 64 sequences split in 16 minibatches would cut prompt groups of 8 in half
+    with pytest.raises(ConfigError, match=r"train.minibatches_per_batch = 16 does not divide rollout.prompts_per_step"):
+        apply_overrides(Config(), ["train.minibatches_per_batch=16", "train.micro_batch_size=4"])
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["recipe.name=ppo"], "recipe.name = 'ppo' needs a learned critic"),
+    (["recipe.advantage=gae"], "recipe.advantage = 'gae' needs a learned critic"),
+    (["recipe.kl_beta=0.04"], "recipe.kl_beta = 0.04"),
+    (["recipe.name=dr_grpo", "recipe.correction_cap=3"], "correction_cap is set but recipe 'dr_grpo' has no correction"),
+    (["recipe.correction=off", "recipe.correction_cap=3"], "correction_cap is set but correction='off'"),
+    (["task.name=addtion"], "task.name = 'addtion' is invalid.*did you mean 'addition'"),
+])
+def test_combinations_the_loop_cannot_run_are_refused_at_load(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        apply_overrides(Config(), overrides)
+
+
+def test_recipe_from_config_applies_each_override_to_the_named_recipe():
+    import functools
+
+    from jaxrl_llm.train.config import recipe_from_config
+
+    plain = recipe_from_config(Config())
+    assert plain == core.get_recipe("grpo")
+    cfg = apply_overrides(Config(), ["recipe.aggregation=constant", "rollout.max_tokens=48", "recipe.eps_high=0.3"])
+    recipe = recipe_from_config(cfg)
+    assert recipe.aggregation == "constant" and recipe.constant_length == 48  # L_const = max_tokens
+    assert recipe.policy_loss_fn.func is core.ppo_clip_loss
+    assert recipe.policy_loss_fn.keywords == {"eps_low": 0.2, "eps_high": 0.3}  # grpo's eps_low kept
+    olmo = recipe_from_config(apply_overrides(Config(), ["recipe.name=olmo3", "recipe.correction_cap=5"]))
+    assert olmo.correction.func is core.token_tis and olmo.correction.keywords == {"cap": 5.0}
+    assert recipe_from_config(apply_overrides(Config(), ["recipe.name=olmo3", "recipe.correction=off"])).correction is None
+    rloo_adv = recipe_from_config(apply_overrides(Config(), ["recipe.advantage=rloo"])).advantage_fn
+    assert rloo_adv is core.ADVANTAGES["rloo"] and not isinstance(rloo_adv, functools.partial)
 
 
 @pytest.mark.parametrize(
@@ -223,12 +258,11 @@ def test_schema_help_lists_every_field_with_type_default_and_range():
 
 def test_recipe_names_are_the_names_core_knows():
     # A recipe config must build with core's registry; these are the learner's names.
-    for name in ("grpo", "dr_grpo", "dapo", "olmo3", "rloo", "ppo", "gspo", "cispo"):
+    for name in ("grpo", "dr_grpo", "dapo", "olmo3", "rloo", "gspo", "cispo"):
         assert core.get_recipe(apply_overrides(Config(), [f"recipe.name={name}"]).recipe.name).name == name
     for mode in ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"):
         assert apply_overrides(Config(), [f"recipe.aggregation={mode}"]).recipe.aggregation == mode
         core.check_mode(mode)
-    for name in ADVANTAGE_NAMES:
-        assert callable(getattr(core, f"{name}_advantages"))
+    assert ADVANTAGE_NAMES == tuple(core.ADVANTAGES)
     with pytest.raises(ConfigError, match=r"recipe.loss = 'ppo' is invalid; valid: one of 'pg', 'ppo_clip'"):
         apply_overrides(Config(), ["recipe.loss=ppo"])

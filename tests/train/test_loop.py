@@ -16,11 +16,15 @@ import pytest
 from jaxrl_llm import bridge
 from jaxrl_llm.models import DecoderConfig, init_params
 from jaxrl_llm.train import loop
+from jaxrl_llm.train.evaluation import evaluate_params
+from jaxrl_llm.train.policy import load_policy
+from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.run_state import restore_params
 from jaxrl_llm.train.config import ConfigError, load_config, replace_values
 from jaxrl_llm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_OVERRIDES = ["total_steps=4", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+TINY_OVERRIDES = ["rollout.engine=jax", "total_steps=4", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
                   "rollout.max_tokens=6", "train.micro_batch_size=4", "train.lr=1e-3", "checkpoint.every_steps=1",
                   "checkpoint.async_save=false", "metrics.tensorboard=false", "task.eval_size=4",
                   "task.eval_samples=2"]
@@ -95,14 +99,13 @@ def raises_or_hangs(completion: str, example) -> float:
 def test_failing_and_hanging_graders_score_zero_are_logged_and_the_run_goes_on(tiny_model_dir, tmp_path,
                                                                                  monkeypatch):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2", "task.reward_timeout_s=1.0")
-    task = loop.make_task_from_config(cfg)
+    task = task_from_config(cfg)
     monkeypatch.setattr(type(task), "reward_fn", staticmethod(raises_or_hangs))
-    monkeypatch.setattr(loop, "make_task_from_config", lambda cfg: task)
     n = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     texts = ["boom", "hang", "right"] + ["wrong"] * (n - 3)
     monkeypatch.setattr(loop, "decode_completions", lambda policy, rollouts: texts)
-    out = loop.train(cfg)
-    assert out["step"] == 2
+    out = loop.train(cfg, task=task)
+    assert out.step == 2
     for row in read_metrics(cfg.run_path):
         assert row["reward_errors"] == 1.0 and row["reward_timeouts"] == 1.0
         assert row["reward"] == pytest.approx(1.0 / n)  # only "right" scores; boom and hang count 0
@@ -119,28 +122,27 @@ def test_unreachable_vllm_server_fails_clearly_and_keeps_the_checkpoint(tiny_mod
     assert "retr" in str(info.value).lower() or "unreachable" in str(info.value).lower() or \
         "connect" in str(info.value).lower()
     assert sorted(p.relative_to(cfg.checkpoint_path) for p in Path(cfg.checkpoint_path).rglob("*")) == ckpt_files
-    step, _ = loop.restore_params(cfg, loop.load_policy(cfg.model.source))
+    step, _ = restore_params(cfg, load_policy(cfg.model.source))
     assert step == 1
 
 
 def test_training_moves_the_policy_and_eval_reports_pass_at_k(tiny_model_dir, tmp_path, monkeypatch):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2")
-    policy = loop.load_policy(cfg.model.source)
-    task = loop.make_task_from_config(cfg)
+    policy = load_policy(cfg.model.source)
+    task = task_from_config(cfg)
     monkeypatch.setattr(type(task), "reward_fn", staticmethod(raises_or_hangs))  # 1.0 for "right"
-    monkeypatch.setattr(loop, "make_task_from_config", lambda cfg: task)
     real_decode = loop.decode_completions
     # a random tiny model never answers right: grade alternate samples as right so advantages are non-zero
     monkeypatch.setattr(loop, "decode_completions",
                         lambda policy, rollouts: ["right", "wrong"] * (len(rollouts) // 2))
-    out = loop.train(cfg, policy=policy)
+    out = loop.train(cfg, policy=policy, task=task)
     monkeypatch.setattr(loop, "decode_completions", real_decode)
     moved = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
-                         out["state"].params, policy.params)
+                         out.state.params, policy.params)
     assert max(jax.tree.leaves(moved)) > 0
     rows = read_metrics(cfg.run_path)
     assert [r["weight_version"] for r in rows] == [0.0, 1.0]  # step 2 sampled from the synced weights
-    result = loop.evaluate_params(cfg, policy, out["state"].params, step=2)
+    result = evaluate_params(cfg, policy, out.state.params, step=2, task=task)
     assert set(result) == {"pass@1", "pass@2", "avg@2", "num_prompts", "examples"} and result["num_prompts"] == 4
     assert len(result["examples"]) == 3 and all(set(e) == {"prompt", "completion", "reward"} for e in result["examples"])
     assert 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0

@@ -17,6 +17,8 @@ from jaxrl_llm.models import DecoderConfig, init_params, lora
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
 from jaxrl_llm.train import loop
+from jaxrl_llm.train.policy import load_policy
+from jaxrl_llm.train.run_state import checkpoint_state, restore_params
 from jaxrl_llm.train.batch import build_sequences
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.config import TrainConfig, load_config
@@ -188,21 +190,22 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 def lora_overrides(model_dir, run_dir):
-    return ["total_steps=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
+    return ["rollout.engine=jax", "total_steps=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+            "rollout.max_tokens=6",
             "train.micro_batch_size=4", "train.lr=1e-2", "checkpoint.every_steps=1", "checkpoint.async_save=false",
             "metrics.tensorboard=false", "task.eval_size=4", "task.eval_samples=2", "train.lora_rank=1",
             "train.lora_alpha=4", "train.lora_targets=q_proj,v_proj,down_proj",
             f"model.source={model_dir}", f"run_dir={run_dir}"]
 
 
-def test_loop_checkpoints_adapters_and_export_merged(tiny_model_dir, tmp_path):
+def test_loop_checkpoints_adapters_and_export_merged(tiny_model_dir, tmp_path, capsys):
     """The loop's checkpoint holds adapters + base path/sha256 only; `export --merged` writes
     W + alpha/r * (A B) in HF layout (checked in numpy); another base is refused."""
     overrides = lora_overrides(tiny_model_dir, tmp_path / "run")
     experiment = str(REPO / "experiments/demo.py")
     cfg = load_config(experiment, overrides)
     out = loop.train(cfg)
-    assert out["step"] == 1
+    assert out.step == 1
     with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=3) as ckpt:
         raw = ckpt.restore(step=1)  # no target: exactly what is on disk
         saved_params = raw.state["learner"]["params"]
@@ -212,13 +215,13 @@ def test_loop_checkpoints_adapters_and_export_merged(tiny_model_dir, tmp_path):
         assert raw.metadata["lora"]["base_sha256"] == lora.base_fingerprint(tiny_model_dir)
         # A random model earns no reward here, so B is still 0: store a step 2 with B drawn,
         # so that the merged export below is not trivially the base.
-        state = out["state"]
+        state = out.state
         adapters = with_random_b(state.params)
-        ckpt.save(2, loop.checkpoint_state(state._replace(params=adapters), 2, 1), metadata=raw.metadata,
+        ckpt.save(2, checkpoint_state(state._replace(params=adapters), 2, 1), metadata=raw.metadata,
                   force=True)
 
-    with pytest.raises(SystemExit, match="pass --merged"):
-        cli.main(["export", "--out", str(tmp_path / "nope"), "--config", experiment, *overrides])
+    assert cli.main(["export", "--out", str(tmp_path / "nope"), "--config", experiment, *overrides]) == 2
+    assert "pass --merged" in capsys.readouterr().err
     assert cli.main(["export", "--merged", "--out", str(tmp_path / "hf"), "--config", experiment, *overrides]) == 0
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
     base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
@@ -238,7 +241,7 @@ def test_loop_checkpoints_adapters_and_export_merged(tiny_model_dir, tmp_path):
     other_dir = bridge.save_hf_dir(other_cfg, other, tmp_path / "other", tokenizer_dir=tiny_model_dir)
     with pytest.raises(ValueError, match=r"trained on base .*model \(sha256 [0-9a-f]{12}\.\.\.\), but model.source "
                                          r"gives .*other"):
-        loop.restore_params(cfg, loop.load_policy(other_dir))
+        restore_params(cfg, load_policy(other_dir))
 
 
 def test_lora_config_fields_are_validated():

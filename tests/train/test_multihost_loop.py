@@ -21,7 +21,7 @@ import pytest
 from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERRIDES = ["total_steps=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
+OVERRIDES = ["rollout.engine=jax", "total_steps=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
              "train.micro_batch_size=4", "train.lr=1e-3", "train.adam_eps=1e-5", "checkpoint.every_steps=1",
              "checkpoint.async_save=false", "metrics.tensorboard=false", "mesh.fsdp=-1"]
 
@@ -34,16 +34,16 @@ def run(run_dir: str, model_dir: str, out: str) -> None:
     from jaxrl_llm.train import loop
     from jaxrl_llm.train.config import load_config
     from jaxrl_llm.train.distributed import gather_to_host
+    from jaxrl_llm.train.prompts import task_from_config
     from tests.train.test_loop import raises_or_hangs
 
     cfg = load_config(str(ROOT / "experiments/demo.py"), [*OVERRIDES, f"model.source={model_dir}",
                                                           f"run_dir={run_dir}"])
-    task = loop.make_task_from_config(cfg)
+    task = task_from_config(cfg)
     type(task).reward_fn = staticmethod(raises_or_hangs)  # 1.0 for "right", 0.0 otherwise
-    loop.make_task_from_config = lambda cfg: task
     loop.decode_completions = lambda policy, rollouts: ["right", "wrong"] * (len(rollouts) // 2)
-    result = loop.train(cfg)
-    params = gather_to_host(result["state"].params)
+    result = loop.train(cfg, task=task)
+    params = gather_to_host(result.state.params)
     if jax.process_index() == 0:
         leaves = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
         np.savez(out, **leaves)

@@ -1,0 +1,84 @@
+"""The rollout engine a config asks for (JAX sampler in process, or vLLM servers), and
+what goes to it: sampling parameters and the weights in the dtype it serves.
+
+With LoRA the engines get merged weights W + alpha/r * A @ B (`Learner.full_params`),
+so both serve a plain model. vLLM's own LoRA requests are not used: they need a server
+started with --enable-lora and a PEFT-format adapter directory per version, and vLLM's
+CPU LoRA kernels are slow, while the merged reload is the same path as full fine-tuning.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.rollout.types import SamplingParams
+from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.learner import PRECISION_DTYPES
+from jaxrl_llm.train.policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+def sampling_params(cfg: Config, seed: int, *, max_tokens: int | None = None) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_tokens=max_tokens or r.max_tokens, seed=int(seed))
+
+
+def sampler_dtype(cfg: Config) -> str:
+    """The JAX sampler's dtype: model.compute_dtype, else the learner's precision."""
+    return cfg.model.compute_dtype or PRECISION_DTYPES[cfg.train.precision]
+
+
+def cast_params(params, dtype: str):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), params)
+
+
+def engine_params(cfg: Config, params):
+    """`params` as the configured engine takes them: the JAX sampler in its own dtype; the
+    vLLM weight sync converts to the server dtype itself."""
+    return params if cfg.rollout.engine == "vllm" else cast_params(params, sampler_dtype(cfg))
+
+
+def host_params(params):
+    """`params` for this process's rollout engine: unchanged with one JAX process; with
+    several, a full host copy on every process (the learner's arrays span all of them)."""
+    if jax.process_count() == 1:
+        return params
+    from jaxrl_llm.train.distributed import gather_to_host
+
+    return gather_to_host(params)
+
+
+def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0, stack: contextlib.ExitStack):
+    """The configured rollout engine serving `params`; servers it starts are stopped by `stack`."""
+    if cfg.rollout.engine == "jax":
+        from jaxrl_llm.rollout.jax_sampler import JaxSampler
+
+        dtype = sampler_dtype(cfg)
+        log.info("rollout engine: JAX sampler (%s)", dtype)
+        return JaxSampler(policy.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype), cast_params(params, dtype),
+                          eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, initial_version=initial_version)
+    from jaxrl_llm.rollout import (DiskWeightSync, VLLMClient, VLLMEngine, VLLMServer, VLLMServerConfig,
+                                   bridge_export)
+
+    urls = list(cfg.rollout.server_urls)
+    servers = []
+    if not urls:
+        log_path = os.path.join(cfg.run_path, "vllm_server.log")
+        log.info("rollout engine: starting a vLLM server (%s) on 127.0.0.1, log %s", cfg.rollout.server_dtype,
+                 log_path)
+        server = stack.enter_context(VLLMServer(VLLMServerConfig(
+            model_dir=policy.model_dir, dtype=cfg.rollout.server_dtype, seed=cfg.seed, log_path=log_path)))
+        servers.append(server)
+        urls = [server.url]
+    client = VLLMClient(urls)
+    sync = DiskWeightSync(client, bridge_export(policy.cfg))
+    engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0))
+    if initial_version:  # resumed: the servers hold the base weights
+        engine.update_weights(params)
+    return engine

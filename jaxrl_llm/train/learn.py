@@ -1,0 +1,91 @@
+"""One step's batch after sampling: grading, response metrics, and the learner's update.
+
+`learn` recomputes pi_old, then takes epochs x mini-batches optimiser steps. A
+mini-batch holds whole prompt groups, and `core.prepare_step_batch` runs per
+mini-batch, so every optimiser step's aggregation weights use that step's own global
+denominators (docs/objectives.md#masked-mean-micro-batch-bias).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import core
+from jaxrl_llm.data import Example, Task
+from jaxrl_llm.rewards import GraderPool
+from jaxrl_llm.rollout.types import RolloutBatch
+from jaxrl_llm.train.batch import SequenceBatch, build_sequences
+from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.learner import Learner, LearnerState
+
+
+@dataclasses.dataclass(frozen=True)
+class Graded:
+    """The rewards of a batch of P prompts x G samples and what went wrong computing them."""
+
+    rewards: np.ndarray  # [P, G] float32; 0 where a grader failed
+    errors: int  # graders that raised or returned a bad value
+    timeouts: int  # graders stopped at the deadline
+    wall_s: float
+
+
+def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence[Example],
+          group_size: int) -> Graded:
+    """Grades texts (prompt-major: G per example) with the task's reward function."""
+    expanded = [e for e in examples for _ in range(group_size)]
+    result = pool.grade(task.reward_fn, list(texts), expanded)
+    rewards = np.asarray(result.rewards, np.float32).reshape(len(examples), group_size)
+    return Graded(rewards, result.n_errors, result.n_timeouts, result.wall_s)
+
+
+def response_metrics(task: Task, rewards: np.ndarray, rollouts: RolloutBatch) -> dict[str, float]:
+    """Reward, pass rate (the task's notion of correct) and lengths of correct/incorrect answers."""
+    lengths = np.array([r.num_completion_tokens for r in rollouts.records], np.float32)
+    flat = rewards.reshape(-1)
+    correct = task.is_correct(flat)
+    out = {"reward": float(flat.mean()), "pass_rate": float(correct.mean()),
+           "length_mean": float(lengths.mean()),
+           "truncated_fraction": float(np.mean([r.finish_reason != "stop" for r in rollouts.records]))}
+    out["length_correct"] = float(lengths[correct].mean()) if correct.any() else float("nan")
+    out["length_incorrect"] = float(lengths[~correct].mean()) if (~correct).any() else float("nan")
+    return out
+
+
+def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
+          rewards: np.ndarray) -> tuple[LearnerState, dict[str, float]]:
+    """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc)."""
+    seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
+    old_logp, entropy = learner.logprobs(state.params, seq)
+    put = learner.replicated
+    mask = put(seq.completion_mask)
+    prompts, group = rewards.shape
+    per_mb = prompts // cfg.train.minibatches_per_batch  # the config checks that it divides
+    metrics: dict[str, list] = {}
+    prepared = []
+    for m in range(cfg.train.minibatches_per_batch):
+        rows = slice(m * per_mb * group, (m + 1) * per_mb * group)
+        batch, prep = core.prepare_step_batch(
+            recipe, put(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
+            put(seq.sampler_logp[rows]), truncated=put(seq.truncated[rows]))
+        prepared.append((rows, batch))
+        for k, v in prep.items():
+            metrics.setdefault(k, []).append(float(v))
+    for _ in range(cfg.train.epochs_per_batch):
+        for rows, batch in prepared:
+            state, step_metrics = learner.update(state, _rows(seq, rows), batch)
+            for k, v in jax.device_get(step_metrics).items():
+                metrics.setdefault(k, []).append(float(v))
+    out = {k: float(np.mean(v)) for k, v in metrics.items()}
+    out["skipped"] = float(np.sum(metrics.get("skipped", [0.0])))
+    out["entropy"] = float(jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+    return state, out
+
+
+def _rows(seq: SequenceBatch, rows: slice) -> SequenceBatch:
+    """The rows `rows` of every per-sequence array of `seq`."""
+    return seq._replace(**{name: getattr(seq, name)[rows] for name in (
+        "tokens", "attention_mask", "positions", "completion_mask", "sampler_logp", "truncated")})

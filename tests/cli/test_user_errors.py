@@ -1,0 +1,50 @@
+"""`jaxrl` as a user runs it: a user error is one line naming the problem, exit status 2,
+no traceback (unless --debug)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def jaxrl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "jaxrl_llm.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, names", [
+    (["train", "--config", "experiments/demo.py", "train.lrr=1e-5"], ["train.lrr", "did you mean 'lr'"]),
+    (["train", "--config", "experiments/no_such_experiment.py"], ["experiments/no_such_experiment.py", "does not exist"]),
+    (["train", "--config", "experiments/demo.py", "recipe.name=ppo"], ["recipe.name = 'ppo'", "critic"]),
+    (["train", "--config", "experiments/demo.py", "recipe.kl_beta=0.1"], ["recipe.kl_beta = 0.1"]),
+    (["train", "--config", "experiments/demo.py", "rollout.max_tokens=-3"], ["rollout.max_tokens", ">= 1"]),
+    (["train", "--config", "experiments/demo.py", "rollout.engine=vlm"], ["rollout.engine", "did you mean 'vllm'"]),
+    (["train", "--config", "experiments/demo.py", "task.name=jsonl"], ["task.jsonl_path"]),
+    (["eval", "--config", "experiments/demo.py", "--step", "last"], ["--step 'last'", "'latest'"]),
+    (["train"], ["--config"]),
+])
+def test_user_errors_are_one_line_with_exit_status_2(args, names):
+    done = jaxrl(*args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr and "error:" in lines[0]
+    for name in names:
+        assert name in lines[0], lines[0]
+
+
+def test_debug_shows_the_traceback():
+    done = jaxrl("--debug", "train", "--config", "experiments/demo.py", "recipe.name=ppo")
+    assert done.returncode != 0
+    assert "Traceback" in done.stderr and "ConfigError" in done.stderr
+
+
+def test_missing_model_source_is_a_user_error(tmp_path):
+    done = jaxrl("train", "--config", "experiments/demo.py", f"model.source={tmp_path / 'missing'}",
+                 f"run_dir={tmp_path / 'run'}")
+    assert done.returncode == 2, done.stderr
+    assert "model.source=" in done.stderr and "no such directory" in done.stderr and "Traceback" not in done.stderr
