@@ -8,6 +8,7 @@ denominators (docs/objectives.md#masked-mean-micro-batch-bias).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -58,6 +59,7 @@ def response_metrics(task: Task, rewards: np.ndarray, rollouts: RolloutBatch) ->
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
           rewards: np.ndarray) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc)."""
+    core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
     old_logp, entropy = learner.logprobs(state.params, seq)
     put = learner.replicated
@@ -68,9 +70,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     prepared = []
     for m in range(cfg.train.minibatches_per_batch):
         rows = slice(m * per_mb * group, (m + 1) * per_mb * group)
-        batch, prep = core.prepare_step_batch(
-            recipe, put(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
-            put(seq.sampler_logp[rows]), truncated=put(seq.truncated[rows]))
+        batch, prep = _prepare(recipe)(put(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
+                                       put(seq.sampler_logp[rows]), put(seq.truncated[rows]))
         prepared.append((rows, batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
@@ -83,6 +84,15 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     out["skipped"] = float(np.sum(metrics.get("skipped", [0.0])))
     out["entropy"] = float(jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0))
     return state, out
+
+
+@functools.lru_cache(maxsize=16)
+def _prepare(recipe: core.Recipe):
+    """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
+    small eager computations on arrays spanning several JAX processes each become a
+    cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
+    return jax.jit(lambda rewards, mask, old_logp, sampler_logp, truncated: core.prepare_step_batch(
+        recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated))
 
 
 def _rows(seq: SequenceBatch, rows: slice) -> SequenceBatch:
