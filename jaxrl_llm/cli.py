@@ -184,6 +184,7 @@ def _configure_logging(debug: bool) -> None:
     handler.setFormatter(logging.Formatter("[jaxrl] %(message)s"))
     lib = logging.getLogger("jaxrl_llm")
     lib.addHandler(handler)
+    lib.propagate = False  # once, even if another library configured the root logger
     lib.setLevel(logging.DEBUG if debug else logging.INFO)
 
 

@@ -38,6 +38,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -291,7 +292,8 @@ _LOG_DIAGNOSES = (
 
 # vLLM's log line prefix: "(EngineCore pid=12) ERROR 11-23 12:02:39 [core.py:1512] ".
 _LOG_PREFIX = re.compile(r"^(?:\((?P<proc>[^)]*)\) )?"
-                         r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[[^\]]*\] ?)?")
+                         r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +"
+                         r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[[^\]]*\] ?)?")
 # Exceptions that only point at another traceback ("see stack trace above").
 _WRAPPER_EXCEPTION = re.compile(r"stack trace|EngineDeadError", re.IGNORECASE)
 # Causes the log names, and what to change.
@@ -377,11 +379,14 @@ class VLLMServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
         self._stopped = False
-        self.process = subprocess.Popen(
-            server_command(config, python, self.port),
-            stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=server_env(config), start_new_session=True,  # own process group: killpg stops all
-            preexec_fn=_terminate_with_parent, cwd=str(self.log_path.parent))
+        with warnings.catch_warnings():
+            # JAX warns on every fork; the child here only calls prctl and then exec.
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            self.process = subprocess.Popen(
+                server_command(config, python, self.port),
+                stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=server_env(config), start_new_session=True,  # own process group: killpg stops all
+                preexec_fn=_terminate_with_parent, cwd=str(self.log_path.parent))
         try:
             self._wait_healthy(config.startup_timeout_s)
         except BaseException:

@@ -83,6 +83,30 @@ def vllm_server(vllm_env_built, smollm2, tmp_path_factory) -> SharedServer:
 
 
 @pytest.fixture(scope="session")
+def chat_prompts(smollm2):
+    """(count, length) -> `count` distinct SmolLM2 chat prompts of exactly
+    `length` token ids each (a numbered question, padded with an instruction
+    sentence and cut to length, inside the chat template)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(smollm2.hf_dir) / "tokenizer.json"))
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+    head, tail = encode("<|im_start|>user\n"), encode("<|im_end|>\n<|im_start|>assistant\n")
+    filler = encode(" Think about it carefully and answer in one short sentence, with a reason.")
+
+    def make(count: int, length: int) -> list[list[int]]:
+        prompts = []
+        for i in range(count):
+            body = encode(f"Question {i}: what is {i} times {i + 3}, and is the result even or odd?")
+            while len(head) + len(body) + len(tail) < length:
+                body += filler
+            prompts.append(head + body[:length - len(head) - len(tail)] + tail)
+        return prompts
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def learner_logprobs(smollm2):
     """(params, sequences, temperature) -> list of float64 arrays: the JAX
     decoder's log p(x_t | x_<t), t >= 1, for each token sequence. Sequences

@@ -14,9 +14,12 @@ import pytest
 from jaxrl_llm.rollout import vllm_env
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutEngine, RolloutRecord, SamplingParams
 from jaxrl_llm.rollout.vllm_client import (
+    PromptTooLongError,
     VLLMClient,
+    VLLMRequestError,
     VLLMResponseError,
     VLLMUnavailableError,
+    check_prompt_lengths,
     completion_request_body,
     parse_completion_choice,
     parse_prompt_logprobs,
@@ -26,6 +29,9 @@ from jaxrl_llm.rollout.vllm_server import (
     PortInUseError,
     VLLMServer,
     VLLMServerConfig,
+    crash_hint,
+    exception_lines,
+    last_exception_line,
     server_command,
     server_env,
 )
@@ -228,6 +234,117 @@ def test_server_command_and_environment_carry_the_rl_settings(tmp_path):
     env = server_env(config)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["OMP_NUM_THREADS"] == "2" and "XLA_FLAGS" not in env
+
+
+# -- vLLM-CPU limits and crash causes ------------------------------------------
+
+def test_server_starts_without_chunked_prefill_and_a_budget_that_holds_any_prompt(tmp_path):
+    """A seeded request whose prefill is split kills a CPU server (see
+    VLLMServerConfig.chunked_prefill), so the default never splits one."""
+    for max_model_len, budget in [(512, 2048), (2048, 2048), (4096, 4096)]:
+        config = VLLMServerConfig(model_dir=tmp_path, max_model_len=max_model_len)
+        cmd = server_command(config, Path("/py"), 8123)
+        assert "--no-enable-chunked-prefill" in cmd and "--enable-chunked-prefill" not in cmd
+        assert dict(zip(cmd, cmd[1:]))["--max-num-batched-tokens"] == str(budget) == str(config.token_budget)
+    chunked = VLLMServerConfig(model_dir=tmp_path, chunked_prefill=True, max_num_batched_tokens=256)
+    cmd = server_command(chunked, Path("/py"), 8123)
+    assert "--enable-chunked-prefill" in cmd and dict(zip(cmd, cmd[1:]))["--max-num-batched-tokens"] == "256"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_model_len=512, max_num_batched_tokens=256),
+     r"max_num_batched_tokens=256 is below max_model_len=512: without chunked prefill a prompt must fit "
+     r"into one step\. Use max_num_batched_tokens >= 512"),
+    (dict(max_num_batched_tokens=100, chunked_prefill=True), r"int >= 128 \(vLLM's max_num_seqs on CPU\), got 100"),
+    (dict(max_num_batched_tokens=2048.0), r"max_num_batched_tokens must be None or an int >= 128 .*got 2048\.0"),
+    (dict(chunked_prefill="no"), r"chunked_prefill must be True or False, got 'no'"),
+])
+def test_server_config_refuses_batching_limits_vllm_would_die_on(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        VLLMServerConfig(model_dir=tmp_path, **kwargs)
+
+
+def test_max_model_len_beyond_the_model_is_refused_before_launch(tmp_path):
+    model_dir = _fake_model_dir(tmp_path)
+    (model_dir / "config.json").write_text('{"max_position_embeddings": 8192}')
+    server = VLLMServer(VLLMServerConfig(model_dir=model_dir, max_model_len=10000))
+    with pytest.raises(ValueError, match=r"max_model_len=10000 exceeds the model's max_position_embeddings=8192 "
+                                         r".*use max_model_len <= 8192"):
+        server.start()
+    assert server.process is None  # nothing was launched
+
+
+def test_prompt_length_check_names_the_first_prompt_that_does_not_fit():
+    check_prompt_lengths([[1] * 496, [1] * 10], 16, 512)  # 496 + 16 = 512 fits exactly
+    with pytest.raises(PromptTooLongError, match=r"prompt 1 has 497 tokens, and with max_tokens=16 needs 513 > "
+                                                 r"the server's max_model_len=512\. Use prompts of at most 496"):
+        check_prompt_lengths([[1] * 10, [1] * 497, [1] * 600], 16, 512)
+    assert issubclass(PromptTooLongError, ValueError) and issubclass(PromptTooLongError, VLLMRequestError)
+
+
+# Trimmed from a real vLLM 0.32 CPU server log of issue 20: the worker's
+# traceback, the engine core's wrapper, the API server's EngineDeadError per
+# request, then shutdown noise without any traceback.
+CRASH_LOG = """\
+(APIServer pid=15533) INFO 11-23 12:18:54 [loggers.py:335] Engine 000: Avg prompt throughput: 3.6 tokens/s
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063] WorkerProc hit an exception.
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063]   File "/env/vllm/v1/worker/gpu_model_runner.py", line 4477, in sample_tokens
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063]     ) = self._bookkeeping_sync(
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063]         ^^^^^^^^^^^^^^^^^^^^^^^
+(EngineCore pid=15545) INFO 11-23 12:18:56 [core.py:900] interleaved line from another process
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063]   File "/env/vllm/v1/worker/gpu_model_runner.py", line 3502, in _bookkeeping_sync
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063]     gen.set_offset(gen.get_offset() - 4)
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063]                    ^^^^^^^^^^^^^^^^
+(Worker pid=15558) ERROR 11-23 12:18:56 [multiproc_executor.py:1063] RuntimeError: CPU Generator does not use offset
+(EngineCore pid=15545) ERROR 11-23 12:18:56 [core.py:1512] EngineCore encountered a fatal error.
+(EngineCore pid=15545) ERROR 11-23 12:18:56 [core.py:1512] Traceback (most recent call last):
+(EngineCore pid=15545) ERROR 11-23 12:18:56 [core.py:1512]   File "/env/vllm/v1/executor/multiproc_executor.py", line 444, in get_response
+(EngineCore pid=15545) ERROR 11-23 12:18:56 [core.py:1512]     raise RuntimeError(
+(EngineCore pid=15545) ERROR 11-23 12:18:56 [core.py:1512] RuntimeError: Worker failed with error 'CPU Generator does not use offset', please check the stack trace above for the root cause
+(APIServer pid=15533) ERROR 11-23 12:18:56 [async_llm.py:906] AsyncLLM output_handler failed.
+(APIServer pid=15533) ERROR 11-23 12:18:56 [async_llm.py:906] Traceback (most recent call last):
+(APIServer pid=15533) ERROR 11-23 12:18:56 [async_llm.py:906]   File "/env/vllm/v1/engine/core_client.py", line 1235, in get_output_async
+(APIServer pid=15533) ERROR 11-23 12:18:56 [async_llm.py:906]     raise self._format_exception(outputs) from None
+(APIServer pid=15533) ERROR 11-23 12:18:56 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+INFO:     Shutting down
+INFO:     Finished server process [15533]
+ - leaked function "create_trans"
+ - ... skipped remainder
+nanobind: this is likely caused by a reference counting issue in the binding code.
+/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There appear to be 1 leaked semaphore objects to clean up at shutdown
+  warnings.warn('resource_tracker: There appear to be %d '
+"""
+
+
+def test_crash_cause_is_the_worker_exception_not_the_wrappers_or_shutdown_noise():
+    assert exception_lines(CRASH_LOG) == [
+        "RuntimeError: CPU Generator does not use offset",
+        "RuntimeError: Worker failed with error 'CPU Generator does not use offset', please check the stack "
+        "trace above for the root cause",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+        "for the root cause."]
+    assert last_exception_line(CRASH_LOG) == "RuntimeError: CPU Generator does not use offset"
+    assert "VLLMServerConfig(chunked_prefill=False)" in crash_hint(last_exception_line(CRASH_LOG))
+
+
+def test_crash_cause_of_plain_tracebacks_and_of_logs_without_one():
+    plain = ("Process EngineCore:\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+             "    load()\nValueError: max_num_batched_tokens (256) is smaller than max_model_len (512).\n"
+             "INFO:     Shutting down\n")
+    assert last_exception_line(plain) == "ValueError: max_num_batched_tokens (256) is smaller than max_model_len (512)."
+    assert crash_hint(last_exception_line(plain)) is None
+    killed = "(APIServer pid=1) INFO 11-23 12:18:54 [loggers.py:335] Running: 32 reqs\n"  # SIGKILL: no traceback
+    assert last_exception_line(killed) is None and last_exception_line("") is None
+
+
+def test_a_crashed_servers_log_is_read_for_the_cause(tmp_path):
+    server = VLLMServer(VLLMServerConfig(model_dir=tmp_path, log_path=tmp_path / "server.log"))
+    server.log_path = tmp_path / "server.log"  # as start() sets it
+    assert server.crash_cause() is None  # no log yet
+    server.log_path.write_text(CRASH_LOG)
+    assert server.crash_cause().startswith("RuntimeError: CPU Generator does not use offset (a seeded request's "
+                                           "prefill was split over scheduler steps")
 
 
 # -- the environment's cache key ----------------------------------------------

@@ -147,10 +147,11 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(server, prompts):
 
 def test_a_request_the_server_rejects_fails_at_once_without_retries(server):
     client = VLLMClient([server.url], max_retries=3, backoff_s=5.0)
-    too_long = [1] * 600  # max_model_len is 512
+    too_long = [1] * 600  # max_model_len is 512; sent raw, past sample()'s own length check
+    body = {"model": "policy", "prompt": too_long, "max_tokens": 4}
     started = time.monotonic()
     with pytest.raises(VLLMRequestError, match="HTTP 400"):
-        client.sample([too_long], 1, SamplingParams(max_tokens=4))
+        client.post("/v1/completions", body)
     assert time.monotonic() - started < 5.0  # a retry would have slept 5 s
 
 
@@ -262,6 +263,8 @@ def test_server_killed_mid_request_raises_clear_error(vllm_server, prompts):
     error = outcome["error"]
     assert isinstance(error, VLLMServerError), repr(error)
     assert "vLLM server died" in str(error) and "exited with code -9" in str(error)
+    # SIGKILL leaves no traceback in the log, and the error says so
+    assert "no exception in its log" in str(error).splitlines()[0]
     assert outcome["finished_at"] - killed_at < 10.0
     print(f"\nerror {outcome['finished_at'] - killed_at:.2f} s after the kill: {str(error)[:300]}")
 
