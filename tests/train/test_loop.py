@@ -111,14 +111,16 @@ def test_failing_and_hanging_graders_score_zero_are_logged_and_the_run_goes_on(t
         assert row["reward"] == pytest.approx(1.0 / n)  # only "right" scores; boom and hang count 0
 
 
-def test_unreachable_vllm_server_fails_clearly_and_keeps_the_checkpoint(tiny_model_dir, tmp_path):
+def test_unreachable_vllm_server_fails_clearly_and_keeps_the_checkpoint(tiny_model_dir, tmp_path, caplog):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=1")
     loop.train(cfg)
     ckpt_files = sorted(p.relative_to(cfg.checkpoint_path) for p in Path(cfg.checkpoint_path).rglob("*"))
     broken = replace_values(cfg, {"total_steps": 2, "rollout.engine": "vllm",
                                   "rollout.server_urls": ("http://127.0.0.1:9",)})
-    with pytest.raises(Exception, match="127.0.0.1:9") as info:
+    with caplog.at_level("INFO", logger="jaxrl_llm"), pytest.raises(Exception, match="127.0.0.1:9") as info:
         loop.train(broken, resume=True)
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed")]
+    assert resumed == [f"resumed from step 1 (checkpoint {cfg.checkpoint_path / '1'}, weight version 1)"]
     assert "retr" in str(info.value).lower() or "unreachable" in str(info.value).lower() or \
         "connect" in str(info.value).lower()
     assert sorted(p.relative_to(cfg.checkpoint_path) for p in Path(cfg.checkpoint_path).rglob("*")) == ckpt_files
