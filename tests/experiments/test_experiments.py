@@ -79,7 +79,11 @@ def test_length_bias_gpu_config_and_bad_scale():
     exp = load_experiment("length_bias")
     cfg = exp.get_config("grpo,gpu")
     assert (cfg.rollout.engine, cfg.rollout.max_tokens, cfg.rollout.samples_per_prompt) == ("vllm", 3000, 8)
-    assert cfg.recipe.name == "grpo" and cfg.task.jsonl_path
+    assert cfg.recipe.name == "grpo" and cfg.task.name == "jsonl" and cfg.task.jsonl_path is None
+    from jaxrl_llm.train.prompts import task_from_config
+
+    with pytest.raises(ConfigError, match=r"task.name = 'jsonl' needs task.jsonl_path"):
+        task_from_config(cfg)  # the data set is the user's: refused until named, before any model loads
     with pytest.raises(ConfigError, match="valid: none or 'gpu'"):
         exp.get_config("grpo,tpu")
 
