@@ -59,8 +59,12 @@ def vllm_servers(model_dir: str, gpus: Sequence[int], *, gpus_per_server: int, b
     for index in range(len(gpus) // gpus_per_server):
         own = gpus[index * gpus_per_server:(index + 1) * gpus_per_server]
         port = base_port + index
+        # GPU generators can rewind, so chunked prefill is safe there (it is off by default for
+        # CPU servers, whose seeded requests die on a split prefill) and keeps long prompts from
+        # stalling decoding; 8192 tokens per step is vLLM's usual GPU serving budget.
         config = VLLMServerConfig(model_dir=model_dir, host=host, port=port, dtype=dtype,
-                                  max_model_len=max_model_len, seed=seed,
+                                  max_model_len=max_model_len, seed=seed, chunked_prefill=True,
+                                  max_num_batched_tokens=max(8192, max_model_len),
                                   extra_args=("--tensor-parallel-size", str(gpus_per_server),
                                               "--gpu-memory-utilization", str(gpu_memory_utilization)))
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, own)), **VLLM_ENV}

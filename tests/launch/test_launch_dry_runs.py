@@ -15,7 +15,8 @@ VLLM_ENV = ("env -uXLA_FLAGS -uJAX_PLATFORMS -uPYTHONPATH -uVIRTUAL_ENV CUDA_VIS
             "PYTHONUNBUFFERED=1 ")
 VLLM_CMD = ("/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /models/qwen --served-model-name "
             "policy --host 127.0.0.1 --port {port} --dtype bfloat16 --max-model-len 4096 --logprobs-mode "
-            "processed_logprobs --generation-config vllm --seed 0 --disable-uvicorn-access-log "
+            "processed_logprobs --generation-config vllm --seed 0 --max-num-batched-tokens 8192 --enable-chunked-prefill "
+            "--disable-uvicorn-access-log "
             "--tensor-parallel-size {tp} --gpu-memory-utilization 0.9 &")
 
 
