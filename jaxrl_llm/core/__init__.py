@@ -10,6 +10,7 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   diversity    DARLING equivalence classes and diversity rewards (host-side)
   bias         implied gradient weights and difficulty weights
   evaluation   pass@k, avg@k
+  recipe_overrides  ADVANTAGES by name and customize_recipe (parts of a recipe by name)
   recipes      named compositions (grpo, dr_grpo, dapo, ...) and the two
                functions the learner calls: prepare_step_batch, recipe_loss
 
@@ -81,8 +82,8 @@ from jaxrl_llm.core.losses import (
     pg_loss,
     ppo_clip_loss,
 )
+from jaxrl_llm.core.recipe_overrides import ADVANTAGES, customize_recipe
 from jaxrl_llm.core.recipes import (
-    ADVANTAGES,
     RECIPES,
     GaeAdvantage,
     GroupAdvantage,
@@ -91,7 +92,6 @@ from jaxrl_llm.core.recipes import (
     StepBatch,
     TokenAdvantage,
     TokenAdvantages,
-    customize_recipe,
     get_recipe,
     micro_batches,
     prepare_step_batch,

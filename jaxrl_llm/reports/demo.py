@@ -10,7 +10,7 @@ import time
 
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.engines import make_engine
-from jaxrl_llm.train.evaluation import EVAL_FILE, evaluate
+from jaxrl_llm.train.evaluation import append_eval, evaluate
 from jaxrl_llm.train.loop import train
 from jaxrl_llm.train.plots import plot_runs
 from jaxrl_llm.train.policy import load_policy
@@ -59,9 +59,8 @@ def run_demo(cfg: Config, *, resume: bool = False) -> dict:
     for label, result in (("before", before), ("after", after)):
         for shown in result["examples"]:
             _say(f"{label}: {shown['prompt']!r} -> {shown['completion']!r} (reward {shown['reward']:g})")
-    with open(os.path.join(cfg.run_path, EVAL_FILE), "a") as f:
-        for step, result in ((0, before), (out.step, after)):
-            f.write(json.dumps({"step": step, **result}) + "\n")
+    append_eval(cfg, 0, before)
+    append_eval(cfg, out.step, after)
     png = os.path.join(cfg.run_path, "training.png")
     plot_runs([cfg.run_path], metrics=PANELS, out_png=png, title=f"{cfg.name}: training")
     from jaxrl_llm.reports import bias_report

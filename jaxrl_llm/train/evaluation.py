@@ -50,7 +50,12 @@ def evaluate_params(cfg: Config, policy: Policy, params, *, samples: int | None 
             engine.update_weights(params)  # the server starts from the base weights
         result = evaluate(engine, policy, task or task_from_config(cfg), cfg, samples=samples, seed=seed)
     if step is not None:
-        os.makedirs(cfg.run_path, exist_ok=True)
-        with open(os.path.join(cfg.run_path, EVAL_FILE), "a") as f:
-            f.write(json.dumps({"step": step, **result}) + "\n")
+        append_eval(cfg, step, result)
     return result
+
+
+def append_eval(cfg: Config, step: int, result: dict[str, Any]) -> None:
+    """One line {"step": step, **result} appended to <run_dir>/eval.jsonl."""
+    os.makedirs(cfg.run_path, exist_ok=True)
+    with open(os.path.join(cfg.run_path, EVAL_FILE), "a") as f:
+        f.write(json.dumps({"step": step, **result}) + "\n")

@@ -131,11 +131,11 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start.step if resume else None, config=cfg,
             enabled=lead)))
         groups = GroupLog(run_dir, resume_step=start.step if resume else None, enabled=lead)
-        params = host_params(learner.full_params(state.params))
         if engine is None:
-            engine = make_engine(cfg, policy, params, initial_version=start.weight_version, stack=stack)
+            engine = make_engine(cfg, policy, host_params(learner.full_params(state.params)),
+                                 initial_version=start.weight_version, stack=stack)
         elif start.step:  # resumed: the caller's engine serves the base weights
-            engine.update_weights(engine_params(cfg, params))
+            engine.update_weights(engine_params(cfg, host_params(learner.full_params(state.params))))
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
         producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1)
         stop = stack.enter_context(install_stop_handler())

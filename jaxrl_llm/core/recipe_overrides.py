@@ -1,0 +1,92 @@
+"""Recipes built by name: the advantage registry and `customize_recipe`, which replaces
+parts of a named recipe (advantage, loss, aggregation, correction, KL, filters) with
+registry entries and hyperparameters, e.g. from a run's config."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+from jaxrl_llm.core import advantages as adv_lib, corrections, losses
+from jaxrl_llm.core.recipes import GaeAdvantage, GroupAdvantage, Recipe, TokenAdvantage, TokenAdvantages
+
+# Advantage estimators by name, like losses.POLICY_LOSSES and corrections.CORRECTIONS.
+# "gae" needs critic values at prepare_step_batch time (values=...).
+ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
+    "grpo": GroupAdvantage(adv_lib.grpo_advantages),
+    "dr_grpo": GroupAdvantage(adv_lib.dr_grpo_advantages),
+    "rloo": GroupAdvantage(adv_lib.rloo_advantages),
+    "batch_std": GroupAdvantage(adv_lib.batch_std_advantages),
+    "reinforce_pp": TokenAdvantage(adv_lib.reinforce_pp_advantages),
+    "gae": GaeAdvantage(gamma=1.0, lam=1.0),
+}
+
+
+def _named(registry: dict, kind: str, name: str):
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(registry)}")
+    return registry[name]
+
+
+def _bound_parts(fn) -> tuple[Callable | None, dict]:
+    """(function, bound keywords) of a functools.partial, or (fn, {}) of a plain function."""
+    if isinstance(fn, functools.partial):
+        return fn.func, dict(fn.keywords)
+    return fn, {}
+
+
+def customize_recipe(
+    recipe: Recipe,
+    *,
+    advantage: str | None = None,
+    loss: str | None = None,
+    aggregation: str | None = None,
+    constant_length: float | None = None,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    dual_clip: float | None = None,
+    kl_beta: float | None = None,
+    kl_estimator: str | None = None,
+    correction: str | None = None,
+    correction_cap: float | None = None,
+    filter_zero_variance_groups: bool | None = None,
+) -> Recipe:
+    """`recipe` with the named parts replaced; None keeps the recipe's own choice.
+
+    Names come from the registries (ADVANTAGES, losses.POLICY_LOSSES,
+    aggregation.AGGREGATION_MODES, kl.KL_ESTIMATORS, corrections.CORRECTIONS;
+    correction="off" removes the correction). Hyperparameters (eps_low,
+    eps_high, dual_clip, correction_cap) are bound onto the recipe's loss or
+    correction, keeping its other bound values, unless `loss` / `correction`
+    names a new function, which then starts from its own defaults.
+
+    Example: customize_recipe(get_recipe("grpo"), aggregation="constant",
+    constant_length=1024) is GRPO with Dr. GRPO's aggregation.
+
+    Raises ValueError naming the bad value and the valid ones.
+    """
+    over: dict = {k: v for k, v in dict(aggregation=aggregation, constant_length=constant_length, kl_beta=kl_beta,
+                                         kl_estimator=kl_estimator,
+                                         filter_zero_variance_groups=filter_zero_variance_groups).items()
+                  if v is not None}
+    if advantage is not None:
+        over["advantage_fn"] = _named(ADVANTAGES, "advantage", advantage)
+    loss_kw = {k: v for k, v in dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip).items() if v is not None}
+    if loss is not None or loss_kw:
+        fn, bound = _bound_parts(recipe.policy_loss_fn)
+        if loss is not None:
+            fn, bound = _named(losses.POLICY_LOSSES, "policy loss", loss), {}
+        over["policy_loss_fn"] = functools.partial(fn, **{**bound, **loss_kw})
+    if correction == "off":
+        if correction_cap is not None:
+            raise ValueError("correction_cap is set but correction='off'; set one or the other")
+        over["correction"] = None
+    elif correction is not None or correction_cap is not None:
+        fn, bound = _bound_parts(recipe.correction)
+        if correction is not None:
+            fn, bound = _named(corrections.CORRECTIONS, "correction", correction), {}
+        if fn is None:
+            raise ValueError(f"correction_cap is set but recipe {recipe.name!r} has no correction; name one "
+                             f"(valid: {', '.join(corrections.CORRECTIONS)})")
+        over["correction"] = functools.partial(fn, **{**bound, **({"cap": correction_cap} if correction_cap else {})})
+    return dataclasses.replace(recipe, **over)
