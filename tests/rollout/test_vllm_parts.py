@@ -29,12 +29,10 @@ from jaxrl_llm.rollout.vllm_server import (
     PortInUseError,
     VLLMServer,
     VLLMServerConfig,
-    crash_hint,
-    exception_lines,
-    last_exception_line,
     server_command,
     server_env,
 )
+from jaxrl_llm.rollout.server_log import crash_hint, exception_lines, last_exception_line
 
 REPO = Path(__file__).resolve().parents[2]
 
