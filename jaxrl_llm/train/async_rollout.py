@@ -253,6 +253,11 @@ class AsyncRolloutProducer:
             self._cond.notify_all()
         return version
 
+    def with_engine(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(engine) while no rollout or weight update runs (e.g. an evaluation between steps)."""
+        with self._engine_lock:
+            return fn(self.engine)
+
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop the producer; batches produced but never consumed are recorded as dropped."""
         with self._cond:

@@ -161,6 +161,9 @@ class TaskConfig(Section):
     eval_size: int = field(100, ge=0)  # held-out prompts
     jsonl_path: str | None = None  # prompts from a file instead of a generator
     eval_samples: int = field(8, ge=1)  # samples per held-out prompt (pass@k, avg@k with k = this)
+    # Held-out evaluation during training every eval_every steps and at the last step, on the
+    # rollout engine (0: off); eval.jsonl gets the pass@k curve k = 1..eval_samples.
+    eval_every: int = field(0, ge=0)
     reward_workers: int = field(1, ge=1)  # grader processes (trusted graders such as addition run in-process)
     reward_timeout_s: float = field(10.0, gt=0.0)  # per answer; a timeout scores 0 and is counted
     _path_prefix = "task."

@@ -48,6 +48,7 @@ from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, R
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, recipe_from_config
 from jaxrl_llm.train.engines import engine_params, host_params, make_engine, sampling_params
+from jaxrl_llm.train.evaluation import PeriodicEval
 from jaxrl_llm.train.learn import Graded, grade, learn, response_metrics
 from jaxrl_llm.train.learner import Learner, LearnerState
 from jaxrl_llm.train.metrics import GroupLog, MetricsWriter
@@ -95,6 +96,7 @@ class TrainResult:
     params: Any
     engine_version: int
     ledger: dict[str, int]
+    eval_summary: dict[str, Any] | None = None  # final and best held-out steps (task.eval_every > 0)
 
 
 def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy: Policy | None = None,
@@ -138,6 +140,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             engine.update_weights(engine_params(cfg, host_params(learner.full_params(state.params))))
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
         producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1)
+        evaluator = PeriodicEval(cfg, policy, task, pool, resume_step=start.step if resume else None, enabled=lead)
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
             cfg.total_steps, initial=start.step, print_every=cfg.metrics.progress_every,
@@ -147,6 +150,8 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
         with producer:  # closing it records the batches still in flight as dropped
             for step in range(start.step + 1, cfg.total_steps + 1):
                 metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state, task)
+                if evaluator.due(step):
+                    metrics.update(evaluator(step, producer.with_engine))
                 version = engine.weight_version
                 writer.write(step, metrics)
                 groups.write(step, step_groups.rewards, step_groups.lengths, step_groups.truncated)
@@ -159,7 +164,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                     break
         ckpt.wait()
     return TrainResult(run_dir, step, metrics, state, learner.full_params(state.params), version,
-                       producer.ledger.counts())
+                       producer.ledger.counts(), evaluator.summary())
 
 
 def _start_position(cfg: Config, ckpt: Checkpointer, learner: Learner, policy: Policy, state: LearnerState, *,

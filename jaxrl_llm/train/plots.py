@@ -187,6 +187,31 @@ def plot_runs(
     return fig
 
 
+def plot_pass_at_k(run_dirs: Sequence[str | os.PathLike], out_png: str | os.PathLike) -> Figure:
+    """One panel per run: the held-out pass@k curve (k = 1..n) of each evaluated step in its
+    eval.jsonl (written with task.eval_every > 0), later steps darker."""
+    panels = []
+    for d in run_dirs:
+        path = Path(d) / "eval.jsonl"
+        records = [r for r in read_metrics(path) if "pass_at_k" in r] if path.exists() else []
+        if not records:
+            raise FileNotFoundError(f"{os.fspath(d)} has no eval.jsonl records with a pass@k curve; valid: a run "
+                                    "trained with task.eval_every > 0")
+        panels.append(records)
+    fig = new_figure((4.8 * len(run_dirs), 3.4))
+    for ax, records, label in zip(fig.subplots(1, len(run_dirs), squeeze=False).ravel(), panels, _labels(run_dirs)):
+        for i, r in enumerate(records):
+            ks = np.arange(1, len(r["pass_at_k"]) + 1)
+            ax.plot(ks, r["pass_at_k"], marker="o", color=str(0.8 - 0.8 * (i + 1) / len(records)),
+                    label=f"step {r['step']}")
+        ax.set_title(f"{label}: held-out pass@k", fontsize=10)
+        ax.set_xlabel("k")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    save_png(fig, out_png)
+    return fig
+
+
 def plot_main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: `plot RUN_DIR [RUN_DIR ...] [--metrics a,b] [--out F.png] [--smoothing W]`."""
     parser = argparse.ArgumentParser(prog="jaxrl plot", description="Compare runs: one panel per metric.")
@@ -197,7 +222,13 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--x", default="step", help="record key for the horizontal axis")
     parser.add_argument("--title", default=None)
     parser.add_argument("--list", action="store_true", help="print the available metrics and exit")
+    parser.add_argument("--pass-at-k", action="store_true",
+                        help="draw each run's held-out pass@k curves (eval.jsonl) instead of metrics")
     args = parser.parse_args(argv)
+    if args.pass_at_k:
+        fig = plot_pass_at_k(args.run_dirs, args.out)
+        print(f"wrote {args.out} ({len(fig.axes)} panels, {len(args.run_dirs)} runs)")
+        return 0
     if args.list:
         print("\n".join(available_metrics([read_metrics(d) for d in args.run_dirs])))
         return 0
