@@ -34,7 +34,7 @@ from jaxrl_llm.reports.runs import (
     window_mean,
     write_summary,
 )
-from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_bias"
 RECIPES = ("grpo", "dr_grpo", "dapo")
@@ -46,7 +46,11 @@ def get_config(arg: str = "grpo") -> Config:
     """ARG = "<recipe>" (CPU) or "<recipe>,gpu" (GPU scale). Seed 0 for every recipe: the same
     prompts and, at step 1, the same samples."""
     recipe, _, scale = arg.partition(",")
-    return addition_config(f"{NAME}_{recipe}", scale, recipe=recipe, total_steps=16, max_tokens=32)
+    cfg = addition_config(f"{NAME}_{recipe}", scale, recipe=recipe, total_steps=16, max_tokens=32)
+    # DAPO's soft overlong punishment would shorten answers by itself and its dynamic
+    # sampling would change which groups the learner sees: both off, so the recipes differ
+    # only in their loss aggregation (and DAPO's clip range and zero-variance filter).
+    return replace_values(cfg, {"recipe.overlong_buffer": 0, "rollout.dynamic_sampling": False})
 
 
 def pooled_lengths(groups: list[dict], correct: bool) -> tuple[float, int]:

@@ -105,6 +105,9 @@ class Recipe:
       filter_zero_variance_groups: drop groups with all-equal rewards.
       mask_truncated: drop truncated responses (needs `truncated`).
       overlong: OverlongPenalty added to rewards, or None.
+      dynamic_sampling: the sampler should over-sample prompts and keep only groups
+        whose accuracy is neither 0 nor 1 until the batch is full (DAPO; done by the
+        RL loop, train/dynamic_sampling.py, not by these functions).
       value_coef, value_clip: critic loss weight and clip (used when
         recipe_loss gets `values`).
       source: where the composition comes from.
@@ -121,6 +124,7 @@ class Recipe:
     filter_zero_variance_groups: bool = False
     mask_truncated: bool = False
     overlong: OverlongPenalty | None = None
+    dynamic_sampling: bool = False
     value_coef: float = 0.0
     value_clip: float | None = None
     source: str = ""
@@ -189,9 +193,12 @@ RECIPES: dict[str, Recipe] = {
             policy_loss_fn=functools.partial(losses.ppo_clip_loss, eps_low=0.2, eps_high=0.28),
             aggregation="token_mean",
             filter_zero_variance_groups=True,
-            overlong=None,  # soft overlong punishment: overlong=OverlongPenalty(L_max, buf)
+            # the paper's soft overlong punishment; the RL loop rescales L_max to its generation
+            # limit and keeps the buffer's share (4096 / 20480 = 20%)
+            overlong=OverlongPenalty(max_length=20480, buffer=4096),
+            dynamic_sampling=True,
             source="Yu et al. 2025, DAPO (arXiv 2503.14476): clip-higher, dynamic sampling, "
-            "token-level loss; paper overlong penalty L_max=20480, buf=4096",
+            "token-level loss, soft overlong punishment L_max=20480, buf=4096 (eq. 13)",
         ),
         Recipe(
             name="olmo3",

@@ -141,10 +141,14 @@ class AsyncRolloutProducer:
       first_step, last_step: inclusive step range of this session.
       max_lag: most policy versions a batch may lag behind the learner (0 = synchronous).
       postprocess: optional (job, rollouts) -> extra, run in the producer thread (e.g. grading).
+      sample: optional (engine, job) -> (rollouts, extra) replacing generate + postprocess, run
+        while the producer holds the engine (e.g. several graded rounds of dynamic sampling,
+        all drawn by one weight version).
     """
 
     def __init__(self, engine, make_job: Callable[[int], RolloutJob], *, first_step: int, last_step: int,
-                 max_lag: int, postprocess: Callable[[RolloutJob, RolloutBatch], Any] | None = None):
+                 max_lag: int, postprocess: Callable[[RolloutJob, RolloutBatch], Any] | None = None,
+                 sample: Callable[[Any, RolloutJob], tuple[RolloutBatch, Any]] | None = None):
         if not isinstance(max_lag, int) or isinstance(max_lag, bool) or max_lag < 0:
             raise ValueError(f"max_lag={max_lag!r} is invalid; valid: an int >= 0 (0 = synchronous)")
         if last_step < first_step:
@@ -153,6 +157,7 @@ class AsyncRolloutProducer:
         self.make_job = make_job
         self.first_step, self.last_step, self.max_lag = int(first_step), int(last_step), max_lag
         self.postprocess = postprocess
+        self.sample = sample
         self.ledger = SampleLedger()
         self.base_version = int(engine.weight_version)
         self._published = self.base_version
@@ -185,15 +190,20 @@ class AsyncRolloutProducer:
                         return
                 job = self.make_job(step)
                 t0 = time.perf_counter()
+                extra = None
                 with self._engine_lock:
                     version = int(self.engine.weight_version)
-                    rollouts = self.engine.generate(job.prompts, n=job.n, params=job.params)
+                    if self.sample is None:
+                        rollouts = self.engine.generate(job.prompts, n=job.n, params=job.params)
+                    else:
+                        rollouts, extra = self.sample(self.engine, job)
                 labels = set(rollouts.weight_versions.tolist())
                 if labels != {version}:
                     raise RuntimeError(f"step {step}: engine labelled records with versions {sorted(labels)} "
                                        f"but held version {version} while sampling")
                 elapsed = time.perf_counter() - t0
-                extra = self.postprocess(job, rollouts) if self.postprocess else None
+                if self.sample is None and self.postprocess:
+                    extra = self.postprocess(job, rollouts)
                 batch = ProducedBatch(step, rollouts, version, sample_ids(step, rollouts), job.context, extra, elapsed)
                 self.ledger.add_produced(batch.ids)
                 with self._cond:

@@ -81,6 +81,11 @@ class RolloutConfig(Section):
     # versions old while the learner trains (0: synchronous). Staleness is corrected with
     # token TIS min(pi_old/mu, recipe.correction_cap or 2) unless the recipe has a correction.
     max_lag: int = field(0, ge=0)
+    # DAPO dynamic sampling (Yu et al. 2025): keep only groups whose accuracy is neither 0 nor 1,
+    # drawing fresh prompts until the step is full, in at most dynamic_sampling_rounds rounds
+    # (train/dynamic_sampling.py). None: the recipe's own choice (on for dapo).
+    dynamic_sampling: bool | None = None
+    dynamic_sampling_rounds: int = field(4, ge=1)
     _path_prefix = "rollout."
 
 
@@ -105,6 +110,13 @@ class RecipeConfig(Section):
     correction: str | None = field(None, choices=CORRECTION_NAMES)
     correction_cap: float | None = field(None, gt=0.0)
     filter_zero_variance_groups: bool | None = None
+    # DAPO soft overlong punishment (Yu et al. 2025, eq. 13): a ramp from 0 to -overlong_factor
+    # over the last overlong_buffer tokens before rollout.max_tokens. None: the recipe's own
+    # (dapo: 20% of max_tokens, as 4096 of 20480 in the paper); 0: off.
+    overlong_buffer: int | None = field(None, ge=0)
+    overlong_factor: float | None = field(None, ge=0.0)
+    # DAPO overlong filtering: truncated responses (no EOS) leave the loss. None: the recipe's own.
+    mask_truncated: bool | None = None
     _path_prefix = "recipe."
 
 
@@ -286,7 +298,33 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
         correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups)
     if recipe.aggregation == "constant" and recipe.constant_length is None:
         recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
-    return recipe
+    if rc.mask_truncated is not None:
+        recipe = dataclasses.replace(recipe, mask_truncated=rc.mask_truncated)
+    return dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
+
+
+def _overlong(base: core.OverlongPenalty | None, rc: RecipeConfig, max_tokens: int) -> core.OverlongPenalty | None:
+    """The overlong penalty over this run's generation limit: L_max = rollout.max_tokens, the
+    buffer from recipe.overlong_buffer or, when None, the recipe's own share of L_max."""
+    if rc.overlong_buffer == 0 or (base is None and rc.overlong_buffer is None):
+        if rc.overlong_factor is not None:
+            raise ConfigError(f"recipe.overlong_factor = {rc.overlong_factor!r} is set but recipe {rc.name!r} has "
+                              "no overlong penalty; valid: also set recipe.overlong_buffer (> 0)")
+        return None
+    buffer = rc.overlong_buffer or max(1, round(max_tokens * base.buffer / base.max_length))
+    if buffer > max_tokens:
+        raise ConfigError(f"recipe.overlong_buffer = {buffer} exceeds rollout.max_tokens = {max_tokens}; valid: "
+                          f"0 (off) to {max_tokens}")
+    factor = rc.overlong_factor if rc.overlong_factor is not None else (base.factor if base else 1.0)
+    return core.OverlongPenalty(max_length=max_tokens, buffer=buffer, factor=factor)
+
+
+def dynamic_sampling(cfg: Config) -> bool:
+    """Whether the loop over-samples to fill the step with informative groups: rollout.dynamic_sampling,
+    else the recipe's own choice."""
+    if cfg.rollout.dynamic_sampling is not None:
+        return cfg.rollout.dynamic_sampling
+    return core.get_recipe(cfg.recipe.name).dynamic_sampling
 
 
 def check_runnable(cfg: Config) -> None:
@@ -294,6 +332,8 @@ def check_runnable(cfg: Config) -> None:
     rc = cfg.recipe
     try:
         recipe = recipe_from_config(cfg)
+    except ConfigError:
+        raise
     except ValueError as err:
         raise ConfigError(f"recipe: {err}") from None
     if isinstance(recipe.advantage_fn, core.GaeAdvantage) or recipe.value_coef > 0:
@@ -303,13 +343,14 @@ def check_runnable(cfg: Config) -> None:
             f"{field_name} = {value!r} needs a learned critic (GAE values), which the RL loop does not train "
             f"yet; valid: recipes {', '.join(n for n in RECIPE_NAMES if n != 'ppo')} and advantages "
             f"{', '.join(n for n in ADVANTAGE_NAMES if n != 'gae')}")
+    if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
+        raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
+                          "answer always has accuracy 0 or 1, so no group could be kept; valid: "
+                          "samples_per_prompt >= 2 or rollout.dynamic_sampling=false")
     if recipe.kl_beta > 0:
         raise ConfigError(
             f"recipe.kl_beta = {recipe.kl_beta!r} (recipe {rc.name!r}) needs reference-policy log-probs, "
             "which the RL loop does not compute yet; valid: 0")
-    if recipe.overlong is not None or recipe.mask_truncated:
-        raise ConfigError(f"recipe {rc.name!r} uses the overlong penalty or truncation masking, which the RL "
-                          "loop does not pass yet; valid: a recipe without them")
 
 
 # ----------------------------------------------------------------------------

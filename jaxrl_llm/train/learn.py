@@ -32,6 +32,7 @@ class Graded:
     errors: int  # graders that raised or returned a bad value
     timeouts: int  # graders stopped at the deadline
     wall_s: float
+    sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. dynamic sampling's metrics
 
 
 def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence[Example],

@@ -40,13 +40,14 @@ import jax
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.data import Example, Task
+from jaxrl_llm.data import TRAIN, Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train import distributed
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
-from jaxrl_llm.train.config import Config, recipe_from_config
+from jaxrl_llm.train.config import Config, dynamic_sampling, recipe_from_config
+from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
 from jaxrl_llm.train.engines import engine_params, host_params, make_engine, sampling_params
 from jaxrl_llm.train.evaluation import PeriodicEval
 from jaxrl_llm.train.learn import Graded, grade, learn, response_metrics
@@ -54,7 +55,7 @@ from jaxrl_llm.train.learner import Learner, LearnerState
 from jaxrl_llm.train.metrics import GroupLog, MetricsWriter
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts, load_policy
 from jaxrl_llm.train.progress import Progress
-from jaxrl_llm.train.prompts import step_examples, step_seed, task_from_config
+from jaxrl_llm.train.prompts import step_seed, task_from_config
 from jaxrl_llm.train.run_state import (RunPosition, check_lora_base, checkpoint_state, lora_checkpoint_metadata,
                                        make_learner, position_of)
 
@@ -73,6 +74,7 @@ class StepPrompts:
 
     examples: Sequence[Example]
     prompt_width: int
+    rounds: tuple = ()  # dynamic sampling: (examples, prompts) of this process's share, per round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,19 +196,37 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
     block = distributed.process_prompt_block(cfg.rollout.prompts_per_step)
     group = cfg.rollout.samples_per_prompt
 
+    rounds = cfg.rollout.dynamic_sampling_rounds if dynamic_sampling(cfg) else 1
+
     def make_job(step: int) -> RolloutJob:
-        examples = step_examples(task, cfg, step)
-        prompts = encode_prompts(policy, examples)
+        drawn = [task.examples(TRAIN, cfg.rollout.prompts_per_step, seed=round_seed(step_seed(cfg, step), r))
+                 for r in range(rounds)]  # round 0 = step_examples(task, cfg, step)
+        encoded = [encode_prompts(policy, examples) for examples in drawn]
         params = dataclasses.replace(sampling_params(cfg, seed=step_seed(cfg, step)),
                                      first_row=block.start * group)  # the samples of an unsplit batch
-        return RolloutJob(step, prompts[block], group, params,
-                          StepPrompts(examples[block], max(map(len, prompts))))
+        width = max(len(p) for prompts in encoded for p in prompts)
+        return RolloutJob(step, encoded[0][block], group, params, StepPrompts(
+            drawn[0][block], width, tuple((e[block], p[block]) for e, p in zip(drawn, encoded))))
 
     def grade_job(job: RolloutJob, rollouts: RolloutBatch) -> Graded:  # runs in the producer thread
         return grade(pool, task, decode_completions(policy, rollouts), job.context.examples, job.n)
 
+    def sample_rounds(engine, job: RolloutJob) -> tuple[RolloutBatch, Graded]:  # dynamic sampling
+        def one_round(r: int) -> SampledRound:
+            examples, prompts = job.context.rounds[r]
+            rollouts = engine.generate(prompts, n=job.n, params=dataclasses.replace(
+                job.params, seed=round_seed(job.params.seed, r)))
+            graded = grade(pool, task, decode_completions(policy, rollouts), examples, job.n)
+            return SampledRound(rollouts, graded.rewards, graded)
+
+        filled, drawn = sample_until_full(one_round, task.is_correct, max_rounds=rounds)
+        return filled.rollouts, Graded(filled.rewards, sum(r.extra.errors for r in drawn),
+                                       sum(r.extra.timeouts for r in drawn), sum(r.extra.wall_s for r in drawn),
+                                       filled.metrics)
+
     return AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
-                                max_lag=cfg.rollout.max_lag, postprocess=grade_job)
+                                max_lag=cfg.rollout.max_lag, postprocess=grade_job,
+                                sample=sample_rounds if dynamic_sampling(cfg) else None)
 
 
 def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, learner: Learner,
@@ -227,7 +247,7 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(task, graded.rewards, rollouts), **learn_metrics,
-               "reward_errors": float(graded.errors), "reward_timeouts": float(graded.timeouts),
+               **graded.sampling, "reward_errors": float(graded.errors), "reward_timeouts": float(graded.timeouts),
                "weight_version": float(batch.weight_version), "staleness": float(staleness),
                "time_rollout_s": batch.time_generate_s, "time_reward_s": graded.wall_s, "time_wait_s": t1 - t0,
                "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
@@ -245,4 +265,4 @@ def _gather_step(cfg: Config, rollouts: RolloutBatch, graded: Graded, prompt_wid
     rollouts, rewards, counts = allgather_rollouts(
         rollouts, graded.rewards, np.array([graded.errors, graded.timeouts]), prompt_width=prompt_width,
         completion_width=cfg.rollout.max_tokens)
-    return rollouts, Graded(rewards, int(counts[0]), int(counts[1]), graded.wall_s)
+    return rollouts, Graded(rewards, int(counts[0]), int(counts[1]), graded.wall_s, graded.sampling)
