@@ -7,6 +7,7 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   kl           k1 / k2 / k3 estimators
   corrections  training-inference mismatch (TIS / MIS) and its metrics
   filters      zero-variance groups, truncation, DAPO overlong penalty
+  length_rewards  L1 (LCPO) target-length and Kimi k1.5 group length rewards
   diversity    DARLING equivalence classes and diversity rewards (host-side)
   bias         implied gradient weights and difficulty weights
   evaluation   pass@k, avg@k
@@ -58,6 +59,7 @@ from jaxrl_llm.core.corrections import (
 from jaxrl_llm.core.diversity import (
     darling_rewards,
     darling_rewards_batch,
+    diversity_from_classes,
     diversity_scores,
     equivalence_classes,
     ngram_overlap_predicate,
@@ -70,6 +72,7 @@ from jaxrl_llm.core.filters import (
     overlong_penalty,
     zero_variance_group_mask,
 )
+from jaxrl_llm.core.length_rewards import kimi_length_reward, l1_length_reward
 from jaxrl_llm.core.kl import KL_ESTIMATORS, get_kl_estimator, kl_k1, kl_k2, kl_k3
 from jaxrl_llm.core.losses import (
     POLICY_LOSSES,

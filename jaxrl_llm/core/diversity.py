@@ -54,10 +54,22 @@ def diversity_scores(responses: Sequence[Any], same_fn: Callable[[Any, Any], boo
       [G] float32 in [0, 1]. For G = 1 there is nothing to be redundant with,
       so the single response gets 1 (its reward is left unchanged).
     """
-    group_size = len(responses)
+    if len(responses) == 1:
+        return np.ones(1, np.float32)
+    return diversity_from_classes(equivalence_classes(responses, same_fn))
+
+
+def diversity_from_classes(labels: Sequence[int]) -> np.ndarray:
+    """div_i = (G - |class of i|) / (G - 1) from one group's class labels (any partition:
+    `equivalence_classes` of a predicate, extracted answers, a classifier's clusters).
+
+    Returns:
+      [G] float32 in [0, 1]; 1 for a group of one.
+    """
+    labels = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
+    group_size = labels.shape[0]
     if group_size == 1:
         return np.ones(1, np.float32)
-    labels = np.asarray(equivalence_classes(responses, same_fn))
     class_sizes = np.bincount(labels)[labels]
     return ((group_size - class_sizes) / (group_size - 1)).astype(np.float32)
 
