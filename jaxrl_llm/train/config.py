@@ -31,7 +31,7 @@ from jaxrl_llm.utils.typed_config import ConfigError, Section, field, section, w
 
 __all__ = [
     "CheckpointConfig", "Config", "ConfigError", "MeshConfig", "MetricsConfig", "ModelConfig", "RecipeConfig",
-    "RolloutConfig", "TaskConfig", "TrainConfig", "apply_overrides", "config_from_dict", "load_config",
+    "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "apply_overrides", "config_from_dict", "load_config",
     "load_config_json", "parse_overrides", "recipe_from_config", "replace_values", "save_config", "schema_help",
     "write_text_atomic",
 ]
@@ -188,6 +188,26 @@ class TaskConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class ShapingConfig(Section):
+    """Reward shaping on top of the graders' rewards (train/shaping.py; the pass rate and
+    dynamic sampling still judge the graders' rewards)."""
+
+    # "l1": L1/LCPO (Aggarwal and Welleck 2025): each prompt states a target from l1_targets
+    # and the reward gets -weight * |length - target|. "kimi": Kimi k1.5's group length reward
+    # times weight.
+    length_reward: Literal["off", "l1", "kimi"] = "off"
+    length_reward_weight: float = field(1e-3, ge=0.0)
+    l1_targets: tuple[int, ...] = (16, 32, 64)
+    # DARLING (Li et al. 2025): reward x share of the group outside the answer's class.
+    # "answer": classes of equal extracted answers; "lexical": word n-gram Jaccard overlap
+    # >= darling_threshold, closed transitively.
+    darling: Literal["off", "answer", "lexical"] = "off"
+    darling_ngram: int = field(3, ge=1)
+    darling_threshold: float = field(0.5, gt=0.0, le=1.0)
+    _path_prefix = "shaping."
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointConfig(Section):
     every_steps: int = field(50, ge=0)  # 0: only on demand and at the end
     keep: int = field(3, ge=1)  # most recent checkpoints kept
@@ -243,6 +263,7 @@ class Config(Section):
     recipe: RecipeConfig = section(RecipeConfig)
     train: TrainConfig = section(TrainConfig)
     task: TaskConfig = section(TaskConfig)
+    shaping: ShapingConfig = section(ShapingConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     metrics: MetricsConfig = section(MetricsConfig)
     mesh: MeshConfig = section(MeshConfig)
@@ -347,6 +368,16 @@ def check_runnable(cfg: Config) -> None:
         raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
                           "answer always has accuracy 0 or 1, so no group could be kept; valid: "
                           "samples_per_prompt >= 2 or rollout.dynamic_sampling=false")
+    sh = cfg.shaping
+    for name, on in (("shaping.length_reward = 'kimi'", sh.length_reward == "kimi"),
+                     (f"shaping.darling = {sh.darling!r}", sh.darling != "off")):
+        if on and cfg.rollout.samples_per_prompt < 2:
+            raise ConfigError(f"{name} compares the answers of a group, but rollout.samples_per_prompt = 1; "
+                              "valid: samples_per_prompt >= 2")
+    if sh.length_reward == "l1" and (not sh.l1_targets or max(sh.l1_targets) > cfg.rollout.max_tokens
+                                     or min(sh.l1_targets) < 1):
+        raise ConfigError(f"shaping.l1_targets = {sh.l1_targets!r} is invalid with rollout.max_tokens = "
+                          f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
     if recipe.kl_beta > 0:
         raise ConfigError(
             f"recipe.kl_beta = {recipe.kl_beta!r} (recipe {rc.name!r}) needs reference-policy log-probs, "

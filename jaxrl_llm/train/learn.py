@@ -33,6 +33,11 @@ class Graded:
     timeouts: int  # graders stopped at the deadline
     wall_s: float
     sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. dynamic sampling's metrics
+    shaped: np.ndarray | None = None  # [P, G] the learner's rewards after shaping (None: `rewards`)
+
+    @property
+    def learner_rewards(self) -> np.ndarray:
+        return self.rewards if self.shaped is None else self.shaped
 
 
 def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence[Example],

@@ -48,6 +48,7 @@ from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, R
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, dynamic_sampling, recipe_from_config
 from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
+from jaxrl_llm.train.shaping import shape_rewards, with_length_targets
 from jaxrl_llm.train.engines import engine_params, host_params, make_engine, sampling_params
 from jaxrl_llm.train.evaluation import PeriodicEval
 from jaxrl_llm.train.learn import Graded, grade, learn, response_metrics
@@ -199,8 +200,9 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
     rounds = cfg.rollout.dynamic_sampling_rounds if dynamic_sampling(cfg) else 1
 
     def make_job(step: int) -> RolloutJob:
-        drawn = [task.examples(TRAIN, cfg.rollout.prompts_per_step, seed=round_seed(step_seed(cfg, step), r))
-                 for r in range(rounds)]  # round 0 = step_examples(task, cfg, step)
+        seeds = [round_seed(step_seed(cfg, step), r) for r in range(rounds)]
+        drawn = [with_length_targets(cfg, task.examples(TRAIN, cfg.rollout.prompts_per_step, seed=seed), seed)
+                 for seed in seeds]  # round 0 = step_examples(task, cfg, step)
         encoded = [encode_prompts(policy, examples) for examples in drawn]
         params = dataclasses.replace(sampling_params(cfg, seed=step_seed(cfg, step)),
                                      first_row=block.start * group)  # the samples of an unsplit batch
@@ -208,8 +210,14 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
         return RolloutJob(step, encoded[0][block], group, params, StepPrompts(
             drawn[0][block], width, tuple((e[block], p[block]) for e, p in zip(drawn, encoded))))
 
+    def shaped(graded: Graded, rollouts: RolloutBatch, texts, examples) -> Graded:
+        lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(graded.rewards.shape)
+        out = shape_rewards(cfg, task, graded.rewards, texts, lengths, examples)
+        return dataclasses.replace(graded, shaped=out.rewards, sampling={**graded.sampling, **out.metrics})
+
     def grade_job(job: RolloutJob, rollouts: RolloutBatch) -> Graded:  # runs in the producer thread
-        return grade(pool, task, decode_completions(policy, rollouts), job.context.examples, job.n)
+        texts = decode_completions(policy, rollouts)
+        return shaped(grade(pool, task, texts, job.context.examples, job.n), rollouts, texts, job.context.examples)
 
     def sample_rounds(engine, job: RolloutJob) -> tuple[RolloutBatch, Graded]:  # dynamic sampling
         def one_round(r: int) -> SampledRound:
@@ -220,9 +228,10 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
             return SampledRound(rollouts, graded.rewards, graded)
 
         filled, drawn = sample_until_full(one_round, task.is_correct, max_rounds=rounds)
-        return filled.rollouts, Graded(filled.rewards, sum(r.extra.errors for r in drawn),
-                                       sum(r.extra.timeouts for r in drawn), sum(r.extra.wall_s for r in drawn),
-                                       filled.metrics)
+        graded = Graded(filled.rewards, sum(r.extra.errors for r in drawn), sum(r.extra.timeouts for r in drawn),
+                        sum(r.extra.wall_s for r in drawn), filled.metrics)
+        examples = [job.context.rounds[r][0][p] for r, p in filled.source]
+        return filled.rollouts, shaped(graded, filled.rollouts, decode_completions(policy, filled.rollouts), examples)
 
     return AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
                                 max_lag=cfg.rollout.max_lag, postprocess=grade_job,
@@ -240,7 +249,7 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
     rollouts, graded = batch.rollouts, batch.extra
     if jax.process_count() > 1:
         rollouts, graded = _gather_step(cfg, rollouts, graded, batch.context.prompt_width)
-    state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.rewards)
+    state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.learner_rewards)
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     producer.publish(engine_params(cfg, host_params(learner.full_params(state.params))))  # LoRA: merged
@@ -262,7 +271,9 @@ def _gather_step(cfg: Config, rollouts: RolloutBatch, graded: Graded, prompt_wid
     """Every process's share of the step as the whole step batch (collective)."""
     from jaxrl_llm.train.distributed import allgather_rollouts
 
-    rollouts, rewards, counts = allgather_rollouts(
-        rollouts, graded.rewards, np.array([graded.errors, graded.timeouts]), prompt_width=prompt_width,
-        completion_width=cfg.rollout.max_tokens)
-    return rollouts, Graded(rewards, int(counts[0]), int(counts[1]), graded.wall_s, graded.sampling)
+    group = graded.rewards.shape[1]  # the graders' and the shaped rewards travel side by side: [P_i, 2G]
+    rollouts, both, counts = allgather_rollouts(
+        rollouts, np.concatenate([graded.rewards, graded.learner_rewards], axis=1),
+        np.array([graded.errors, graded.timeouts]), prompt_width=prompt_width, completion_width=cfg.rollout.max_tokens)
+    return rollouts, Graded(both[:, :group], int(counts[0]), int(counts[1]), graded.wall_s, graded.sampling,
+                            both[:, group:])
