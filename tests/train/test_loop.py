@@ -60,8 +60,13 @@ def run_cli(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_kill_9_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp_path):
-    common = ["--config", str(REPO / "experiments/demo.py"), *TINY_OVERRIDES, f"model.source={tiny_model_dir}"]
+@pytest.mark.parametrize("extra", [
+    [],
+    # DAPO's dynamic sampling (extra rounds, all seeded by (seed, step, round)) and held-out evaluation every 2 steps
+    ["recipe.name=dapo", "rollout.dynamic_sampling_rounds=2", "task.eval_every=2"],
+], ids=["dr_grpo", "dapo_dynamic_sampling_eval_every"])
+def test_kill_9_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp_path, extra):
+    common = ["--config", str(REPO / "experiments/demo.py"), *TINY_OVERRIDES, f"model.source={tiny_model_dir}", *extra]
     straight = run_cli("train", *common, f"run_dir={tmp_path / 'straight'}")
     assert straight.wait(timeout=600) == 0, straight.stdout.read()
 
@@ -85,6 +90,12 @@ def test_kill_9_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp
         assert want.keys() == have.keys()
         for key in want:
             np.testing.assert_allclose(have[key], want[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    if "task.eval_every=2" in extra:  # one record per evaluated step, as in the uninterrupted run
+        evals = [[json.loads(line) for line in (d / "eval.jsonl").read_text().splitlines()]
+                 for d in (tmp_path / "straight", crashed_dir)]
+        assert [r["step"] for r in evals[1]] == [2, 4]
+        assert evals[0] == evals[1]
+        assert all(row["dynamic_sampling_rounds"] == 2.0 for row in got)  # a random model: no group kept
 
 
 def raises_or_hangs(completion: str, example) -> float:
