@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train import loop
+from jaxrl_llm.train.evaluation import pass_at_k_curve
 from jaxrl_llm.train.metrics import read_metrics
 from jaxrl_llm.train.plots import plot_pass_at_k
 from jaxrl_llm.train.prompts import task_from_config
@@ -53,3 +54,9 @@ def test_eval_every_writes_one_record_per_eval_step_with_the_unbiased_curve(tiny
     assert json.loads((Path(cfg.run_path) / "eval_summary.json").read_text()) == out.eval_summary
     fig = plot_pass_at_k([cfg.run_path], tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 0 and len(fig.axes[0].lines) == 2
+
+
+def test_pass_at_k_curve_hand_values():
+    # prompt 0: 1 of 4 right: pass@k = k/4; prompt 1: 2 of 4: 1/2, 1 - C(2,2)/C(4,2) = 5/6, 1, 1
+    curve = pass_at_k_curve([[1, 0, 0, 0], [1, 1, 0, 0]])
+    np.testing.assert_allclose(curve, [(0.25 + 0.5) / 2, (0.5 + 5 / 6) / 2, (0.75 + 1) / 2, 1.0], rtol=1e-6)
