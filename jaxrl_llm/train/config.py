@@ -102,6 +102,8 @@ class RecipeConfig(Section):
     dual_clip_c: float | None = field(None, gt=1.0)
     kl_beta: float | None = field(None, ge=0.0)
     kl_estimator: str | None = field(None, choices=KL_ESTIMATOR_NAMES)
+    # "loss": beta * KL in the loss; "reward": -beta * k_t (pi_old vs reference) in the rewards.
+    kl_mode: str | None = field(None, choices=tuple(core.KL_MODES))
     correction: str | None = field(None, choices=CORRECTION_NAMES)
     correction_cap: float | None = field(None, gt=0.0)
     filter_zero_variance_groups: bool | None = None
@@ -279,7 +281,7 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
     recipe = core.customize_recipe(
         core.get_recipe(rc.name), advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
         constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
-        kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, correction=rc.correction,
+        kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
         correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups)
     if recipe.aggregation == "constant" and recipe.constant_length is None:
         recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
@@ -300,10 +302,6 @@ def check_runnable(cfg: Config) -> None:
             f"{field_name} = {value!r} needs a learned critic (GAE values), which the RL loop does not train "
             f"yet; valid: recipes {', '.join(n for n in RECIPE_NAMES if n != 'ppo')} and advantages "
             f"{', '.join(n for n in ADVANTAGE_NAMES if n != 'gae')}")
-    if recipe.kl_beta > 0:
-        raise ConfigError(
-            f"recipe.kl_beta = {recipe.kl_beta!r} (recipe {rc.name!r}) needs reference-policy log-probs, "
-            "which the RL loop does not compute yet; valid: 0")
     if recipe.overlong is not None or recipe.mask_truncated:
         raise ConfigError(f"recipe {rc.name!r} uses the overlong penalty or truncation masking, which the RL "
                           "loop does not pass yet; valid: a recipe without them")

@@ -24,6 +24,9 @@
   still forms each full dL/dW before projecting it onto A and B, so LoRA saves
   optimiser state and work, not backward FLOPs). `full_params` gives the
   merged weights that the rollout engines receive.
+* Reference policy (recipe.kl_beta > 0; `train.reference`): `step_logprobs` returns
+  the reference log-probs next to pi_old from the same micro-batched program; the
+  reference is a compute-dtype copy of the initial params, or with LoRA the frozen base.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import optax
 from jaxrl_llm import core
 from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_from_hidden, forward, lora,
                               param_shardings)
+from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -64,6 +68,14 @@ def _put(tree, shardings):
     if isinstance(shardings, jax.sharding.Sharding):
         return jax.tree.map(lambda x: one(x, shardings), tree)
     return jax.tree.map(one, tree, shardings)
+
+
+class StepLogprobs(NamedTuple):
+    """The learner's pass over a step batch before its updates, each float32 [N, T_c]."""
+
+    logp: jax.Array  # pi_old
+    entropy: jax.Array
+    ref_logp: jax.Array | None  # the reference policy's; None without one
 
 
 class LearnerState(NamedTuple):
@@ -141,8 +153,11 @@ class Learner:
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
+        self.needs_reference = recipe.kl_beta > 0
+        self.reference = None  # full fine-tuning with a KL term: the compute-dtype initial params, set by init
         self._merge = jax.jit(self._full_params_impl)
-        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches"))
+        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches",
+                                                                       "with_reference"))
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
         self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"))
         self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"))
@@ -152,6 +167,9 @@ class Learner:
         """State for training `params` (full fine-tuning), or, with LoRA, fresh adapters
         (A from PRNGKey(seed), B = 0) on the frozen `params`, which become `self.frozen`."""
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        if self.needs_reference and self.lora is None:  # with LoRA the frozen base is the reference
+            placed = params if self.mesh is None else _put(params, param_shardings(params, self.mesh))
+            self.reference = reference_lib.reference_copy(placed, self.compute_dtype)
         if self.lora is not None:
             self.frozen = params if self.mesh is None else _put(params, param_shardings(params, self.mesh))
             params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
@@ -184,6 +202,12 @@ class Learner:
         LoRA the adapters merged into the frozen base (W + alpha/r * A @ B)."""
         return params if self.lora is None else self._merge(self.frozen, params)
 
+    @property
+    def reference_bytes(self) -> int:
+        """Extra memory the reference policy costs: its copy of the weights in the compute
+        dtype, or 0 (no KL term, or LoRA, whose frozen base is the reference)."""
+        return reference_lib.tree_bytes(self.reference)
+
     def _full_params_impl(self, frozen, adapters):
         return lora.merge(frozen, adapters, self.lora.scale)
 
@@ -211,24 +235,45 @@ class Learner:
         """(logp, entropy), each float32 [N, T_c]: the learner's pi_old of the
         completion tokens at the sampling temperature, and the entropy of its
         next-token distribution there. No gradient; micro-batched."""
-        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
-        return self._logprobs(params, self.frozen, *arrays, prompt_width=seq.prompt_width,
-                              num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
+        out = self.step_logprobs(params, seq, with_reference=False)
+        return out.logp, out.entropy
 
-    def _logprobs_impl(self, params, frozen, tokens, attention_mask, positions, *, prompt_width, num_micro_batches):
+    def step_logprobs(self, params, seq: SequenceBatch, *, with_reference: bool | None = None) -> StepLogprobs:
+        """pi_old, entropy and (with_reference; default: when the recipe has a KL term) the
+        reference policy's log-probs, all from one jitted, micro-batched pass: each
+        micro-batch runs the policy's forward and then the reference's."""
+        with_reference = self.needs_reference if with_reference is None else with_reference
+        if with_reference and self.reference is None and self.frozen is None:
+            raise ValueError("no reference policy: the learner keeps one when recipe.kl_beta > 0 (or with LoRA, "
+                             "whose frozen base is the reference); call init first")
+        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
+        return self._logprobs(params, self.frozen, self.reference, *arrays, prompt_width=seq.prompt_width,
+                              num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]),
+                              with_reference=with_reference)
+
+    def _logprobs_impl(self, params, frozen, reference, tokens, attention_mask, positions, *, prompt_width,
+                       num_micro_batches, with_reference):
         completion_width = tokens.shape[1] - prompt_width
         params = self.compute_params(params, frozen)
+        if with_reference and reference is None:  # LoRA: the frozen base, in the compute dtype
+            reference = self.compute_params(frozen)
 
         def one(args):
-            return _completion_logprobs(params, self.compute_cfg, *args, prompt_width=prompt_width,
-                                        completion_width=completion_width, temperature=self.temperature,
-                                        return_entropy=True, remat=False)
+            run = functools.partial(_completion_logprobs, cfg=self.compute_cfg, prompt_width=prompt_width,
+                                    completion_width=completion_width, temperature=self.temperature, remat=False)
+            logp, entropy = run(params, tokens=args[0], attention_mask=args[1], positions=args[2],
+                                return_entropy=True)
+            if not with_reference:
+                return logp, entropy, None
+            ref_logp = run(reference, tokens=args[0], attention_mask=args[1], positions=args[2],
+                           return_entropy=False)
+            return logp, entropy, ref_logp
 
         split = [_split_rows(x, num_micro_batches) for x in (tokens, attention_mask, positions)]
-        logp, entropy = jax.lax.map(one, split)
+        logp, entropy, ref_logp = jax.lax.map(one, split)
         rows = tokens.shape[0]
-        unsplit = lambda x: jnp.swapaxes(x, 0, 1).reshape(rows, completion_width)  # noqa: E731
-        return unsplit(logp), unsplit(entropy)
+        unsplit = lambda x: None if x is None else jnp.swapaxes(x, 0, 1).reshape(rows, completion_width)  # noqa: E731
+        return StepLogprobs(unsplit(logp), unsplit(entropy), unsplit(ref_logp))
 
     # ---------------------------------------------------------------- update
     def update(self, state: LearnerState, seq: SequenceBatch, step_batch: core.StepBatch):
