@@ -120,3 +120,50 @@ def test_sharded_reference_equals_one_device(setup):
     mask = seq.completion_mask > 0
     np.testing.assert_allclose(np.asarray(b.ref_logp)[mask], np.asarray(a.ref_logp)[mask], atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(b.logp)[mask], np.asarray(a.logp)[mask], atol=1e-3, rtol=0)  # Adam amplifies rounding
+
+
+def first_token_distribution(params, cfg):
+    """float64 [len(PROMPTS), V]: the exact next-token distribution after each prompt at TEMPERATURE."""
+    rows = []
+    for prompt in PROMPTS:
+        logits, _ = forward(params, cfg, jnp.asarray([prompt]))
+        rows.append(np.asarray(jax.nn.softmax(logits[0, -1].astype(jnp.float32) / TEMPERATURE), np.float64))
+    return np.stack(rows)
+
+
+def run_even_first_token_task(cfg, params, kl_beta: float, steps: int = 10):
+    """GRPO on 'the first completion token is even' (reward 1, else 0), sampled by the JAX
+    sampler from the current policy each step with seeds 0..steps-1: the same seed for
+    every kl_beta. Returns the final params."""
+    learner = make_learner(cfg, micro_batch_size=8)
+    learner = Learner(cfg, core.get_recipe("grpo", kl_beta=kl_beta, kl_estimator="k3"), learner.train_cfg,
+                      total_steps=steps, temperature=TEMPERATURE)
+    state = learner.init(params)
+    prepare = jax.jit(lambda *args: core.prepare_step_batch(learner.recipe, *args[:4], ref_logp=args[4]))
+    for step in range(steps):
+        rollouts = JaxSampler(cfg, state.params, eos_token_ids=[96]).generate(
+            PROMPTS, n=G, params=SamplingParams(temperature=TEMPERATURE, max_tokens=3, seed=step))
+        seq = build_sequences(rollouts, completion_width=3, prompt_bucket=8)
+        rewards = np.array([r.completion_token_ids[0] % 2 == 0 for r in rollouts.records],
+                           np.float32).reshape(len(PROMPTS), G)
+        out = learner.step_logprobs(state.params, seq)
+        batch, _ = prepare(rewards, seq.completion_mask, out.logp, seq.sampler_logp, out.ref_logp)
+        state, _ = learner.update(state, seq, batch)
+    return state.params
+
+
+def test_large_kl_beta_ends_closer_to_the_reference_than_no_kl(setup):
+    """Same seed, same steps: the KL term holds the policy near pi_ref while kl_beta = 0 drifts.
+    KL is measured exactly (sum over the vocabulary) at each prompt's first completion token."""
+    cfg, params, _, _ = setup
+    even = np.arange(cfg.vocab_size) % 2 == 0
+    ref = first_token_distribution(params, cfg)
+    kl, success = {}, {}
+    for beta in (0.0, 1.0):
+        pi = first_token_distribution(run_even_first_token_task(cfg, params, beta), cfg)
+        kl[beta] = float(np.mean(np.sum(pi * np.log(pi / ref), axis=1)))
+        success[beta] = float(np.mean(pi[:, even].sum(axis=1)))
+    start = float(np.mean(ref[:, even].sum(axis=1)))
+    print(f"even-token probability {start:.3f} -> {success}; KL to reference {kl}")
+    assert success[0.0] > start + 0.2  # the task is learned without the KL term
+    assert kl[1.0] < 0.5 * kl[0.0]
