@@ -30,7 +30,7 @@ from jaxrl_llm.utils import typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, Section, field, section, write_text_atomic
 
 __all__ = [
-    "CheckpointConfig", "Config", "ConfigError", "MeshConfig", "MetricsConfig", "ModelConfig", "RecipeConfig",
+    "CheckpointConfig", "Config", "CriticConfig", "ConfigError", "MeshConfig", "MetricsConfig", "ModelConfig", "RecipeConfig",
     "RolloutConfig", "TaskConfig", "TrainConfig", "apply_overrides", "config_from_dict", "load_config",
     "load_config_json", "parse_overrides", "recipe_from_config", "replace_values", "save_config", "schema_help",
     "write_text_atomic",
@@ -155,6 +155,17 @@ class TrainConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class CriticConfig(Section):
+    """The learned critic of recipes with GAE advantages (recipe.name=ppo): a value head on
+    the policy's trunk (train/critic.py), with its own optimiser."""
+
+    lr: float = field(1e-4, gt=0.0)
+    warmup_steps: int = field(0, ge=0)  # first optimiser steps in which only the critic learns
+    grad_clip: float | None = field(1.0, gt=0.0)  # global norm of the critic's gradient; None: off
+    _path_prefix = "critic."
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskConfig(Section):
     """Prompt source and verifier. `name` is looked up in the task registry."""
 
@@ -229,6 +240,7 @@ class Config(Section):
     rollout: RolloutConfig = section(RolloutConfig)
     recipe: RecipeConfig = section(RecipeConfig)
     train: TrainConfig = section(TrainConfig)
+    critic: CriticConfig = section(CriticConfig)
     task: TaskConfig = section(TaskConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     metrics: MetricsConfig = section(MetricsConfig)
@@ -295,13 +307,11 @@ def check_runnable(cfg: Config) -> None:
         recipe = recipe_from_config(cfg)
     except ValueError as err:
         raise ConfigError(f"recipe: {err}") from None
-    if isinstance(recipe.advantage_fn, core.GaeAdvantage) or recipe.value_coef > 0:
-        field_name = "recipe.advantage" if rc.advantage == "gae" else "recipe.name"
-        value = rc.advantage if rc.advantage == "gae" else rc.name
+    if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:
+        critic_recipes = [n for n, r in core.RECIPES.items() if r.value_coef > 0]
         raise ConfigError(
-            f"{field_name} = {value!r} needs a learned critic (GAE values), which the RL loop does not train "
-            f"yet; valid: recipes {', '.join(n for n in RECIPE_NAMES if n != 'ppo')} and advantages "
-            f"{', '.join(n for n in ADVANTAGE_NAMES if n != 'gae')}")
+            f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
+            f"recipe.name in {critic_recipes}, or another advantage")
     if recipe.overlong is not None or recipe.mask_truncated:
         raise ConfigError(f"recipe {rc.name!r} uses the overlong penalty or truncation masking, which the RL "
                           "loop does not pass yet; valid: a recipe without them")
