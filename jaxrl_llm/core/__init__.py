@@ -87,6 +87,7 @@ from jaxrl_llm.core.losses import (
 )
 from jaxrl_llm.core.recipe_overrides import ADVANTAGES, customize_recipe
 from jaxrl_llm.core.recipes import (
+    KL_MODES,
     RECIPES,
     GaeAdvantage,
     GroupAdvantage,

@@ -47,6 +47,7 @@ def customize_recipe(
     dual_clip: float | None = None,
     kl_beta: float | None = None,
     kl_estimator: str | None = None,
+    kl_mode: str | None = None,
     correction: str | None = None,
     correction_cap: float | None = None,
     filter_zero_variance_groups: bool | None = None,
@@ -66,7 +67,7 @@ def customize_recipe(
     Raises ValueError naming the bad value and the valid ones.
     """
     over: dict = {k: v for k, v in dict(aggregation=aggregation, constant_length=constant_length, kl_beta=kl_beta,
-                                         kl_estimator=kl_estimator,
+                                         kl_estimator=kl_estimator, kl_mode=kl_mode,
                                          filter_zero_variance_groups=filter_zero_variance_groups).items()
                   if v is not None}
     if advantage is not None:

@@ -38,6 +38,13 @@ import jax.numpy as jnp
 from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, filters, kl, losses
 
 
+def _fold_sequence(rewards, token_rewards):
+    """rewards [P, G] plus each response's summed per-token rewards [N, T] (None: unchanged)."""
+    if token_rewards is None:
+        return rewards
+    return rewards + jnp.sum(token_rewards, axis=1).reshape(jnp.shape(rewards))
+
+
 class TokenAdvantages(NamedTuple):
     advantages: jax.Array  # [N, T]
     returns: jax.Array | None  # [N, T] critic targets, only for estimators with a critic
@@ -49,7 +56,10 @@ class GroupAdvantage:
 
     estimator: Callable[[jax.Array], jax.Array]
 
-    def __call__(self, rewards, mask, *, values=None) -> TokenAdvantages:
+    def __call__(self, rewards, mask, *, values=None, token_rewards=None) -> TokenAdvantages:
+        """token_rewards: optional [N, T] per-token rewards (e.g. a KL penalty), summed over
+        each response into its scalar reward, since the estimator sees one reward per response."""
+        rewards = _fold_sequence(rewards, token_rewards)
         return TokenAdvantages(adv_lib.broadcast_to_tokens(self.estimator(rewards), mask), None)
 
 
@@ -59,8 +69,9 @@ class TokenAdvantage:
 
     estimator: Callable[[jax.Array, jax.Array], jax.Array]
 
-    def __call__(self, rewards, mask, *, values=None) -> TokenAdvantages:
-        return TokenAdvantages(self.estimator(rewards, mask), None)
+    def __call__(self, rewards, mask, *, values=None, token_rewards=None) -> TokenAdvantages:
+        """token_rewards: as GroupAdvantage (summed into each response's reward)."""
+        return TokenAdvantages(self.estimator(_fold_sequence(rewards, token_rewards), mask), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +81,15 @@ class GaeAdvantage:
     gamma: float
     lam: float
 
-    def __call__(self, rewards, mask, *, values=None) -> TokenAdvantages:
+    def __call__(self, rewards, mask, *, values=None, token_rewards=None) -> TokenAdvantages:
+        """token_rewards: optional [N, T] per-token rewards added where they occur (a
+        per-token KL penalty, as in Ouyang et al. 2022), on top of the terminal reward."""
         if values is None:
             raise ValueError("GAE advantages need critic values [N, T]: pass values= to prepare_step_batch")
-        token_rewards = adv_lib.terminal_token_rewards(rewards, mask)
-        out = adv_lib.gae_advantages(token_rewards, values, mask, gamma=self.gamma, lam=self.lam)
+        placed = adv_lib.terminal_token_rewards(rewards, mask)
+        if token_rewards is not None:
+            placed = placed + jnp.where(_checks.valid_tokens(mask), token_rewards, 0.0)
+        out = adv_lib.gae_advantages(placed, values, mask, gamma=self.gamma, lam=self.lam)
         return TokenAdvantages(out.advantages, out.returns)
 
 
@@ -85,6 +100,9 @@ class OverlongPenalty:
     max_length: int
     buffer: int
     factor: float = 1.0
+
+
+KL_MODES = ("loss", "reward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +118,12 @@ class Recipe:
         generation length); required there, unused otherwise.
       correction: a corrections.* function with its hyperparameters bound
         (token/sequence TIS/MIS, geometric rejection), or None.
-      kl_beta: weight of the KL-to-reference term in the loss (0 = off).
+      kl_beta: weight of the KL-to-reference term (0 = off).
       kl_estimator: 'k1', 'k2' or 'k3'.
+      kl_mode: where the KL goes (KL_MODES): 'loss' adds beta * aggregate(k) to the
+        loss (GRPO, Shao et al. 2024); 'reward' subtracts beta * k_t, computed with
+        pi_old and detached, from the rewards before the advantages (Ouyang et al.
+        2022; summed per response for estimators that take one reward per response).
       filter_zero_variance_groups: drop groups with all-equal rewards.
       mask_truncated: drop truncated responses (needs `truncated`).
       overlong: OverlongPenalty added to rewards, or None.
@@ -121,6 +143,7 @@ class Recipe:
     correction: Callable[..., corrections.CorrectionOutput] | None = None
     kl_beta: float = 0.0
     kl_estimator: str = "k3"
+    kl_mode: str = "loss"
     filter_zero_variance_groups: bool = False
     mask_truncated: bool = False
     overlong: OverlongPenalty | None = None
@@ -132,6 +155,8 @@ class Recipe:
     def __post_init__(self):
         aggregation.check_mode(self.aggregation)
         kl.get_kl_estimator(self.kl_estimator)
+        if self.kl_mode not in KL_MODES:
+            raise ValueError(f"kl_mode={self.kl_mode!r}; valid: {', '.join(KL_MODES)}")
         _checks.check_positive("kl_beta", self.kl_beta, allow_zero=True)
 
 
@@ -364,9 +389,13 @@ def prepare_step_batch(
         response_mask = filters.expand_group_mask(filters.zero_variance_group_mask(rewards), response_mask)
     metrics["reward_mean"] = jnp.mean(rewards)
 
-    token_advantages = recipe.advantage_fn(rewards, response_mask, values=values)
-    has_sampler = sampler_logp is not None
     old_logp = _masked_constant(old_logp, response_mask)
+    kl_rewards = None
+    if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
+        kl_rewards = -recipe.kl_beta * kl.get_kl_estimator(recipe.kl_estimator)(old_logp, ref_logp, mask=response_mask)
+        metrics["kl_reward_penalty_mean"] = jnp.sum(kl_rewards) / rewards.size  # per response
+    token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards)
+    has_sampler = sampler_logp is not None
     sampler_logp = _masked_constant(sampler_logp, response_mask) if has_sampler else old_logp
     if recipe.correction is None:
         correction = corrections.CorrectionOutput(response_mask, response_mask, jnp.zeros_like(response_mask))
@@ -436,13 +465,15 @@ def recipe_loss(
         "clip_fraction": jnp.sum(output.clipped * batch.metric_weights),
     }
     loss = policy_loss
-    if recipe.kl_beta > 0:
-        if batch.ref_logp is None:
-            raise ValueError(f"recipe {recipe.name!r} has kl_beta > 0 but the batch has no ref_logp")
+    if recipe.kl_beta > 0 and batch.ref_logp is None:
+        raise ValueError(f"recipe {recipe.name!r} has kl_beta > 0 but the batch has no ref_logp")
+    if batch.ref_logp is not None:
         per_token_kl = kl.get_kl_estimator(recipe.kl_estimator)(logp, batch.ref_logp, mask=batch.mask)
-        kl_loss = aggregation.aggregate(per_token_kl, batch.loss_weights)
-        loss = loss + recipe.kl_beta * kl_loss
-        metrics.update(kl_loss=kl_loss, kl=jnp.sum(per_token_kl * batch.metric_weights))
+        metrics["kl"] = jnp.sum(per_token_kl * batch.metric_weights)
+        if recipe.kl_beta > 0 and recipe.kl_mode == "loss":
+            kl_loss = aggregation.aggregate(per_token_kl, batch.loss_weights)
+            loss = loss + recipe.kl_beta * kl_loss
+            metrics["kl_loss"] = kl_loss
     if values is not None:
         if batch.returns is None or batch.old_values is None:
             raise ValueError(f"recipe {recipe.name!r} has no critic targets in the batch; values unusable")

@@ -30,8 +30,9 @@ from jaxrl_llm.utils import typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, Section, field, section, write_text_atomic
 
 __all__ = [
-    "CheckpointConfig", "Config", "ConfigError", "MeshConfig", "MetricsConfig", "ModelConfig", "RecipeConfig",
-    "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "apply_overrides", "config_from_dict", "load_config",
+    "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
+    "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "apply_overrides",
+    "config_from_dict", "load_config",
     "load_config_json", "parse_overrides", "recipe_from_config", "replace_values", "save_config", "schema_help",
     "write_text_atomic",
 ]
@@ -107,6 +108,8 @@ class RecipeConfig(Section):
     dual_clip_c: float | None = field(None, gt=1.0)
     kl_beta: float | None = field(None, ge=0.0)
     kl_estimator: str | None = field(None, choices=KL_ESTIMATOR_NAMES)
+    # "loss": beta * KL in the loss; "reward": -beta * k_t (pi_old vs reference) in the rewards.
+    kl_mode: str | None = field(None, choices=tuple(core.KL_MODES))
     correction: str | None = field(None, choices=CORRECTION_NAMES)
     correction_cap: float | None = field(None, gt=0.0)
     filter_zero_variance_groups: bool | None = None
@@ -162,6 +165,17 @@ class TrainConfig(Section):
                 f"train.loss_scale_init = {self.loss_scale_init!r} is below train.loss_scale_min = "
                 f"{self.loss_scale_min!r}; valid: loss_scale_init >= loss_scale_min"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig(Section):
+    """The learned critic of recipes with GAE advantages (recipe.name=ppo): a value head on
+    the policy's trunk (train/critic.py), with its own optimiser."""
+
+    lr: float = field(1e-4, gt=0.0)
+    warmup_steps: int = field(0, ge=0)  # first optimiser steps in which only the critic learns
+    grad_clip: float | None = field(1.0, gt=0.0)  # global norm of the critic's gradient; None: off
+    _path_prefix = "critic."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +276,7 @@ class Config(Section):
     rollout: RolloutConfig = section(RolloutConfig)
     recipe: RecipeConfig = section(RecipeConfig)
     train: TrainConfig = section(TrainConfig)
+    critic: CriticConfig = section(CriticConfig)
     task: TaskConfig = section(TaskConfig)
     shaping: ShapingConfig = section(ShapingConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
@@ -315,7 +330,7 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
     recipe = core.customize_recipe(
         core.get_recipe(rc.name), advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
         constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
-        kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, correction=rc.correction,
+        kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
         correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups)
     if recipe.aggregation == "constant" and recipe.constant_length is None:
         recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
@@ -357,13 +372,11 @@ def check_runnable(cfg: Config) -> None:
         raise
     except ValueError as err:
         raise ConfigError(f"recipe: {err}") from None
-    if isinstance(recipe.advantage_fn, core.GaeAdvantage) or recipe.value_coef > 0:
-        field_name = "recipe.advantage" if rc.advantage == "gae" else "recipe.name"
-        value = rc.advantage if rc.advantage == "gae" else rc.name
+    if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:
+        critic_recipes = [n for n, r in core.RECIPES.items() if r.value_coef > 0]
         raise ConfigError(
-            f"{field_name} = {value!r} needs a learned critic (GAE values), which the RL loop does not train "
-            f"yet; valid: recipes {', '.join(n for n in RECIPE_NAMES if n != 'ppo')} and advantages "
-            f"{', '.join(n for n in ADVANTAGE_NAMES if n != 'gae')}")
+            f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
+            f"recipe.name in {critic_recipes}, or another advantage")
     if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
                           "answer always has accuracy 0 or 1, so no group could be kept; valid: "
@@ -378,10 +391,6 @@ def check_runnable(cfg: Config) -> None:
                                      or min(sh.l1_targets) < 1):
         raise ConfigError(f"shaping.l1_targets = {sh.l1_targets!r} is invalid with rollout.max_tokens = "
                           f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
-    if recipe.kl_beta > 0:
-        raise ConfigError(
-            f"recipe.kl_beta = {recipe.kl_beta!r} (recipe {rc.name!r}) needs reference-policy log-probs, "
-            "which the RL loop does not compute yet; valid: 0")
 
 
 # ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train.batch import SequenceBatch, build_sequences
 from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.critic import critic_metrics
 from jaxrl_llm.train.learner import Learner, LearnerState
 
 
@@ -67,7 +68,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc)."""
     core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
-    old_logp, entropy = learner.logprobs(state.params, seq)
+    before = learner.step_logprobs(state.params, seq, critic=state.critic)  # ref_logp / values: None if unused
+    old_logp, entropy, ref_logp = before.logp, before.entropy, before.ref_logp
     put = learner.replicated
     mask = put(seq.completion_mask)
     prompts, group = rewards.shape
@@ -77,7 +79,9 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     for m in range(cfg.train.minibatches_per_batch):
         rows = slice(m * per_mb * group, (m + 1) * per_mb * group)
         batch, prep = _prepare(recipe)(put(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
-                                       put(seq.sampler_logp[rows]), put(seq.truncated[rows]))
+                                       put(seq.sampler_logp[rows]), put(seq.truncated[rows]),
+                                       None if ref_logp is None else ref_logp[rows],
+                                       None if before.values is None else before.values[rows])
         prepared.append((rows, batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
@@ -89,6 +93,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     out = {k: float(np.mean(v)) for k, v in metrics.items()}
     out["skipped"] = float(np.sum(metrics.get("skipped", [0.0])))
     out["entropy"] = float(jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+    if ref_logp is not None:
+        out["reference_bytes"] = float(learner.reference_bytes)
     return state, out
 
 
@@ -97,8 +103,14 @@ def _prepare(recipe: core.Recipe):
     """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
     small eager computations on arrays spanning several JAX processes each become a
     cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
-    return jax.jit(lambda rewards, mask, old_logp, sampler_logp, truncated: core.prepare_step_batch(
-        recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated))
+    def prepare(rewards, mask, old_logp, sampler_logp, truncated, ref_logp, values):
+        batch, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated,
+                                                 ref_logp=ref_logp, values=values)
+        if values is not None:  # the critic's fit at rollout time: explained variance, value/return means
+            metrics = {**metrics, **critic_metrics(batch.old_values, batch.returns, batch.mask)}
+        return batch, metrics
+
+    return jax.jit(prepare)
 
 
 def _rows(seq: SequenceBatch, rows: slice) -> SequenceBatch:

@@ -36,7 +36,7 @@ def position_of(restored_state: dict) -> RunPosition:
 
 def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None) -> Learner:
     return Learner(policy.cfg, recipe or recipe_from_config(cfg), cfg.train, total_steps=cfg.total_steps,
-                   temperature=cfg.rollout.temperature, mesh=mesh)
+                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic)
 
 
 def restore_params(cfg: Config, policy: Policy, step: int | None = None):
