@@ -72,14 +72,16 @@ def even_sums_always_right(completion: str, example) -> float:
     return 1.0 if int(example.answer) % 2 == 0 else float(len(completion) % 2)
 
 
-def test_dapo_run_feeds_only_mixed_accuracy_groups_and_fills_the_batch(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("max_lag", [0, 1], ids=["sync", "async"])
+def test_dapo_run_feeds_only_mixed_accuracy_groups_and_fills_the_batch(tiny_model_dir, tmp_path, monkeypatch, max_lag):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "recipe.name=dapo", "total_steps=3",
-                      "rollout.prompts_per_step=4", "rollout.dynamic_sampling_rounds=6")
+                      "rollout.prompts_per_step=4", "rollout.dynamic_sampling_rounds=6", f"rollout.max_lag={max_lag}")
     recipe = recipe_from_config(cfg)
     assert recipe.overlong.max_length == 6 and recipe.overlong.buffer == 1  # 20% of max_tokens, as in the paper
     task = task_from_config(cfg)
     monkeypatch.setattr(type(task), "reward_fn", staticmethod(even_sums_always_right))
-    loop.train(cfg, task=task)
+    out = loop.train(cfg, task=task)
+    assert out.ledger["consumed"] == 3 * 4 * 4  # every step handed the learner a full batch
     groups, rows = read_groups(cfg.run_path), read_metrics(cfg.run_path)
     for g, row in zip(groups, rows):
         accuracy = (np.asarray(g["rewards"]) >= 1.0).mean(axis=1)
