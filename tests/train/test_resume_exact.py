@@ -44,12 +44,14 @@ def test_kill_9_then_resume_is_exact(tiny_model_dir, tmp_path, name):  # noqa: F
     for run in ("straight", "crashed"):
         configs[run] = tmp_path / f"{run}.json"
         save_config(tiny_config(tiny_model_dir, tmp_path / run, *RUNS[name]), configs[run])
-    straight = start_worker(configs["straight"])
+    straight = start_worker(configs["straight"])  # runs alongside the victim
     victim = start_worker(configs["crashed"])
-    assert straight.wait(timeout=600) == 0, straight.stdout.read()
     kill_after_step(victim, tmp_path / "crashed" / "metrics.jsonl", 2)
+    assert victim.returncode == -signal.SIGKILL
     resumed = start_worker(configs["crashed"], "--resume")
     assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
+    assert "resumed from step" in resumed.stdout.read()
+    assert straight.wait(timeout=600) == 0, straight.stdout.read()
 
     expected, got = model_metrics(tmp_path / "straight"), model_metrics(tmp_path / "crashed")
     assert [row["step"] for row in got] == [1, 2, 3, 4]
