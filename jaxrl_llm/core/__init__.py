@@ -11,6 +11,7 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   diversity    DARLING equivalence classes and diversity rewards (host-side)
   bias         implied gradient weights and difficulty weights
   evaluation   pass@k, avg@k
+  vineppo      VinePPO chunk starts, Monte-Carlo values, chunk advantages
   recipe_overrides  ADVANTAGES by name and customize_recipe (parts of a recipe by name)
   recipes      named compositions (grpo, dr_grpo, dapo, ...) and the two
                functions the learner calls: prepare_step_batch, recipe_loss
@@ -101,3 +102,4 @@ from jaxrl_llm.core.recipes import (
     prepare_step_batch,
     recipe_loss,
 )
+from jaxrl_llm.core.vineppo import chunk_advantages, chunk_starts, mc_values

@@ -19,8 +19,8 @@ def jaxrl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, names", [
     (["train", "--config", "experiments/demo.py", "train.lrr=1e-5"], ["train.lrr", "did you mean 'lr'"]),
     (["train", "--config", "experiments/no_such_experiment.py"], ["experiments/no_such_experiment.py", "does not exist"]),
-    (["train", "--config", "experiments/demo.py", "recipe.name=ppo"], ["recipe.name = 'ppo'", "critic"]),
-    (["train", "--config", "experiments/demo.py", "recipe.kl_beta=0.1"], ["recipe.kl_beta = 0.1"]),
+    (["train", "--config", "experiments/demo.py", "recipe.advantage=gae"], ["recipe.advantage = 'gae'", "critic"]),
+    (["train", "--config", "experiments/demo.py", "recipe.kl_beta=-0.1"], ["recipe.kl_beta"]),
     (["train", "--config", "experiments/demo.py", "rollout.max_tokens=-3"], ["rollout.max_tokens", ">= 1"]),
     (["train", "--config", "experiments/demo.py", "rollout.engine=vlm"], ["rollout.engine", "did you mean 'vllm'"]),
     (["train", "--config", "experiments/demo.py", "task.name=jsonl"], ["task.jsonl_path"]),
@@ -38,7 +38,7 @@ def test_user_errors_are_one_line_with_exit_status_2(args, names):
 
 
 def test_debug_shows_the_traceback():
-    done = jaxrl("--debug", "train", "--config", "experiments/demo.py", "recipe.name=ppo")
+    done = jaxrl("--debug", "train", "--config", "experiments/demo.py", "recipe.advantage=gae")
     assert done.returncode != 0
     assert "Traceback" in done.stderr and "ConfigError" in done.stderr
 

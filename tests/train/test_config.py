@@ -30,7 +30,7 @@ TRAIN_KEYS = [
     "lora_alpha", "lora_targets", "loss_scale_init", "loss_scale_growth_interval", "loss_scale_factor",
     "loss_scale_min",
 ]
-TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train",
+TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train", "critic",
             "task", "shaping", "checkpoint", "metrics", "mesh"]
 
 
@@ -96,9 +96,8 @@ def test_cross_field_checks():
 
 
 @pytest.mark.parametrize("overrides, field", [
-    (["recipe.name=ppo"], "recipe.name = 'ppo' needs a learned critic"),
-    (["recipe.advantage=gae"], "recipe.advantage = 'gae' needs a learned critic"),
-    (["recipe.kl_beta=0.04"], "recipe.kl_beta = 0.04"),
+    (["recipe.advantage=gae"], r"recipe.advantage = 'gae' with recipe 'grpo' trains no critic.*valid: recipe.name in \['ppo'\]"),
+    (["recipe.kl_mode=both"], "recipe.kl_mode = 'both' is invalid"),
     (["recipe.name=dr_grpo", "recipe.correction_cap=3"], "correction_cap is set but recipe 'dr_grpo' has no correction"),
     (["recipe.correction=off", "recipe.correction_cap=3"], "correction_cap is set but correction='off'"),
     (["task.name=addtion"], "task.name = 'addtion' is invalid.*did you mean 'addition'"),
@@ -106,6 +105,16 @@ def test_cross_field_checks():
 def test_combinations_the_loop_cannot_run_are_refused_at_load(overrides, field):
     with pytest.raises(ConfigError, match=field):
         apply_overrides(Config(), overrides)
+
+
+def test_critic_and_kl_recipes_are_runnable():
+    from jaxrl_llm.train.config import recipe_from_config
+
+    ppo = apply_overrides(Config(), ["recipe.name=ppo", "critic.lr=1e-3", "critic.warmup_steps=2"])
+    assert recipe_from_config(ppo).value_coef > 0 and ppo.critic.lr == 1e-3 and ppo.critic.warmup_steps == 2
+    kl = recipe_from_config(apply_overrides(Config(), ["recipe.kl_beta=0.04", "recipe.kl_estimator=k2",
+                                                       "recipe.kl_mode=reward"]))
+    assert (kl.kl_beta, kl.kl_estimator, kl.kl_mode) == (0.04, "k2", "reward")
 
 
 def test_recipe_from_config_applies_each_override_to_the_named_recipe():

@@ -32,8 +32,10 @@ def kill_after_step(proc: subprocess.Popen, metrics_file, step: int) -> None:
 
 
 RUNS = {
-    "kl_loss": ["recipe.kl_beta=0.5", "recipe.kl_estimator=k3"],
+    "kl_loss": ["recipe.name=grpo", "recipe.kl_beta=0.5", "recipe.kl_estimator=k3"],
+    "ppo_critic": ["recipe.name=ppo", "critic.lr=1e-2", "critic.warmup_steps=1", "train.epochs_per_batch=2"],
 }
+MOVED = {"kl_loss": "kl", "ppo_critic": "value_mean"}  # a metric that is 0 until the run leaves its start
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
@@ -41,17 +43,19 @@ def test_kill_9_then_resume_is_exact(tiny_model_dir, tmp_path, name):  # noqa: F
     configs = {}
     for run in ("straight", "crashed"):
         configs[run] = tmp_path / f"{run}.json"
-        save_config(tiny_config(tiny_model_dir, tmp_path / run, "recipe.name=grpo", *RUNS[name]), configs[run])
-    straight = start_worker(configs["straight"])
+        save_config(tiny_config(tiny_model_dir, tmp_path / run, *RUNS[name]), configs[run])
+    straight = start_worker(configs["straight"])  # runs alongside the victim
     victim = start_worker(configs["crashed"])
-    assert straight.wait(timeout=600) == 0, straight.stdout.read()
     kill_after_step(victim, tmp_path / "crashed" / "metrics.jsonl", 2)
+    assert victim.returncode == -signal.SIGKILL
     resumed = start_worker(configs["crashed"], "--resume")
     assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
+    assert "resumed from step" in resumed.stdout.read()
+    assert straight.wait(timeout=600) == 0, straight.stdout.read()
 
     expected, got = model_metrics(tmp_path / "straight"), model_metrics(tmp_path / "crashed")
     assert [row["step"] for row in got] == [1, 2, 3, 4]
-    assert expected[-1]["kl"] > 0 and expected[0]["reward"] > 0  # the policy left the reference
+    assert expected[0]["reward"] > 0 and abs(expected[-1][MOVED[name]]) > 0  # policy / critic moved
     for want, have in zip(expected, got):
         assert want.keys() == have.keys()
         for key in want:
