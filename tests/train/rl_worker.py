@@ -6,7 +6,6 @@ Trains with `loop.train` on the configured task, graded by `parity_reward` (1 wh
 decoded completion has an even number of characters), so a tiny random model gets
 non-zero advantages and its policy, reference KL and critic all move.
 """
-import logging
 import sys
 
 from jaxrl_llm.train import loop
@@ -29,5 +28,4 @@ def main(config_path: str, resume: bool) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     main(sys.argv[1], "--resume" in sys.argv[2:])
