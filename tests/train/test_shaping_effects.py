@@ -1,20 +1,73 @@
-"""Run-level effects of the shaping methods on SmolLM2-135M-Instruct (real weights, JAX
-sampler, same seed for the runs compared): the overlong penalty shortens answers under a
-tight cap relative to the same run without it; the L1 reward brings lengths towards the
-stated targets; DARLING keeps at least as many distinct correct answers per group as
-GRPO on a task with many correct answers. Slow: several minutes each on 2 CPU cores."""
+"""Run-level effects of the shaping methods (JAX sampler, same seed for the runs compared):
+the overlong penalty shortens answers under a tight cap relative to the same run without
+it; the L1 reward brings lengths towards the stated targets; DARLING keeps at least as
+many distinct correct answers per group as GRPO on a task with many correct answers.
+
+Fast versions run a tiny random decoder built to stop early (its answers have lengths
+from 1 to the cap, so length is something it can learn); the `slow` ones run
+SmolLM2-135M-Instruct (several minutes each on 2 CPU cores)."""
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_llm import bridge
 from jaxrl_llm.data import Example, Task
+from jaxrl_llm.models import DecoderConfig, init_params
 from jaxrl_llm.rewards import extract_integer_answer
 from jaxrl_llm.train import loop
 from jaxrl_llm.train.config import load_config
 from jaxrl_llm.train.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
-from tests.train.test_loop import REPO
+from tests.train.test_loop import REPO, tiny_config
 
-pytestmark = pytest.mark.slow
+EOS_ID = 2  # SmolLM2's <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def stopping_model_dir(tmp_path_factory) -> str:
+    """A random 2-layer decoder (SmolLM2's tokenizer) that stops early: every token
+    embedding shares a direction u and the EOS row of the (untied) output layer points
+    along u, so EOS gets a fixed logit of about 9.6 and answers end after ~4 tokens on
+    average (1 to 12 seen), while the other 49151 tokens keep random logits near 0."""
+    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                        max_position_embeddings=512)
+    params = init_params(cfg, jax.random.key(0))
+    u = jnp.ones(32) / jnp.sqrt(32.0)
+    params["embed"] = params["embed"] + 5.0 * u
+    params["lm_head"] = params["lm_head"].at[:, EOS_ID].set(1.7 * u)
+    out = tmp_path_factory.mktemp("stopping") / "model"
+    bridge.save_hf_dir(cfg, params, out, tokenizer_dir=bridge.smollm2_hf_dir())
+    return str(out)
+
+
+def tiny_run(model_dir: str, run_dir, *extra: str) -> list[dict]:
+    cfg = tiny_config(model_dir, run_dir, "total_steps=6", "rollout.prompts_per_step=4",
+                      "rollout.samples_per_prompt=8", "train.micro_batch_size=16", "train.lr=1e-2",
+                      "checkpoint.every_steps=0", *extra)
+    loop.train(cfg)
+    return read_metrics(cfg.run_path)
+
+
+@pytest.mark.slow
+def test_overlong_penalty_shortens_a_tiny_models_answers(stopping_model_dir, tmp_path):
+    common = ["rollout.max_tokens=8", "recipe.name=grpo"]
+    plain = tiny_run(stopping_model_dir, tmp_path / "plain", *common)
+    penalised = tiny_run(stopping_model_dir, tmp_path / "penalised", *common, "recipe.overlong_buffer=8")
+    assert plain[0]["length_mean"] == penalised[0]["length_mean"]  # step 1: the same samples
+    print("length_mean plain", [r["length_mean"] for r in plain], "penalised", [r["length_mean"] for r in penalised])
+    assert late(penalised, "length_mean") < late(plain, "length_mean") - 0.3
+
+
+@pytest.mark.slow
+def test_l1_reward_brings_a_tiny_models_lengths_to_the_target(stopping_model_dir, tmp_path):
+    # the target is the cap: a policy that rarely stops (lengths ~4 at the start) must learn not to
+    rows = tiny_run(stopping_model_dir, tmp_path / "l1", "rollout.max_tokens=12", "shaping.length_reward=l1",
+                    "shaping.l1_targets=[12]", "shaping.length_reward_weight=0.1")
+    errors = [r["l1_length_error"] for r in rows]
+    print("l1_length_error", errors)
+    assert np.mean(errors[-2:]) < 0.5 * np.mean(errors[:2])
 
 SMALL = ["rollout.engine=jax", "model.source=smollm2", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4",
          "train.micro_batch_size=8", "train.lr=3e-5", "checkpoint.every_steps=0", "checkpoint.async_save=false",
@@ -37,6 +90,7 @@ def late(rows: list[dict], key: str) -> float:
     return float(np.nanmean([r[key] for r in rows[len(rows) // 2:]]))
 
 
+@pytest.mark.slow
 def test_overlong_penalty_shortens_answers_under_a_tight_cap(tmp_path, smollm2):
     common = ["total_steps=6", "rollout.max_tokens=16", "recipe.name=dr_grpo"]
     plain = run(tmp_path, "plain", smollm2, *common)
@@ -46,6 +100,7 @@ def test_overlong_penalty_shortens_answers_under_a_tight_cap(tmp_path, smollm2):
     assert late(penalised, "length_mean") < late(plain, "length_mean")
 
 
+@pytest.mark.slow
 def test_l1_reward_brings_lengths_towards_the_targets(tmp_path, smollm2):
     rows = run(tmp_path, "l1", smollm2, "total_steps=6", "rollout.max_tokens=16", "shaping.length_reward=l1",
                "shaping.l1_targets=[2,3]", "shaping.length_reward_weight=0.1")
@@ -73,6 +128,7 @@ class AnyEvenNumberTask(Task):
                         "the number.", "", split) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_darling_keeps_more_distinct_correct_answers_than_grpo(tmp_path, smollm2):
     common = ["total_steps=6", "rollout.max_tokens=8", "recipe.name=grpo", "rollout.samples_per_prompt=8",
               "train.micro_batch_size=16"]
