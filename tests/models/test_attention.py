@@ -20,14 +20,14 @@ def explicit_attention(q, k, v, visible):
 
 
 def masks(batch, length, keys):
-    """Causal + right padding + two packed segments, queries at the last `length` of `keys` slots."""
-    rng = np.random.default_rng(1)
+    """Causal + left padding + two packed segments, queries at the last `length` of `keys` slots
+    (as in a KV cache); row 0 is unpadded, the others start 1 .. keys // 2 slots late."""
     slots = np.arange(keys)
     causal = slots[None, :] <= (keys - length + np.arange(length))[:, None]
-    real = slots[None, :] < rng.integers(keys // 2, keys + 1, size=(batch, 1))
-    segment = np.where(slots < keys // 3, 1, 2)[None].repeat(batch, 0) * real
-    query_segment = segment[:, keys - length:]
-    same = query_segment[:, :, None] == segment[:, None, :]
+    start = np.linspace(0, keys // 2, batch).astype(int)[:, None]
+    real = slots[None, :] >= start
+    segment = np.where(slots[None, :] < (start + keys) // 2, 1, 2) * real
+    same = segment[:, keys - length:, None] == segment[:, None, :]
     return jnp.asarray(causal[None] & same & real[:, None, :])
 
 
@@ -41,6 +41,7 @@ def test_attention_matches_the_explicit_formulation(dtype, tol, length, keys):
     cotangent = jax.random.normal(kg, (3, length, 6, 8), jnp.float32)
     visible = masks(3, length, keys)
     has_key = np.asarray(visible.any(-1))  # rows with no visible key: padding, value irrelevant
+    assert has_key.mean() > 0.5 and 1 < visible.sum(-1).max() < keys  # the masks do cut something
 
     def loss(fn):
         return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.where(has_key[..., None, None], fn(q, k, v, visible), 0)
