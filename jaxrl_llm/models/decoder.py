@@ -107,9 +107,14 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arr
     Scores and softmax in float32 (bf16/fp16 inputs accumulate in float32). The KV heads
     are shared by groups of Hq / Hkv query heads without copying them; XLA picks the
     kernel (a fused one where the backend has it). A row with no visible key gets
-    uniform weights: finite, and only ever at padded positions.
+    uniform weights: finite, and only ever at padded positions. float16 on CPU runs in
+    float32 (XLA:CPU has no float16 x float16 -> float32 dot).
     """
-    return jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=q.shape[-1] ** -0.5)
+    dtype = q.dtype
+    if dtype == jnp.float16 and jax.default_backend() == "cpu":
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=q.shape[-1] ** -0.5)
+    return out.astype(dtype)
 
 
 def lm_head_logits(hidden: jax.Array, params: Params, cfg: DecoderConfig) -> jax.Array:
