@@ -11,7 +11,7 @@ QUIET_PIP := 2>&1 | { grep -v "is neither a file nor a directory" || true; }
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: test test-all demo venv vllm-env bench-model bench-rollout experiments-quick experiments clean
+.PHONY: test test-all demo venv vllm-env bench-model bench-learner-gpu bench-rollout experiments-quick experiments clean
 
 venv: $(STAMP)
 
@@ -63,8 +63,14 @@ experiments-quick: venv vllm-env
 experiments: venv vllm-env
 	for e in $(EXPERIMENTS); do $(PY) experiments/$$e.py; done
 
+# BENCH_ARGS: e.g. --shapes 4x128 --dtypes float32 --profile (see --help).
 bench-model: venv
-	$(PY) -m jaxrl_llm.benchmarks.model
+	$(PY) -m jaxrl_llm.benchmarks.model $(BENCH_ARGS)
+
+# On whatever accelerator JAX finds; BENCH_ARGS="--tiny" runs it on CPU, e.g.
+# BENCH_ARGS="--peak-tflops 989" for an H100 SXM's bf16 dense peak.
+bench-learner-gpu: venv
+	$(PY) -m jaxrl_llm.benchmarks.learner_gpu $(BENCH_ARGS)
 
 bench-rollout: venv vllm-env
 	$(PY) -m jaxrl_llm.benchmarks.rollout

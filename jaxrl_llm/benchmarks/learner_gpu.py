@@ -57,6 +57,17 @@ MODELS = {
                  head_dim=16),
 }
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Datasheet dense bf16/fp16 peaks (TFLOP/s, no sparsity) by a piece of jax's device_kind; the
+# default of --peak-tflops. Unknown devices report MFU only against the measured matmul ceiling.
+PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0,
+               "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
+
+
+def datasheet_peak(device_kind: str, dtype_name: str) -> float | None:
+    """The PEAK_TFLOPS entry of the first key found in device_kind, for bf16/fp16 only."""
+    if dtype_name not in ("bf16", "fp16"):
+        return None
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in device_kind), None)
 
 
 def model_config(name: str, seq_len: int) -> DecoderConfig:
@@ -233,7 +244,8 @@ def main(argv=None) -> int:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--matmul-n", type=int, default=8192)
-    parser.add_argument("--peak-tflops", type=float, default=None, help="datasheet dense peak of the dtype")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="datasheet dense peak of the dtype (default: PEAK_TFLOPS by device kind)")
     parser.add_argument("--tiny", action="store_true", help="CPU-sized model and batch (shapes/correctness only)")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
@@ -250,7 +262,8 @@ def main(argv=None) -> int:
     for model in args.models.split(","):
         for dtype_name in args.dtypes.split(","):
             for row in run(model, dtype_name, batch=args.batch, seq_len=args.seq_len, steps=args.steps,
-                           peak_tflops=args.peak_tflops, matmul_n=args.matmul_n, micro_batch=args.micro_batch):
+                           peak_tflops=args.peak_tflops or datasheet_peak(jax.devices()[0].device_kind, dtype_name),
+                           matmul_n=args.matmul_n, micro_batch=args.micro_batch):
                 rows.append(row)
                 mfu = "" if row["mfu"] is None else f"  MFU {row['mfu']:.1%}"
                 print(f"{row['model']:>13} {row['dtype']} {row['variant']:>7}: {row['rows']:3d} rows, "

@@ -1,15 +1,21 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
-    python -m jaxrl_llm.benchmarks.model [--batch 4] [--seq 128] [--warmup 2] [--iters 5]
+    python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
+        [--warmup 1] [--iters 3] [--profile]
 
-One run measures, side by side on the same batch of random tokens:
+One run measures, side by side on the same batches of random tokens:
 
-1. forward+backward tokens/s of loss = -mean_t log pi(y_t | y_<t), float32:
+1. forward+backward tokens/s of loss = -mean_t log pi(y_t | y_<t) for every batch shape
+   (rows x tokens) and dtype (params, activations and matmuls in it; log-softmax in float32):
    ours = jax.jit(jax.value_and_grad) over ``models.token_logprobs`` (chunked
    log-softmax); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster). The engines take turns every round, so drifting load
-   hits both alike; medians are reported. Prints the ratio ours / best torch.
+   hits both alike; medians are reported. Ends with the table of ratios
+   ours / best torch and the load average.
+   ``--profile`` adds where one JAX step's time goes, by phase (each phase jitted
+   alone, timed interleaved): decoder layers forward, layers forward+backward, LM head +
+   log-softmax forward+backward, the whole step.
 2. peak temporary memory of forward+backward through the LM head and
    log-softmax, chunked vs naive (full [B, T, V] logits), from XLA's compiled
    memory analysis, at the benchmark shape and at 8x its length.
@@ -28,8 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, lm_head_logits, logprobs_from_logits,
-                              params_from_hf, token_logprobs)
+from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forward, lm_head_logits,
+                              logprobs_from_logits, params_from_hf, token_logprobs)
+from jaxrl_llm.models.decoder import jnp_dtype
 
 # SmolLM2-135M-Instruct's architecture (the values load_gguf reads from the GGUF).
 SMOLLM2_HF_CONFIG = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -153,52 +160,119 @@ def bench_export(cfg, params, iters: int) -> dict[str, float]:
     return out
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"4x128,8x512" -> [(4, 128), (8, 512)]."""
+    shapes = []
+    for item in text.split(","):
+        rows, _, length = item.partition("x")
+        if not (rows.isdigit() and length.isdigit() and int(rows) > 0 and int(length) > 1):
+            raise SystemExit(f"--shapes entry {item!r} is not ROWSxTOKENS with ROWS >= 1, TOKENS >= 2 (e.g. 4x128)")
+        shapes.append((int(rows), int(length)))
+    return shapes
+
+
+def with_dtype(cfg, params, torch_model, dtype: str):
+    """The same model in ``dtype``: config, jax params and a torch copy."""
+    import copy
+
+    import torch
+
+    cfg = cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
+    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    return cfg, params, copy.deepcopy(torch_model).to(getattr(torch, dtype))
+
+
+def phase_steps(cfg, params, tokens: np.ndarray, chunk_size: int) -> dict[str, Callable[[], None]]:
+    """One jitted function per phase of the step, each blocking until done."""
+    tokens = jnp.asarray(tokens)
+    hidden = jnp.zeros((*tokens.shape[:1], tokens.shape[1] - 1, cfg.hidden_size), jnp_dtype(cfg.compute_dtype))
+
+    def layers(params, tokens):
+        out, _ = forward(params, cfg, tokens, return_hidden=True)
+        return jnp.mean(out.astype(jnp.float32))
+
+    def head(params, hidden):
+        return -jnp.mean(chunked_logprobs_from_hidden(hidden, tokens[:, 1:], params, cfg, chunk_size=chunk_size))
+
+    def whole(params, tokens):
+        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
+
+    funcs = {"layers fwd": (jax.jit(layers), tokens), "layers fwd+bwd": (jax.jit(jax.grad(layers)), tokens),
+             "head+log-softmax fwd+bwd": (jax.jit(jax.grad(head, argnums=(0, 1))), hidden),
+             "whole step fwd+bwd": (jax.jit(jax.grad(whole)), tokens)}
+    return {name: (lambda f=f, x=x: jax.block_until_ready(f(params, x))) for name, (f, x) in funcs.items()}
+
+
+def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[str, float]:
+    """tokens/s of jax and each torch thread count at one shape (interleaved rounds); prints a line each."""
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32)
+    results: dict[str, dict] = {"jax": {}}
+    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"])}
+    for threads in ([] if args.skip_torch else args.torch_threads):
+        results[f"torch-{threads}"] = {}
+        steps[f"torch-{threads}"] = torch_step(torch_model, tokens, threads, results[f"torch-{threads}"])
+    times = interleaved_times(steps, args.warmup, args.iters)
+    throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
+    for name, seconds in times.items():
+        label = "jax (jit, chunked logprobs)" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
+        print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
+              f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
+    if args.profile:
+        phases = interleaved_times(phase_steps(cfg, params, tokens, args.chunk_size), 1, args.iters)
+        for name, seconds in phases.items():
+            print(f"    phase {name:<26}: {statistics.median(seconds):7.3f} s", flush=True)
+    return throughput
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--shapes", default="4x128,8x512,2x2048", help="comma-separated ROWSxTOKENS batches")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--profile", action="store_true", help="also time the phases of the JAX step")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--random-weights", action="store_true", help="random init instead of the GGUF weights")
+    parser.add_argument("--skip-memory", action="store_true", help="do not report the log-prob head's memory")
     parser.add_argument("--skip-export", action="store_true", help="do not time the weight-sync export")
     # OpenMP threads of torch; the best setting is the reference (on a busy machine 1 thread can win).
     parser.add_argument("--torch-threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}))
     args = parser.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    dtypes = args.dtypes.split(",")
+    for dtype in dtypes:
+        if dtype not in ("float32", "bfloat16"):
+            raise SystemExit(f"--dtypes entry {dtype!r} is unknown; valid: float32, bfloat16")
 
-    cfg, params, torch_model = smollm2_models(args.random_weights)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq)).astype(np.int32)
-    num_tokens = args.batch * args.seq
-    print(f"SmolLM2-135M float32 ({'random' if args.random_weights else 'GGUF'} weights), batch {args.batch} x "
-          f"{args.seq} tokens, {args.warmup} warm-up + {args.iters} timed rounds (interleaved), loss = -mean log pi; "
-          f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    results: dict[str, dict] = {"jax": {}}
-    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"])}
-    for threads in ([] if args.skip_torch else args.torch_threads):
-        name = f"torch-{threads}"
-        results[name] = {}
-        steps[name] = torch_step(torch_model, tokens, threads, results[name])
-    times = interleaved_times(steps, args.warmup, args.iters)
-    throughput = {name: num_tokens / statistics.median(t) for name, t in times.items()}
-    for name, seconds in times.items():
-        label = ("jax (jit, chunked logprobs)" if name == "jax"
-                 else f"torch (transformers, {name.split('-')[1]} thread(s))")
-        print(f"  {label:<32}: {statistics.median(seconds):7.3f} s/step (median)  {throughput[name]:9.1f} tokens/s  "
-              f"loss {results[name]['loss']:.6f}")
-    torch_names = [name for name in throughput if name != "jax"]
-    if torch_names:
-        best = max(torch_names, key=throughput.get)
-        print(f"  ratio jax / best torch ({best}) tokens/s: {throughput['jax'] / throughput[best]:.2f}x  "
-              f"(loss rel diff {abs(results['jax']['loss'] - results[best]['loss']) / abs(results[best]['loss']):.1e})")
+    cfg32, params32, torch32 = smollm2_models(args.random_weights)
+    print(f"SmolLM2-135M ({'random' if args.random_weights else 'GGUF'} weights), loss = -mean log pi, "
+          f"{args.warmup} warm-up + {args.iters} timed rounds (interleaved); jax {jax.__version__} on "
+          f"{jax.devices()[0].platform}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
+    table: dict[tuple[str, str], tuple[float, str, float]] = {}
+    for dtype in dtypes:
+        cfg, params, torch_model = with_dtype(cfg32, params32, torch32, dtype)
+        for rows, length in shapes:
+            throughput = bench_shape(cfg, params, torch_model, rows, length, args)
+            torch_names = [name for name in throughput if name != "jax"]
+            if torch_names:
+                best = max(torch_names, key=throughput.get)
+                table[(dtype, f"{rows}x{length}")] = (throughput["jax"], best, throughput["jax"] / throughput[best])
+    if table:
+        print(f"\n  jax / best torch, fwd+bwd tokens/s (load average now {os.getloadavg()[0]:.1f}, "
+              f"{os.getloadavg()[1]:.1f} over 5 min):")
+        print(f"  {'dtype':<9} {'shape':<8} {'jax tok/s':>10} {'best torch':>11} {'ratio':>6}")
+        for (dtype, shape), (jax_tps, best, ratio) in table.items():
+            print(f"  {dtype:<9} {shape:<8} {jax_tps:10.1f} {best:>11} {ratio:5.2f}x")
 
-    for batch, seq in ((args.batch, args.seq), (args.batch, 8 * args.seq)):
-        memory = logprob_head_temp_bytes(cfg, params, batch, seq, args.chunk_size)
+    rows, length = shapes[0]
+    for batch, seq in (() if args.skip_memory else ((rows, length), (rows, 8 * length))):
+        memory = logprob_head_temp_bytes(cfg32, params32, batch, seq, args.chunk_size)
         print(f"  logprob fwd+bwd temp memory {batch}x{seq} (XLA): chunked({args.chunk_size}) "
               f"{memory['chunked'] / 2**20:7.1f} MiB, naive {memory['naive'] / 2**20:7.1f} MiB "
-              f"({memory['naive'] / max(memory['chunked'], 1):.1f}x; full logits {batch * seq * cfg.vocab_size * 4 / 2**20:.0f} MiB)")
-    for label, seconds in ({} if args.skip_export else bench_export(cfg, params, iters=3)).items():
+              f"({memory['naive'] / max(memory['chunked'], 1):.1f}x; full logits "
+              f"{batch * seq * cfg32.vocab_size * 4 / 2**20:.0f} MiB)")
+    for label, seconds in ({} if args.skip_export else bench_export(cfg32, params32, iters=3)).items():
         print(f"  weight sync save_hf_dir {label:<18}: {seconds:6.3f} s")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} (other processes share these CPUs)")
 

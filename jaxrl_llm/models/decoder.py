@@ -56,7 +56,6 @@ import numpy as np
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
 
 Params = dict[str, Any]
-_MASKED = float(np.finfo(np.float32).min)  # finite, so a row with no visible key gives no NaN
 
 
 def jnp_dtype(name: Any) -> jnp.dtype:
@@ -102,20 +101,20 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """softmax(q k^T / sqrt(hd)) v with KV-head sharing.
+    """softmax(q k^T / sqrt(hd)) v with KV-head sharing, through ``jax.nn.dot_product_attention``.
 
     q [B, T, Hq, hd], k/v [B, S, Hkv, hd], visible [B, T, S] bool -> [B, T, Hq, hd].
-    Scores and softmax in float32.
+    Scores and softmax in float32 (bf16/fp16 inputs accumulate in float32). The KV heads
+    are shared by groups of Hq / Hkv query heads without copying them; XLA picks the
+    kernel (a fused one where the backend has it). A row with no visible key gets
+    uniform weights: finite, and only ever at padded positions. float16 on CPU runs in
+    float32 (XLA:CPU has no float16 x float16 -> float32 dot).
     """
-    batch, length, num_heads, head_dim = q.shape
-    num_kv = k.shape[2]
-    q = q.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (head_dim ** -0.5)
-    scores = jnp.where(visible[:, None, None, :, :], scores, _MASKED)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", weights, v)
-    return out.reshape(batch, length, num_heads, head_dim)
+    dtype = q.dtype
+    if dtype == jnp.float16 and jax.default_backend() == "cpu":
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=q.shape[-1] ** -0.5)
+    return out.astype(dtype)
 
 
 def lm_head_logits(hidden: jax.Array, params: Params, cfg: DecoderConfig) -> jax.Array:

@@ -10,7 +10,9 @@ The [T, V] logits are never materialised: the sequence is cut into chunks of
 ``chunk_size`` positions and each chunk's logits are computed, reduced and
 dropped inside a ``lax.map``. Each chunk is wrapped in ``jax.checkpoint``, so
 the backward pass recomputes one chunk's logits at a time instead of keeping
-all of them: peak memory is O(B * chunk_size * V) forward and backward.
+all of them: peak memory is O(B * chunk_size * V) forward and backward. When the
+whole sequence fits in one chunk nothing is checkpointed: recomputing the only
+chunk would cost a fourth LM-head matmul and lower no peak.
 log-softmax always runs in float32 (Qi et al. 2025, arXiv 2510.26788: low
 precision softmax is a main source of training/inference mismatch).
 """
@@ -68,13 +70,15 @@ def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: 
     targets = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
     head = {"embed": params["embed"], "lm_head": params.get("lm_head")}
 
-    @jax.checkpoint
     def one_chunk(args):
         hidden_chunk, target_chunk = args
         logits = lm_head_logits(hidden_chunk, head, cfg)
         return logprobs_from_logits(logits, target_chunk, temperature=temperature, return_entropy=return_entropy)
 
-    result = jax.lax.map(one_chunk, (hidden, targets))
+    if num_chunks == 1:  # checkpointing would recompute the logits in the backward pass and save no memory
+        result = jax.tree_util.tree_map(lambda x: x[None], one_chunk((hidden[0], targets[0])))
+    else:
+        result = jax.lax.map(jax.checkpoint(one_chunk), (hidden, targets))
 
     def unchunk(x):  # [num_chunks, B, chunk] -> [B, N]
         return x.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]

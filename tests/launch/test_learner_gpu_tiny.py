@@ -52,3 +52,11 @@ def test_tiny_run_packed_loss_equals_padded_loss():
     assert by_variant["packed"]["rows"] < by_variant["padded"]["rows"] == 8
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["mfu"] == pytest.approx(r["model_tflops"] / 1.0)
+
+
+def test_datasheet_peak_by_device_kind():
+    assert bench.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert bench.datasheet_peak("NVIDIA H100 PCIe", "bf16") == 756.0  # the more specific key comes first
+    assert bench.datasheet_peak("TPU v5 lite", "fp16") == 197.0
+    assert bench.datasheet_peak("NVIDIA H100 80GB HBM3", "fp32") is None
+    assert bench.datasheet_peak("cpu", "bf16") is None

@@ -1,0 +1,57 @@
+"""The decoder's attention (jax.nn.dot_product_attention) against the explicit formulation it
+replaced: materialised [B, Hkv, G, T, S] scores, masked with float32's lowest value, softmax."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.models.decoder import grouped_attention
+
+
+def explicit_attention(q, k, v, visible):
+    """The previous implementation, kept here as the reference."""
+    batch, length, num_heads, head_dim = q.shape
+    num_kv = k.shape[2]
+    q = q.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim ** -0.5
+    scores = jnp.where(visible[:, None, None], scores, np.finfo(np.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(batch, length, num_heads, head_dim)
+
+
+def masks(batch, length, keys):
+    """Causal + left padding + two packed segments, queries at the last `length` of `keys` slots
+    (as in a KV cache); row 0 is unpadded, the others start 1 .. keys // 2 slots late."""
+    slots = np.arange(keys)
+    causal = slots[None, :] <= (keys - length + np.arange(length))[:, None]
+    start = np.linspace(0, keys // 2, batch).astype(int)[:, None]
+    real = slots[None, :] >= start
+    segment = np.where(slots[None, :] < (start + keys) // 2, 1, 2) * real
+    same = segment[:, keys - length:, None] == segment[:, None, :]
+    return jnp.asarray(causal[None] & same & real[:, None, :])
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 1e-2), ("float16", 2e-3)])
+@pytest.mark.parametrize("length, keys", [(12, 12), (1, 12)])  # training / prefill, one decode step
+def test_attention_matches_the_explicit_formulation(dtype, tol, length, keys):
+    kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(kq, (3, length, 6, 8), dtype)
+    k = jax.random.normal(kk, (3, keys, 2, 8), dtype)
+    v = jax.random.normal(kv, (3, keys, 2, 8), dtype)
+    cotangent = jax.random.normal(kg, (3, length, 6, 8), jnp.float32)
+    visible = masks(3, length, keys)
+    has_key = np.asarray(visible.any(-1))  # rows with no visible key: padding, value irrelevant
+    assert has_key.mean() > 0.5 and 1 < visible.sum(-1).max() < keys  # the masks do cut something
+
+    def loss(fn):
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.where(has_key[..., None, None], fn(q, k, v, visible), 0)
+                                                          * cotangent), argnums=(0, 1, 2)))
+
+    new, old = jax.jit(grouped_attention)(q, k, v, visible), jax.jit(explicit_attention)(q, k, v, visible)
+    assert new.dtype == old.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(new, np.float32)[has_key], np.asarray(old, np.float32)[has_key],
+                               atol=tol, rtol=tol)
+    grads_new, grads_old = loss(grouped_attention)(q, k, v), loss(explicit_attention)(q, k, v)
+    for got, want in zip(grads_new, grads_old):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5 * tol, rtol=5 * tol)
+    assert np.all(np.isfinite(np.asarray(new, np.float32)))
