@@ -7,6 +7,8 @@ so no held-out question is ever drawn for training, whatever the seed.
 
 Tasks:
   addition          "What is a + b? Answer with just the number." (ours; the demo)
+  addition_answer_first   the same questions, answer first then free text; only the
+                    leading integer is graded (length-neutral; data/answer_first.py)
   basic_arithmetic, chain_sum, countdown, ...   reasoning-gym generators,
                     graded by reasoning-gym's own verifiers
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
@@ -226,8 +228,15 @@ def _reasoning_gym_factory(dataset: str) -> Callable[..., Task]:
     return factory
 
 
+def _answer_first_addition(**config: Any) -> Task:
+    from jaxrl_llm.data.answer_first import AnswerFirstAdditionTask  # imports this module
+
+    return AnswerFirstAdditionTask(**config)
+
+
 TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
+    "addition_answer_first": _answer_first_addition,
     **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
     "reasoning_gym": ReasoningGymTask,
     "jsonl": JsonlTask,
