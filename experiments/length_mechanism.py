@@ -20,8 +20,8 @@ after a right and after a wrong answer (teacher-forced on fixed filler strings),
 lengths, and the step's stop-logit force sum_it w_it A_i (1[EOS] - q_it) read off the
 real step batch, next to its closed form.
 
-    python experiments/length_mechanism.py --quick     # 5 seeds x 3 recipes x 30 steps, ~5 min on 2 CPU cores
-    python experiments/length_mechanism.py             # 10 seeds x 3 recipes x 60 steps
+    python experiments/length_mechanism.py --quick     # 5 seeds x 3 recipes x 40 steps, ~6 min on 2 busy CPU cores
+    python experiments/length_mechanism.py             # 10 seeds x 3 recipes x 80 steps, ~20 min
 
 Writes to runs/experiments/length_mechanism/<quick|full>/: summary.md / .json (drift with
 95% t-intervals over seeds), per_seed.json, drift.png (stop probability over steps: mean
@@ -53,7 +53,7 @@ VOCAB = FILLER0 + NUM_FILLERS
 @dataclasses.dataclass(frozen=True)
 class MechanismStudy:
     seeds: int = 10
-    steps: int = 60
+    steps: int = 80
     samples: int = 8  # per prompt; every step uses all NUM_PROMPTS prompts
     max_tokens: int = 12  # answer + up to 11 free tokens
     stop_prob: float = 0.2  # q0 of the supervised start
@@ -63,7 +63,7 @@ class MechanismStudy:
     eval_fillers: int = 4  # filler strings the stop probability is measured on
 
 
-QUICK = dataclasses.replace(MechanismStudy(), seeds=5, steps=30)
+QUICK = dataclasses.replace(MechanismStudy(), seeds=5, steps=40)
 
 
 def model_config():
