@@ -15,7 +15,9 @@ P(answer = RIGHT) = 1/2 and a stop probability q0 at every free position, so its
 probability does not depend on the answer when RL starts. Each recipe then trains it
 from the same weights with the real learner (train/learner.py Learner: the recipe's
 core.prepare_step_batch + core.recipe_loss, AdamW); samples come from the decoder itself
-at temperature 1. Measured per step: the policy's EOS probability at the free positions
+at temperature 1. The answer token is left out of the loss mask, so P(RIGHT) stays near
+1/2, every group keeps a mix of right and wrong answers, and only the free part (the
+length) is trained: the derivation with a = 0 answer tokens in L. Measured per step: the policy's EOS probability at the free positions
 after a right and after a wrong answer (teacher-forced on fixed filler strings), sampled
 lengths, and the step's stop-logit force sum_it w_it A_i (1[EOS] - q_it) read off the
 real step batch, next to its closed form.
@@ -298,12 +300,17 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     colors = {"grpo": "tab:red", "dr_grpo": "tab:blue", "dapo": "tab:green"}
-    for ax, key, label in ((axes[0], "q_wrong", "after a wrong answer"), (axes[1], "q_right", "after a right answer")):
+    panels = ((axes[0], "split", "split: after wrong minus after right"),
+              (axes[1], "q_wrong", "after a wrong answer"), (axes[2], "q_right", "after a right answer"))
+    for ax, key, label in panels:
         for recipe, seed_logs in logs.items():
-            curves = np.array([np.asarray(s[key]) - s[key][0] for s in seed_logs])
+            series = [np.asarray(s["q_wrong"]) - np.asarray(s["q_right"]) if key == "split" else np.asarray(s[key])
+                      for s in seed_logs]
+            curves = np.array([x - x[0] for x in series])
             steps = np.arange(curves.shape[1])
             mean = curves.mean(axis=0)
             ivs = [stats.interval(curves[:, t]) for t in range(curves.shape[1])]
@@ -314,7 +321,7 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
         ax.set_xlabel("RL step")
     axes[0].set_ylabel("q(step) - q(0), mean and 95% band over seeds")
     axes[0].legend(fontsize=7)
-    ax = axes[2]
+    ax = axes[3]
     for recipe, seed_logs in logs.items():
         for cls, marker in (("wrong", "v"), ("right", "^")):
             x = [np.mean(s[f"closed_{cls}"]) for s in seed_logs]
@@ -323,9 +330,10 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
                        label=f"{recipe} {cls}" if recipe == "grpo" or cls == "wrong" else None)
     lim = ax.get_xlim()
     ax.plot(lim, lim, "k--", lw=0.7)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
     ax.set_xlabel("closed-form force per step (seed mean)")
     ax.set_ylabel("measured force per step (seed mean)")
-    ax.set_title("stop-logit force: measured vs closed form (points = seeds)", fontsize=9)
+    ax.set_title("stop-logit force, measured vs closed form (seeds)", fontsize=9)
     ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

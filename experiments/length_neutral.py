@@ -28,6 +28,7 @@ import numpy as np
 
 from base_configs import addition_config
 from jaxrl_llm.reports import stats
+from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
 from jaxrl_llm.reports.runs import experiment_parser, output_dir, train_or_resume, variant_config, write_summary
 from jaxrl_llm.train.config import Config, replace_values
 
@@ -46,57 +47,13 @@ def get_config(arg: str = "grpo") -> Config:
     return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 4})
 
 
-def per_step_lengths(groups: list[dict]) -> dict[str, list[float]]:
-    """Per step: mean length of correct and of incorrect responses, reward, count of incorrect."""
-    out = {"length_correct": [], "length_incorrect": [], "reward": [], "n_incorrect": []}
-    for g in groups:
-        lengths = np.asarray(g["lengths"], float).reshape(-1)
-        rewards = np.asarray(g["rewards"], float).reshape(-1)
-        right = rewards >= 1.0
-        out["length_correct"].append(float(lengths[right].mean()) if right.any() else float("nan"))
-        out["length_incorrect"].append(float(lengths[~right].mean()) if (~right).any() else float("nan"))
-        out["reward"].append(float(rewards.mean()))
-        out["n_incorrect"].append(int((~right).sum()))
-    return out
-
-
 def seed_row(curves: dict[str, list[float]], records: list[dict]) -> dict:
     """One run: last minus first step of each curve (first/last finite value), truncated fraction."""
-    def change(key):
-        finite = [v for v in curves[key] if np.isfinite(v)]
-        return finite[-1] - finite[0] if len(finite) >= 2 else float("nan")
-
-    return {"d length_correct": change("length_correct"), "d length_incorrect": change("length_incorrect"),
+    return {"d length_correct": change(curves["length_correct"]),
+            "d length_incorrect": change(curves["length_incorrect"]),
             "reward first": curves["reward"][0], "reward last": curves["reward"][-1],
             "length_incorrect first": curves["length_incorrect"][0],
             "truncated": float(np.mean([r.get("truncated_fraction", np.nan) for r in records]))}
-
-
-def plot(curves: dict[str, list[dict]], path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = ("reward", "length_correct", "length_incorrect")
-    fig, axes = plt.subplots(1, len(keys), figsize=(13, 3.6))
-    colors = {"grpo": "tab:red", "dr_grpo": "tab:blue", "dapo": "tab:green"}
-    for ax, key in zip(axes, keys):
-        for recipe, seeds in curves.items():
-            values = np.array([s[key] for s in seeds], float)  # [seeds, steps]
-            steps = np.arange(1, values.shape[1] + 1)
-            ivs = [stats.interval(values[:, t]) for t in range(values.shape[1])]
-            ax.plot(steps, [i.mean for i in ivs], color=colors[recipe], label=f"{recipe} (n = {len(seeds)})")
-            ax.fill_between(steps, [i.low for i in ivs], [i.high for i in ivs], color=colors[recipe], alpha=0.2)
-            for row in values:
-                ax.scatter(steps, row, color=colors[recipe], s=6, alpha=0.5)
-        ax.set_title(key, fontsize=9)
-        ax.set_xlabel("step")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   notes=notes, config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
                                        "overrides": list(args.overrides),
                                        "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
-    plot(curves, out / "lengths.png", title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
+    plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png", title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
     print(f"wrote {out}/lengths.png, {out}/summary.md")
     return 0
 
