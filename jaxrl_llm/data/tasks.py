@@ -11,6 +11,8 @@ Tasks:
                     leading integer is graded (length-neutral; data/answer_first.py)
   basic_arithmetic, chain_sum, countdown, ...   reasoning-gym generators,
                     graded by reasoning-gym's own verifiers
+  cot_gsm_symbolic, cot_chain_sum   reasoning-gym questions + "think step by step",
+                    answer in \\boxed{} (data/chain_of_thought.py)
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
 """
@@ -234,9 +236,19 @@ def _answer_first_addition(**config: Any) -> Task:
     return AnswerFirstAdditionTask(**config)
 
 
+def _cot_factory(name: str) -> Callable[..., Task]:
+    def factory(**config: Any) -> Task:
+        from jaxrl_llm.data.chain_of_thought import make_cot_task
+
+        return make_cot_task(name, **config)
+
+    return factory
+
+
 TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
     "addition_answer_first": _answer_first_addition,
+    **{name: _cot_factory(name) for name in ("cot_gsm_symbolic", "cot_chain_sum")},
     **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
     "reasoning_gym": ReasoningGymTask,
     "jsonl": JsonlTask,

@@ -73,3 +73,23 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     assert row["d length_incorrect interval"]["n"] == 2
     assert row["d length_incorrect interval"]["mean"] == pytest.approx(np.mean(expected))
     assert png_shape(tmp_path / "lengths.png")[0] > 100
+
+
+def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
+    exp = load_experiment("chain_of_thought")
+    gpu = exp.get_config("grpo,gpu")
+    assert (gpu.task.name, gpu.rollout.max_tokens, gpu.rollout.engine) == ("cot_gsm_symbolic", 2048, "vllm")
+    task = make_task(gpu.task.name)
+    example = task.examples("train", 1, seed=0)[0]
+    assert example.prompt.endswith("Think step by step, then give your final answer as \\boxed{answer}.")
+    assert task.reward_fn(f"... so \\boxed{{{example.answer}}}", example) == 1.0
+    assert task.reward_fn("\\boxed{-1}", example) == 0.0
+    from jaxrl_llm.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="valid: one of"):
+        exp.get_config("dapo")
+    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["grpo", "dr_grpo"] and rows[0]["reward last interval"]["n"] == 1
+    info = read_run_info(tmp_path / "dr_grpo_s0")
+    assert info["config"]["task"]["name"] == "cot_chain_sum"

@@ -1,0 +1,28 @@
+"""Chain-of-thought tasks: reasoning-gym questions with a "think step by step" instruction
+and the answer in ``\\boxed{}`` (graded by reasoning-gym's own verifier on the last box,
+:func:`jaxrl_llm.rewards.reasoning_gym_reward`), the setting of long-reasoning RL
+(DeepSeek-AI 2025, R1; Liu et al. 2025, Dr. GRPO, arXiv 2503.20783).
+
+  cot_gsm_symbolic   grade-school word problems (GSM-Symbolic templates): the GPU-scale
+                     setting, generations of 1k+ tokens
+  cot_chain_sum      sums of 2-3 numbers of 1-2 digits: the same code path at CPU scale
+"""
+from __future__ import annotations
+
+from jaxrl_llm.data.task_base import Task
+
+COT_INSTRUCTION = "\n\nThink step by step, then give your final answer as \\boxed{answer}."
+COT_TASKS = {
+    "cot_gsm_symbolic": ("gsm_symbolic", {}),
+    "cot_chain_sum": ("chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}),
+}
+
+
+def make_cot_task(name: str, **config) -> Task:
+    """The registered chain-of-thought task `name` (COT_TASKS), `config` overriding its preset."""
+    from jaxrl_llm.data.tasks import ReasoningGymTask  # tasks.py imports this module lazily
+
+    if name not in COT_TASKS:
+        raise ValueError(f"unknown chain-of-thought task {name!r}; valid: {', '.join(COT_TASKS)}")
+    dataset, preset = COT_TASKS[name]
+    return ReasoningGymTask(dataset, instruction=COT_INSTRUCTION, **{**preset, **config})  # task: the data set
