@@ -247,6 +247,13 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
     return log
 
 
+def window_change(curve: list[float], k: int = 5) -> float:
+    """Mean of the last k steps minus mean of the first k (finite values only)."""
+    values = np.asarray(curve, float)
+    k = max(1, min(k, values.size // 2))
+    return float(np.nanmean(values[-k:]) - np.nanmean(values[:k]))
+
+
 def per_seed_row(log: dict) -> dict:
     """One seed's numbers: drift of the stop probability (last - first), mean force and closed form."""
     return {
@@ -256,6 +263,7 @@ def per_seed_row(log: dict) -> dict:
         "d split": (log["q_wrong"][-1] - log["q_right"][-1]) - (log["q_wrong"][0] - log["q_right"][0]),
         "force right": float(np.mean(log["force_right"])), "force wrong": float(np.mean(log["force_wrong"])),
         "closed right": float(np.mean(log["closed_right"])), "closed wrong": float(np.mean(log["closed_wrong"])),
+        "d length wrong": window_change(log["length_wrong"]), "d length right": window_change(log["length_right"]),
         "reward first": log["reward"][0], "reward last": log["reward"][-1],
         "truncated": float(np.mean(log["truncated"])),
     }
@@ -263,7 +271,7 @@ def per_seed_row(log: dict) -> dict:
 
 def summarise(recipe: str, seeds_rows: list[dict]) -> dict:
     row = {"recipe": recipe}
-    for key in ("d split", "dq wrong", "dq right", "force wrong", "closed wrong", "force right", "closed right",
+    for key in ("d split", "dq wrong", "dq right", "d length wrong", "d length right", "force wrong", "closed wrong", "force right", "closed right",
                 "reward last", "truncated"):
         iv = stats.interval([r[key] for r in seeds_rows])
         row[key] = stats.format_interval(iv, signed=key.startswith(("d", "force", "closed")))
@@ -341,6 +349,40 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
     plt.close(fig)
 
 
+def report(out, study: MechanismStudy, logs: dict[str, list[dict]], *, quick: bool, wall_s: float) -> None:
+    """per_seed.json, summary.md / .json and drift.png from the per-step logs of every seed."""
+    from jaxrl_llm import core
+
+    seeds = list(range(len(logs[RECIPES[0]])))
+    n = NUM_PROMPTS * study.samples
+    recipes = {r: core.get_recipe(r, **({"constant_length": study.max_tokens} if r == "dr_grpo" else {}))
+               for r in RECIPES}
+    per_seed = {r: [per_seed_row(log) for log in logs[r]] for r in RECIPES}
+    (out / "per_seed.json").write_text(json.dumps({"study": dataclasses.asdict(study), "per_seed": per_seed,
+                                                   "logs": logs}, indent=1) + "\n")
+    rows = {r: summarise(r, per_seed[r]) for r in RECIPES}
+    q0 = float(np.mean([r["q0 wrong"] for rs in per_seed.values() for r in rs]))
+    pushes = {recipes[r].aggregation: length_drift.relative_push(
+        recipes[r].aggregation, q0, answer_tokens=0, max_tokens=study.max_tokens - 1, num_responses=n,
+        constant_length=study.max_tokens) for r in RECIPES}
+    notes = [stats.seed_note(seeds, quick=quick, full_seeds=MechanismStudy.seeds),
+             f"study: {dataclasses.asdict(study)}; wall time {wall_s:.0f} s",
+             "d split: change of q_wrong - q_right (stop probability after a wrong minus after a right answer), "
+             "last step minus start; dq: each alone (teacher-forced on fixed "
+             "fillers). force: per-step stop-logit force sum w A (1[EOS] - q) from the real step batch; closed: its "
+             "closed form (reports/length_drift.py) at the step's advantages and mean q.",
+             "d length: sampled response length (tokens: answer + free part), mean of the last 5 steps minus the "
+             "first 5.",
+             "closed-form push per unit advantage relative to the mode's mean token weight at q0 = "
+             f"{q0:.3f}: " + ", ".join(f"{m} {v:+.4f}" for m, v in pushes.items()),
+             *verdict(rows)]
+    columns = ["recipe", "d split", "dq wrong", "dq right", "d length wrong", "d length right", "force wrong",
+               "closed wrong", "force right", "closed right", "reward last", "truncated"]
+    write_summary(out, list(rows.values()), columns, title=f"Length mechanism ({'quick' if quick else 'full'})",
+                  notes=notes, config={"name": NAME, "quick": quick, "study": dataclasses.asdict(study)})
+    plot(logs, out / "drift.png", title=f"Length-neutral task, {len(seeds)} seeds: stop probability drift by recipe")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = experiment_parser(__doc__, name=NAME)
     args = parser.parse_args(argv)
@@ -371,28 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in RECIPES:
             logs[r].append(run_recipe(learners[r], recipes[r], params, seed, study, eos_prob, sample))
         print(f"[length_mechanism] seed {seed} done ({time.time() - start:.0f} s)", flush=True)
-    per_seed = {r: [per_seed_row(log) for log in logs[r]] for r in RECIPES}
-    (out / "per_seed.json").write_text(json.dumps({"study": dataclasses.asdict(study), "per_seed": per_seed,
-                                                   "logs": logs}, indent=1) + "\n")
-    rows = {r: summarise(r, per_seed[r]) for r in RECIPES}
-    q0 = float(np.mean([r["q0 wrong"] for rs in per_seed.values() for r in rs]))
-    pushes = {recipes[r].aggregation: length_drift.relative_push(
-        recipes[r].aggregation, q0, answer_tokens=0, max_tokens=study.max_tokens - 1, num_responses=n,
-        constant_length=study.max_tokens) for r in RECIPES}
-    notes = [stats.seed_note(seeds, quick=args.quick, full_seeds=MechanismStudy.seeds),
-             f"study: {dataclasses.asdict(study)}; wall time {time.time() - start:.0f} s",
-             "d split: change of q_wrong - q_right (stop probability after a wrong minus after a right answer), "
-             "last step minus start; dq: each alone (teacher-forced on fixed "
-             "fillers). force: per-step stop-logit force sum w A (1[EOS] - q) from the real step batch; closed: its "
-             "closed form (reports/length_drift.py) at the step's advantages and mean q.",
-             "closed-form push per unit advantage relative to the mode's mean token weight at q0 = "
-             f"{q0:.3f}: " + ", ".join(f"{m} {v:+.4f}" for m, v in pushes.items()),
-             *verdict(rows)]
-    columns = ["recipe", "d split", "dq wrong", "dq right", "force wrong", "closed wrong", "force right", "closed right",
-               "reward last", "truncated"]
-    write_summary(out, list(rows.values()), columns, title=f"Length mechanism ({'quick' if args.quick else 'full'})",
-                  notes=notes, config={"name": NAME, "quick": args.quick, "study": dataclasses.asdict(study)})
-    plot(logs, out / "drift.png", title=f"Length-neutral task, {len(seeds)} seeds: stop probability drift by recipe")
+    report(out, study, logs, quick=args.quick, wall_s=time.time() - start)
     print(f"wrote {out}/summary.md, drift.png, per_seed.json")
     return 0
 
