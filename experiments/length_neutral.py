@@ -58,10 +58,10 @@ def seed_row(curves: dict[str, list[float]], records: list[dict]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = experiment_parser(__doc__, name=NAME)
-    parser.add_argument("--seeds", type=int, nargs="*", default=None,
-                        help=f"seeds (default {SEEDS}; --quick {QUICK_SEEDS})")
+    parser.add_argument("--seeds", default=None,
+                        help=f"comma-separated seeds (default {SEEDS}; --quick {QUICK_SEEDS})")
     args = parser.parse_args(argv)
-    seeds = tuple(args.seeds) if args.seeds else (QUICK_SEEDS if args.quick else SEEDS)
+    seeds = stats.parse_seeds(args.seeds, QUICK_SEEDS if args.quick else SEEDS)
     out = output_dir(args, NAME)
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.policy import load_policy

@@ -82,3 +82,16 @@ def seed_note(seeds: Sequence[int], *, quick: bool, full_seeds: int) -> str:
     if quick and len(seeds) < full_seeds:
         text += f"; --quick uses {len(seeds)} of the full size's {full_seeds} seeds"
     return text
+
+
+def parse_seeds(text: str | None, default: Sequence[int]) -> tuple[int, ...]:
+    """--seeds "0,1,2" -> (0, 1, 2); None -> `default`."""
+    if text is None:
+        return tuple(default)
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r} is invalid; valid: distinct integers separated by commas, e.g. 0,1,2")
+    return seeds

@@ -29,6 +29,7 @@ def load_experiment(name: str):
         sys.path.insert(0, str(REPO / "experiments"))
     spec = importlib.util.spec_from_file_location(f"experiment_{name}", REPO / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -37,3 +37,10 @@ def test_one_seed_has_no_interval_and_says_so():
     assert "--quick uses 2 of the full size's 5 seeds" in stats.seed_note([0, 1], quick=True, full_seeds=5)
     with pytest.raises(ValueError, match="level=1.5"):
         stats.interval([1, 2], level=1.5)
+
+
+def test_parse_seeds():
+    assert stats.parse_seeds("0,1,2", (9,)) == (0, 1, 2) and stats.parse_seeds(None, (9,)) == (9,)
+    for bad in ("a", "1,1", ""):
+        with pytest.raises(ValueError, match="valid: distinct integers"):
+            stats.parse_seeds(bad, (0,))
