@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 
 from jaxrl_llm.data.records import Example
-from jaxrl_llm.data.tasks import AdditionTask
 from jaxrl_llm.rewards import trusted_in_process
 
 LEADING_INTEGER = re.compile(r"\s*(-?\d+)(?!\d|\.\d)")  # "12." counts, "12.5" does not
@@ -27,18 +26,12 @@ def leading_integer_reward(completion: str, example) -> float:
     return float(match is not None and int(match.group(1)) == int(example.answer))
 
 
-class AnswerFirstAdditionTask(AdditionTask):
-    """``What is a + b? Start your reply with the number, then explain it in your own words.``
+INSTRUCTION = "Start your reply with the number, then explain how you got it."
 
-    The questions and held-out split are those of :class:`AdditionTask` (same question
-    strings, so the same hash split); only the instruction and the grader differ."""
 
-    name = "addition_answer_first"
-    reward_fn = staticmethod(leading_integer_reward)
-    instruction = "Start your reply with the number, then explain how you got it."
-
-    def example(self, a: int, b: int) -> Example:
-        base = super().example(a, b)
-        return Example(id=f"{self.name}/{a}+{b}", task=self.name,
-                       prompt=f"What is {a} + {b}? {self.instruction}", answer=base.answer, split=base.split,
-                       metadata=base.metadata)
+def answer_first_example(base: Example, task_name: str) -> Example:
+    """An addition example re-asked in the answer-first format: same question (so the same
+    hash split) and answer, the instruction above, `task_name` as its task."""
+    a, b = base.metadata["a"], base.metadata["b"]
+    return Example(id=f"{task_name}/{a}+{b}", task=task_name, prompt=f"What is {a} + {b}? {INSTRUCTION}",
+                   answer=base.answer, split=base.split, metadata=base.metadata)

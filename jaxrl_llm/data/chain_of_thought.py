@@ -9,20 +9,8 @@ and the answer in ``\\boxed{}`` (graded by reasoning-gym's own verifier on the l
 """
 from __future__ import annotations
 
-from jaxrl_llm.data.task_base import Task
-
 COT_INSTRUCTION = "\n\nThink step by step, then give your final answer as \\boxed{answer}."
 COT_TASKS = {
     "cot_gsm_symbolic": ("gsm_symbolic", {}),
     "cot_chain_sum": ("chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}),
 }
-
-
-def make_cot_task(name: str, **config) -> Task:
-    """The registered chain-of-thought task `name` (COT_TASKS), `config` overriding its preset."""
-    from jaxrl_llm.data.tasks import ReasoningGymTask  # tasks.py imports this module lazily
-
-    if name not in COT_TASKS:
-        raise ValueError(f"unknown chain-of-thought task {name!r}; valid: {', '.join(COT_TASKS)}")
-    dataset, preset = COT_TASKS[name]
-    return ReasoningGymTask(dataset, instruction=COT_INSTRUCTION, **{**preset, **config})  # task: the data set

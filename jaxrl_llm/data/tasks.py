@@ -24,6 +24,8 @@ import itertools
 import random
 from typing import Any, Callable, Iterator
 
+from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_reward
+from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
 from jaxrl_llm.data.jsonl import JsonlTask
 from jaxrl_llm.data.records import (
     Example,
@@ -121,6 +123,18 @@ class AdditionTask(GeneratedTask):
             a = rng.randint(self.low, self.high)
             b = rng.randint(self.low, self.high)
             yield self.example(a, b)
+
+
+class AnswerFirstAdditionTask(AdditionTask):
+    """``What is a + b? Start your reply with the number, then explain how you got it.``:
+    the questions and split of :class:`AdditionTask`, graded on the leading integer alone,
+    so the text after it is free (a length-neutral reward; data/answer_first.py)."""
+
+    name = "addition_answer_first"
+    reward_fn = staticmethod(leading_integer_reward)
+
+    def example(self, a: int, b: int) -> Example:
+        return answer_first_example(super().example(a, b), self.name)
 
 
 class ReasoningGymTask(GeneratedTask):
@@ -230,25 +244,20 @@ def _reasoning_gym_factory(dataset: str) -> Callable[..., Task]:
     return factory
 
 
-def _answer_first_addition(**config: Any) -> Task:
-    from jaxrl_llm.data.answer_first import AnswerFirstAdditionTask  # imports this module
-
-    return AnswerFirstAdditionTask(**config)
-
-
 def _cot_factory(name: str) -> Callable[..., Task]:
+    dataset, preset = COT_TASKS[name]
+
     def factory(**config: Any) -> Task:
-        from jaxrl_llm.data.chain_of_thought import make_cot_task
+        return ReasoningGymTask(dataset, instruction=COT_INSTRUCTION, **{**preset, **config})
 
-        return make_cot_task(name, **config)
-
+    factory.__doc__ = f"reasoning-gym {dataset!r} with the chain-of-thought instruction (data/chain_of_thought.py)."
     return factory
 
 
 TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
-    "addition_answer_first": _answer_first_addition,
-    **{name: _cot_factory(name) for name in ("cot_gsm_symbolic", "cot_chain_sum")},
+    "addition_answer_first": AnswerFirstAdditionTask,
+    **{name: _cot_factory(name) for name in COT_TASKS},
     **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
     "reasoning_gym": ReasoningGymTask,
     "jsonl": JsonlTask,
