@@ -13,7 +13,7 @@ DAPO here is the `dapo` recipe: clip-higher (eps_high 0.28), token-mean aggregat
 the zero-variance group filter; its overlong penalty is off (the recipe's default),
 which is also what keeps the reward length-neutral.
 
-    python experiments/length_neutral.py --quick     # 3 recipes x 2 seeds x 3 steps of 2 x 8, max 96 tokens
+    python experiments/length_neutral.py --quick     # 3 recipes x 2 seeds x 2 steps of 2 x 8, max 96 tokens
     python experiments/length_neutral.py             # 3 recipes x 3 seeds x 12 steps of 4 x 8, max 128 tokens
 
 Writes to runs/experiments/length_neutral/<quick|full>/: <recipe>_s<seed>/ (runs),
@@ -36,7 +36,7 @@ NAME = "length_neutral"
 RECIPES = ("grpo", "dr_grpo", "dapo")
 SEEDS = (0, 1, 2)
 QUICK_SEEDS = (0, 1)
-QUICK = ("total_steps=3", "rollout.prompts_per_step=2", "rollout.max_tokens=96")
+QUICK = ("total_steps=2", "rollout.prompts_per_step=2", "rollout.max_tokens=96")
 
 
 def get_config(arg: str = "grpo") -> Config:
