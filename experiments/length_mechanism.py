@@ -23,7 +23,7 @@ lengths, and the step's stop-logit force sum_it w_it A_i (1[EOS] - q_it) read of
 real step batch, next to its closed form.
 
     python experiments/length_mechanism.py --quick     # 5 seeds x 3 recipes x 40 steps, ~6 min on 2 busy CPU cores
-    python experiments/length_mechanism.py             # 10 seeds x 3 recipes x 80 steps, ~20 min
+    python experiments/length_mechanism.py             # 10 seeds x 3 recipes x 80 steps, ~15-30 min (not run yet)
 
 Writes to runs/experiments/length_mechanism/<quick|full>/: summary.md / .json (drift with
 95% t-intervals over seeds), per_seed.json, drift.png (stop probability over steps: mean
