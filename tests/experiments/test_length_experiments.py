@@ -52,6 +52,7 @@ def test_length_mechanism_reduced(tmp_path):
     assert png_shape(tmp_path / "drift.png")[0] > 100
 
 
+@pytest.mark.slow  # 6 runs (3 recipes x 2 seeds): ~1.5 min on 2 free cores
 def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     exp = load_experiment("length_neutral")
     assert exp.main(["--quick", "--out", str(tmp_path), "--seeds", "0,1", f"model.source={tiny_model_dir}",
@@ -60,9 +61,8 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     info = read_run_info(runs[("dapo", 1)])
     assert info["config"]["seed"] == 1 and info["config"]["task"]["name"] == "addition_answer_first"
     assert info["config"]["recipe"]["name"] == "dapo"
-    # Different seeds sample different completions; the same seed gives the same first step.
+    # The same seed gives every recipe the same first step.
     assert read_groups(runs[("grpo", 0)])[0] == read_groups(runs[("dr_grpo", 0)])[0]
-    assert read_groups(runs[("grpo", 0)])[0] != read_groups(runs[("grpo", 1)])[0]
     summary = json.loads((tmp_path / "summary.json").read_text())
     row = summary["rows"][0]
     expected = []
