@@ -53,9 +53,9 @@ demo: venv
 	@$(MAKE) --no-print-directory vllm-env >/dev/null
 	$(PY) -m jaxrl_llm.cli demo
 
-# experiments/README.md: the four seed-paper experiments; the quick sizes take
+# experiments/README.md: the seed-paper experiments; the quick sizes take
 # <= 15 min each on 2 CPU cores. Rerunning resumes/keeps finished runs.
-EXPERIMENTS = length_bias difficulty_bias precision_mismatch sanity_check
+EXPERIMENTS = length_bias difficulty_bias precision_mismatch sanity_check length_mechanism length_neutral chain_of_thought
 
 experiments-quick: venv vllm-env
 	for e in $(EXPERIMENTS); do $(PY) experiments/$$e.py --quick; done

@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = result["rows"]
     mid = min(rows, key=lambda r: abs(r["p"] - 0.5))
     edge = next((r for r in rows if 0 < r["p"] < 1), None)
-    notes = [f"runs measured: {', '.join(str(r) for r in runs)}",
+    notes = [f"runs measured: {', '.join(str(r) for r in runs)} (their seeds pooled: the measured weights are an "
+             f"identity on each logged group, so they carry no seed noise; the group counts do)",
              "analytic: E|A| = 2p(1-p) without std; 2p(1-p)/std with std, std = sqrt(G/(G-1) p(1-p)) (ddof=1). "
              "grad share: mean share of a step's total |dL/dlog pi| held by one group at that p, from the real loss "
              "(both with seq-mean-token-mean aggregation)."]

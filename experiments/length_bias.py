@@ -6,14 +6,17 @@ long wrong answer is penalised less per token than a short one. Do incorrect
 responses grow longer under GRPO than under Dr. GRPO (group-mean advantage,
 constant normaliser) and DAPO (token-mean), while the reward is similar?
 
-    python experiments/length_bias.py --quick     # 3 runs x 8 steps, ~12 min on 2 CPU cores
-    python experiments/length_bias.py             # CPU full size: 3 runs x 16 steps of 8 x 8, ~35 min
+    python experiments/length_bias.py --quick     # 3 runs x 8 steps, seed 0 only, ~12 min on 2 CPU cores
+    python experiments/length_bias.py             # CPU full size: 3 recipes x 3 seeds x 16 steps of 8 x 8, ~3 h
     jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
     jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
 
 Writes to runs/experiments/length_bias/<quick|full>/:
-  grpo/, dr_grpo/, dapo/    the runs (metrics.jsonl, groups.jsonl, run_info.json, checkpoints)
-  training.png              reward and mean length of correct / incorrect responses over steps
+  grpo_s0/, dr_grpo_s0/, dapo_s0/, ..._s1/ ...   the runs (metrics.jsonl, groups.jsonl, run_info.json,
+                            checkpoints), one per recipe and seed
+  training.png              seed 0: reward, lengths, truncation, entropy over steps
+  seeds.png                 reward and mean length of correct / incorrect responses: mean, 95% band
+                            and points over seeds
   analytic/length_bias.png  implied per-token weight against length for each recipe, computed
                             by differentiating each recipe's loss on the GRPO run's real groups
   summary.md / .json        the numbers of experiments/README.md
@@ -25,7 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from base_configs import addition_config
-from jaxrl_llm.reports import bias_report
+from jaxrl_llm.reports import bias_report, stats
+from jaxrl_llm.reports.seed_curves import per_step_lengths, plot_seed_bands
 from jaxrl_llm.reports.runs import (
     experiment_parser,
     output_dir,
@@ -38,15 +42,16 @@ from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_bias"
 RECIPES = ("grpo", "dr_grpo", "dapo")
-# The --quick size: half the prompts per step, half the steps.
+# The --quick size: half the prompts per step, half the steps, one seed.
 QUICK = ("total_steps=8", "rollout.prompts_per_step=4")
+SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 
 
-def get_config(arg: str = "grpo") -> Config:
-    """ARG = "<recipe>" (CPU) or "<recipe>,gpu" (GPU scale). Seed 0 for every recipe: the same
-    prompts and, at step 1, the same samples."""
+def get_config(arg: str = "grpo", seed: int = 0) -> Config:
+    """ARG = "<recipe>" (CPU) or "<recipe>,gpu" (GPU scale). The same seed for every recipe: the
+    same prompts and, at step 1, the same samples."""
     recipe, _, scale = arg.partition(",")
-    cfg = addition_config(f"{NAME}_{recipe}", scale, recipe=recipe, total_steps=16, max_tokens=32)
+    cfg = addition_config(f"{NAME}_{recipe}", scale, recipe=recipe, total_steps=16, max_tokens=32, seed=seed)
     # DAPO's soft overlong punishment would shorten answers by itself and its dynamic
     # sampling would change which groups the learner sees: both off, so the recipes differ
     # only in their loss aggregation (and DAPO's clip range and zero-variance filter).
@@ -75,44 +80,70 @@ def summarise(recipe: str, records: list[dict], groups: list[dict]) -> dict:
     return row
 
 
+INTERVAL_KEYS = ("reward first", "reward last", "length_correct first", "length_correct last", "d length_correct",
+                 "length_incorrect first", "length_incorrect last", "d length_incorrect")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = experiment_parser(__doc__, name=NAME).parse_args(argv)
+    parser = experiment_parser(__doc__, name=NAME)
+    parser.add_argument("--seeds", default=None,
+                        help=f"comma-separated seeds (default {SEEDS}; --quick {QUICK_SEEDS})")
+    args = parser.parse_args(argv)
+    seeds = stats.parse_seeds(args.seeds, QUICK_SEEDS if args.quick else SEEDS)
     out = output_dir(args, NAME)
     from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.plots import plot_runs
 
-    configs = [variant_config(get_config(r), out, r, QUICK, args.overrides, quick_on=args.quick) for r in RECIPES]
-    policy = load_policy(configs[0].model.source)
-    runs = [train_or_resume(cfg, policy=policy) for cfg in configs]
+    configs = {(r, s): variant_config(get_config(r, s), out, f"{r}_s{s}", QUICK, args.overrides,
+                                      quick_on=args.quick) for s in seeds for r in RECIPES}
+    policy = load_policy(next(iter(configs.values())).model.source)
+    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    first = [runs[(r, seeds[0])] for r in RECIPES]
 
-    plot_runs(runs, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",
-                     "entropy"], out / "training.png", title="Length bias: same seed, three recipes")
+    plot_runs(first, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",
+                      "entropy"], out / "training.png", title=f"Length bias: seed {seeds[0]}, three recipes")
+    curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
+    plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "seeds.png",
+                    title=f"Length bias: {len(seeds)} seed(s) per recipe")
     # The analytic view on real data: each recipe's implied per-token weight, from the
-    # gradient of its loss, on the groups the GRPO run actually sampled.
-    batch = bias_report.batch_from_groups(read_groups(runs[0]), configs[0].rollout.max_tokens)
+    # gradient of its loss, on the groups the GRPO runs actually sampled (all seeds pooled).
+    max_tokens = configs[(RECIPES[0], seeds[0])].rollout.max_tokens
+    batch = bias_report.batch_from_groups([g for s in seeds for g in read_groups(runs[("grpo", s)])], max_tokens)
     analytic = bias_report.run(str(out / "analytic"), recipes=RECIPES, batch=batch)
     exponents = {row["recipe"]: row["length_exponent"] for row in analytic}
 
-    rows = [summarise(r, read_metrics(run), read_groups(run)) | {"length exponent": exponents[r]}
-            for r, run in zip(RECIPES, runs)]
+    rows = []
+    for r in RECIPES:
+        per_seed = [summarise(r, read_metrics(runs[(r, s)]), read_groups(runs[(r, s)])) for s in seeds]
+        row = {"recipe": r, "seeds": len(seeds), "steps": per_seed[0]["steps"]}
+        for key in INTERVAL_KEYS:
+            iv = stats.interval([p[key] for p in per_seed])
+            row[key] = stats.format_interval(iv, signed=key.startswith("d "))
+            row[f"{key} interval"] = iv.to_dict()
+        row["n incorrect last"] = sum(p["n incorrect last"] for p in per_seed)
+        row["length exponent"] = exponents[r]
+        row["per seed"] = per_seed
+        rows.append(row)
     grpo, dr = rows[0], rows[1]
     notes = [
+        stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
         f"Claim (Dr. GRPO paper): incorrect responses grow longer under GRPO than under Dr. GRPO at similar reward. "
-        f"Here: change in mean incorrect length, GRPO {grpo['d length_incorrect']:+.2f} vs Dr. GRPO "
-        f"{dr['d length_incorrect']:+.2f} tokens (correct: {grpo['d length_correct']:+.2f} vs "
-        f"{dr['d length_correct']:+.2f}); final reward {grpo['reward last']:.3f} vs {dr['reward last']:.3f}.",
-        "first/last: the first/last min(3, steps/2) steps; lengths pooled over their responses (n = how many). "
-        "length exponent: slope of log|w/A| against "
-        "log L of the per-token gradient weight on the GRPO run's pooled groups (-1 = GRPO's 1/L, 0 = none).",
+        f"Here: change in mean incorrect length, GRPO {grpo['d length_incorrect']} vs Dr. GRPO "
+        f"{dr['d length_incorrect']} tokens (correct: {grpo['d length_correct']} vs {dr['d length_correct']}); "
+        f"final reward {grpo['reward last']} vs {dr['reward last']}.",
+        "first/last: the first/last min(3, steps/2) steps; lengths pooled over their responses, per seed; "
+        "n incorrect last: incorrect answers in the last window, summed over seeds. length exponent: slope of "
+        "log|w/A| against log L of the per-token gradient weight on the GRPO runs' pooled groups "
+        "(-1 = GRPO's 1/L, 0 = none).",
+        "The reward of this task depends on length (a terse answer is the rewarded format); "
+        "experiments/length_neutral.py and length_mechanism.py are the length-neutral tests.",
     ]
-    write_summary(out, rows, ["recipe", "steps", "reward first", "reward last", "length_correct first",
-                              "length_correct last", "d length_correct", "length_incorrect first",
-                              "length_incorrect last", "n incorrect last", "d length_incorrect", "length exponent"],
+    write_summary(out, rows, ["recipe", "seeds", "steps", *INTERVAL_KEYS, "n incorrect last", "length exponent"],
                   title=f"Length bias ({'quick' if args.quick else 'full'})", notes=notes,
-                  config={"name": NAME, "quick": args.quick, "overrides": list(args.overrides),
-                          "variants": {r: c.to_dict() for r, c in zip(RECIPES, configs)}})
-    print(f"wrote {out}/training.png, {out}/analytic/length_bias.png, {out}/summary.md")
+                  config={"name": NAME, "quick": args.quick, "seeds": list(seeds), "overrides": list(args.overrides),
+                          "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
+    print(f"wrote {out}/training.png, seeds.png, {out}/analytic/length_bias.png, {out}/summary.md")
     return 0
 
 

@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes = [f"bf16/bf16 over fp16/fp16, {engine}: k1 x{r['k1']:.1f}, k3 x{r['k3']:.1f}, "
              f"max|dlogp| x{r['max_abs_logprob_diff']:.1f} (paper: KL ~24x)" for engine, r in ratios.items()]
     notes += [f"unavailable: {label}: {why}" for label, why in result["unsupported"].items()]
+    notes.append(f"seeds: 1 (sampling seed {study.seed}): no interval; the KL values are means over the "
+                 f"sampled tokens of one seed")
     notes += [f"sampling speed {label}: {t['tokens_per_s']:.0f} tok/s ({t['tokens']} tokens)"
               for label, t in result["timings"].items()]
     write_summary(out, result["rows"], ["sampler", "learner", "matched", "tokens", "k1", "k3", "prob_diff_max",

@@ -7,8 +7,12 @@ so no held-out question is ever drawn for training, whatever the seed.
 
 Tasks:
   addition          "What is a + b? Answer with just the number." (ours; the demo)
+  addition_answer_first   the same questions, answer first then free text; only the
+                    leading integer is graded (length-neutral; data/answer_first.py)
   basic_arithmetic, chain_sum, countdown, ...   reasoning-gym generators,
                     graded by reasoning-gym's own verifiers
+  cot_gsm_symbolic, cot_chain_sum   reasoning-gym questions + "think step by step",
+                    answer in \\boxed{} (data/chain_of_thought.py)
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
 """
@@ -20,6 +24,8 @@ import itertools
 import random
 from typing import Any, Callable, Iterator
 
+from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_reward
+from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
 from jaxrl_llm.data.jsonl import JsonlTask
 from jaxrl_llm.data.records import (
     Example,
@@ -117,6 +123,18 @@ class AdditionTask(GeneratedTask):
             a = rng.randint(self.low, self.high)
             b = rng.randint(self.low, self.high)
             yield self.example(a, b)
+
+
+class AnswerFirstAdditionTask(AdditionTask):
+    """``What is a + b? Start your reply with the number, then explain how you got it.``:
+    the questions and split of :class:`AdditionTask`, graded on the leading integer alone,
+    so the text after it is free (a length-neutral reward; data/answer_first.py)."""
+
+    name = "addition_answer_first"
+    reward_fn = staticmethod(leading_integer_reward)
+
+    def example(self, a: int, b: int) -> Example:
+        return answer_first_example(super().example(a, b), self.name)
 
 
 class ReasoningGymTask(GeneratedTask):
@@ -226,8 +244,20 @@ def _reasoning_gym_factory(dataset: str) -> Callable[..., Task]:
     return factory
 
 
+def _cot_factory(name: str) -> Callable[..., Task]:
+    dataset, preset = COT_TASKS[name]
+
+    def factory(**config: Any) -> Task:
+        return ReasoningGymTask(dataset, instruction=COT_INSTRUCTION, **{**preset, **config})
+
+    factory.__doc__ = f"reasoning-gym {dataset!r} with the chain-of-thought instruction (data/chain_of_thought.py)."
+    return factory
+
+
 TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
+    "addition_answer_first": AnswerFirstAdditionTask,
+    **{name: _cot_factory(name) for name in COT_TASKS},
     **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
     "reasoning_gym": ReasoningGymTask,
     "jsonl": JsonlTask,

@@ -29,6 +29,7 @@ def load_experiment(name: str):
         sys.path.insert(0, str(REPO / "experiments"))
     spec = importlib.util.spec_from_file_location(f"experiment_{name}", REPO / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -45,7 +46,7 @@ def test_length_bias_reduced_runs_three_recipes_from_one_seed_and_reruns_keep_th
     exp = load_experiment("length_bias")
     args = ["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]
     assert exp.main(args) == 0
-    runs = [tmp_path / r for r in ("grpo", "dr_grpo", "dapo")]
+    runs = [tmp_path / f"{r}_s0" for r in ("grpo", "dr_grpo", "dapo")]  # --quick: seed 0 only
     metrics = [read_metrics(r) for r in runs]
     groups = [read_groups(r) for r in runs]
     assert [len(m) for m in metrics] == [2, 2, 2]
@@ -59,7 +60,12 @@ def test_length_bias_reduced_runs_three_recipes_from_one_seed_and_reruns_keep_th
     summary = json.loads((tmp_path / "summary.json").read_text())
     for row, g in zip(summary["rows"], groups):  # window = 1 step at 2 steps; all answers are wrong here
         first, last = np.mean(g[0]["lengths"]), np.mean(g[-1]["lengths"])
-        assert row["n incorrect first"] == 8 and row["d length_incorrect"] == pytest.approx(last - first)
+        seed0 = row["per seed"][0]
+        assert seed0["n incorrect first"] == 8 and seed0["d length_incorrect"] == pytest.approx(last - first)
+        interval = row["d length_incorrect interval"]  # one seed: its value, no interval
+        assert interval["n"] == 1 and interval["mean"] == pytest.approx(last - first) and math.isnan(interval["low"])
+    assert any("--quick uses 1 of the full size's 3 seeds" in n for n in summary["notes"])
+    assert png_shape(tmp_path / "seeds.png")[0] > 100
     assert png_shape(tmp_path / "training.png")[0] > 100
     assert png_shape(tmp_path / "analytic" / "length_bias.png")[0] > 100
     # Each run records its config, commit and versions next to its metrics.
@@ -198,16 +204,17 @@ def test_sanity_check_reduced_runs_each_precision(tiny_model_dir, tmp_path):
     rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
     assert [r["precision"] for r in rows] == ["fp32", "bf16", "fp16"]
     for row in rows:
-        records = read_metrics(tmp_path / row["precision"])
-        info = read_run_info(tmp_path / row["precision"])
+        records = read_metrics(tmp_path / f"{row['precision']}_s0")
+        info = read_run_info(tmp_path / f"{row['precision']}_s0")
         assert info["config"]["train"]["precision"] == row["precision"]
-        assert row["steps"] == len(records) == 2
-        assert row["reward last 2"] == pytest.approx(np.mean([r["reward"] for r in records]))
+        assert row["seeds"] == 1 and row["per seed"][0]["steps"] == len(records) == 2
+        assert row["reward last 2 interval"]["mean"] == pytest.approx(np.mean([r["reward"] for r in records]))
     # A fp32 sampler matches the fp32 learner far more closely than bf16 ones match theirs.
-    k3 = {r["precision"]: r["mean mismatch k3"] for r in rows}
+    k3 = {r["precision"]: r["per seed"][0]["mean mismatch k3"] for r in rows}
     assert k3["fp32"] < 1e-6
-    fig = plot_runs([tmp_path / p for p in ("fp32", "bf16")], ["reward"], tmp_path / "x.png")
-    commit = read_run_info(tmp_path / "fp32")["git_commit"][:10]
+    assert png_shape(tmp_path / "seeds.png")[0] > 100
+    fig = plot_runs([tmp_path / p for p in ("fp32_s0", "bf16_s0")], ["reward"], tmp_path / "x.png")
+    commit = read_run_info(tmp_path / "fp32_s0")["git_commit"][:10]
     assert any(commit in t.get_text() for t in fig.texts)  # the plot reads run_info: commit in the footer
     with pytest.raises(ConfigError, match="valid: one of"):
         exp.get_config("fp8")

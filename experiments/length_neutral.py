@@ -1,0 +1,102 @@
+"""Experiment 6: length bias with SmolLM2 on a length-neutral format, over seeds.
+
+Question (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783): with a reward that cannot
+depend on length, do incorrect responses grow under GRPO relative to Dr. GRPO
+(constant normaliser), with DAPO's token-mean in between? Experiment 1 cannot tell,
+because there a terse answer is the rewarded format. Here the task is
+`addition_answer_first` (data/answer_first.py): "What is a + b? Start your reply
+with the number, then explain how you got it.", graded on the leading integer
+alone, so the text after it is free; max_tokens is set so most responses end with
+EOS (the truncated fraction is reported).
+
+DAPO here is the `dapo` recipe: clip-higher (eps_high 0.28), token-mean aggregation and
+the zero-variance group filter; its overlong penalty is off (the recipe's default),
+which is also what keeps the reward length-neutral.
+
+    python experiments/length_neutral.py --quick     # 3 recipes x 2 seeds x 2 steps of 2 x 8, max 96 tokens
+    python experiments/length_neutral.py             # 3 recipes x 3 seeds x 12 steps of 4 x 8, max 128 tokens
+
+Writes to runs/experiments/length_neutral/<quick|full>/: <recipe>_s<seed>/ (runs),
+lengths.png (reward and mean length of correct / incorrect responses per step: mean
+and 95% band over seeds, seeds as points), summary.md / .json.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from base_configs import addition_config
+from jaxrl_llm.reports import stats
+from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
+from jaxrl_llm.reports.runs import experiment_parser, output_dir, train_or_resume, variant_config, write_summary
+from jaxrl_llm.train.config import Config, replace_values
+
+NAME = "length_neutral"
+RECIPES = ("grpo", "dr_grpo", "dapo")
+SEEDS = (0, 1, 2)
+QUICK_SEEDS = (0, 1)
+QUICK = ("total_steps=2", "rollout.prompts_per_step=2", "rollout.max_tokens=96")
+
+
+def get_config(arg: str = "grpo") -> Config:
+    """ARG = "<recipe>" or "<recipe>,<seed>" (CPU; seed 0 by default)."""
+    recipe, _, seed = arg.partition(",")
+    cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=12, max_tokens=128,
+                          seed=int(seed or 0))
+    return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 4})
+
+
+def seed_row(curves: dict[str, list[float]], records: list[dict]) -> dict:
+    """One run: last minus first step of each curve (first/last finite value), truncated fraction."""
+    return {"d length_correct": change(curves["length_correct"]),
+            "d length_incorrect": change(curves["length_incorrect"]),
+            "reward first": curves["reward"][0], "reward last": curves["reward"][-1],
+            "length_incorrect first": curves["length_incorrect"][0],
+            "truncated": float(np.mean([r.get("truncated_fraction", np.nan) for r in records]))}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = experiment_parser(__doc__, name=NAME)
+    parser.add_argument("--seeds", default=None,
+                        help=f"comma-separated seeds (default {SEEDS}; --quick {QUICK_SEEDS})")
+    args = parser.parse_args(argv)
+    seeds = stats.parse_seeds(args.seeds, QUICK_SEEDS if args.quick else SEEDS)
+    out = output_dir(args, NAME)
+    from jaxrl_llm.train.metrics import read_groups, read_metrics
+    from jaxrl_llm.train.policy import load_policy
+
+    configs = {(r, s): variant_config(get_config(f"{r},{s}"), out, f"{r}_s{s}", QUICK, args.overrides,
+                                      quick_on=args.quick) for r in RECIPES for s in seeds}
+    policy = load_policy(next(iter(configs.values())).model.source)
+    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
+    rows = []
+    for r in RECIPES:
+        per_seed = [seed_row(c, read_metrics(runs[(r, s)])) for c, s in zip(curves[r], seeds)]
+        row = {"recipe": r}
+        for key in ("d length_incorrect", "d length_correct", "reward first", "reward last", "truncated"):
+            iv = stats.interval([p[key] for p in per_seed])
+            row[key] = stats.format_interval(iv, signed=key.startswith("d "))
+            row[f"{key} interval"] = iv.to_dict()
+        row["per seed"] = per_seed
+        rows.append(row)
+    g, d = rows[0], rows[1]
+    notes = [stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
+             "d length_*: last minus first step of the mean length (tokens) of correct / incorrect responses, "
+             "per seed; truncated: mean fraction of responses without EOS.",
+             f"Derived (docs/objectives.md#length-drift-on-a-length-neutral-task): d length_incorrect larger under "
+             f"GRPO than Dr. GRPO. Measured GRPO {g['d length_incorrect']} vs Dr. GRPO {d['d length_incorrect']}.",
+             "DAPO = the dapo recipe: clip-higher + token-mean + zero-variance filter, overlong penalty off."]
+    write_summary(out, rows, ["recipe", "d length_incorrect", "d length_correct", "reward first", "reward last",
+                              "truncated"], title=f"Length-neutral length bias ({'quick' if args.quick else 'full'})",
+                  notes=notes, config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
+                                       "overrides": list(args.overrides),
+                                       "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
+    plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png", title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
+    print(f"wrote {out}/lengths.png, {out}/summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

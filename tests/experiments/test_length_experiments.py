@@ -1,0 +1,95 @@
+"""The length-neutral experiments in reduced form: the tiny-decoder mechanism study
+(experiments/length_mechanism.py) and SmolLM2's answer-first format
+(experiments/length_neutral.py, here a tiny random decoder with SmolLM2's tokenizer)."""
+import json
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.data import make_task
+from jaxrl_llm.data.answer_first import leading_integer_reward
+from jaxrl_llm.train.metrics import read_groups, read_run_info
+from tests.experiments.test_experiments import TINY, load_experiment, png_shape
+from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture)
+
+
+def test_answer_first_task_grades_the_leading_integer_alone():
+    task = make_task("addition_answer_first")
+    example = next(e for e in task.all_examples("train") if e.answer == "12")
+    assert example.prompt.startswith("What is ") and "Start your reply with the number" in example.prompt
+    for text, reward in ((" 12. I added 6 and 6 and then went on at length " * 3, 1.0), ("12\n\n6+6", 1.0),
+                         ("12", 1.0), ("The sum is 12", 0.0), ("120", 0.0), ("12.5", 0.0), ("13. 12", 0.0)):
+        assert leading_integer_reward(text, example) == reward, text
+    # Same questions and split as the addition task: only the instruction and the grader differ.
+    addition = make_task("addition")
+    assert [e.metadata for e in task.all_examples("heldout")] == [e.metadata for e in addition.all_examples("heldout")]
+
+
+def test_length_mechanism_reduced(tmp_path):
+    """2 seeds x 3 steps. The supervised start realises the designed policy (stop probability
+    0.2 at every free position, whatever the answer); the summary's intervals are over the 2
+    seeds; Dr. GRPO's closed-form force is 0 and its measured force is noise around it."""
+    exp = load_experiment("length_mechanism")
+    assert exp.main(["--quick", "--out", str(tmp_path), "seeds=2", "steps=3", "sft_steps=300"]) == 0
+    data = json.loads((tmp_path / "per_seed.json").read_text())
+    for recipe, rows in data["per_seed"].items():
+        for row in rows:
+            assert row["q0 right"] == pytest.approx(0.2, abs=0.05) and row["q0 wrong"] == pytest.approx(0.2, abs=0.05)
+            assert abs(row["q0 right"] - row["q0 wrong"]) < 0.03  # no split at the start
+    for recipe, logs in data["logs"].items():
+        for log in logs:
+            assert len(log["q_right"]) == 4 and len(log["force_wrong"]) == 3
+            if recipe == "dr_grpo":
+                assert np.abs(log["closed_wrong"]).max() < 1e-12
+            if recipe == "grpo":  # wrong answers: the closed form pushes the stop logit down
+                assert all(c < 0 for c in log["closed_wrong"] if c != 0)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    grpo = summary["rows"][0]
+    assert grpo["recipe"] == "grpo" and grpo["d split interval"]["n"] == 2
+    splits = [r["d split"] for r in data["per_seed"]["grpo"]]
+    assert grpo["d split interval"]["mean"] == pytest.approx(np.mean(splits))
+    assert any("2 of the full size's 10 seeds" in n for n in summary["notes"])
+    assert png_shape(tmp_path / "drift.png")[0] > 100
+
+
+@pytest.mark.slow  # 6 runs (3 recipes x 2 seeds): ~1.5 min on 2 free cores
+def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
+    exp = load_experiment("length_neutral")
+    assert exp.main(["--quick", "--out", str(tmp_path), "--seeds", "0,1", f"model.source={tiny_model_dir}",
+                     *TINY]) == 0
+    runs = {(r, s): tmp_path / f"{r}_s{s}" for r in ("grpo", "dr_grpo", "dapo") for s in (0, 1)}
+    info = read_run_info(runs[("dapo", 1)])
+    assert info["config"]["seed"] == 1 and info["config"]["task"]["name"] == "addition_answer_first"
+    assert info["config"]["recipe"]["name"] == "dapo"
+    # The same seed gives every recipe the same first step.
+    assert read_groups(runs[("grpo", 0)])[0] == read_groups(runs[("dr_grpo", 0)])[0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    row = summary["rows"][0]
+    expected = []
+    for s in (0, 1):
+        groups = read_groups(runs[("grpo", s)])
+        lengths = [np.mean(np.asarray(g["lengths"])[np.asarray(g["rewards"]) < 1]) for g in groups]
+        expected.append(lengths[-1] - lengths[0])
+    assert row["d length_incorrect interval"]["n"] == 2
+    assert row["d length_incorrect interval"]["mean"] == pytest.approx(np.mean(expected))
+    assert png_shape(tmp_path / "lengths.png")[0] > 100
+
+
+def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
+    exp = load_experiment("chain_of_thought")
+    gpu = exp.get_config("grpo,gpu")
+    assert (gpu.task.name, gpu.rollout.max_tokens, gpu.rollout.engine) == ("cot_gsm_symbolic", 2048, "vllm")
+    task = make_task(gpu.task.name)
+    example = task.examples("train", 1, seed=0)[0]
+    assert example.prompt.endswith("Think step by step, then give your final answer as \\boxed{answer}.")
+    assert task.reward_fn(f"... so \\boxed{{{example.answer}}}", example) == 1.0
+    assert task.reward_fn("\\boxed{-1}", example) < 1.0
+    from jaxrl_llm.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="valid: one of"):
+        exp.get_config("dapo")
+    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["grpo", "dr_grpo"] and rows[0]["reward last interval"]["n"] == 1
+    info = read_run_info(tmp_path / "dr_grpo_s0")
+    assert info["config"]["task"]["name"] == "cot_chain_sum"
