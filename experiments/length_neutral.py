@@ -10,8 +10,9 @@ alone, so the text after it is free; max_tokens is set so most responses end wit
 EOS (the truncated fraction is reported).
 
 DAPO here is the `dapo` recipe: clip-higher (eps_high 0.28), token-mean aggregation and
-the zero-variance group filter; its overlong penalty is off (the recipe's default),
-which is also what keeps the reward length-neutral.
+the zero-variance group filter; its soft overlong penalty is switched off
+(`recipe.overlong_buffer=0`, which keeps the reward length-neutral) and so is dynamic
+sampling (`rollout.dynamic_sampling=false`, CPU cost).
 
     python experiments/length_neutral.py --quick     # 3 recipes x 2 seeds x 2 steps of 2 x 8, max 96 tokens
     python experiments/length_neutral.py             # 3 recipes x 3 seeds x 12 steps of 4 x 8, max 128 tokens
@@ -44,7 +45,10 @@ def get_config(arg: str = "grpo") -> Config:
     recipe, _, seed = arg.partition(",")
     cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=12, max_tokens=128,
                           seed=int(seed or 0))
-    return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 4})
+    # DAPO's soft overlong punishment would make the reward depend on length, and its dynamic
+    # sampling would multiply the CPU cost: both off (the zero-variance filter stays).
+    return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 4,
+                                "recipe.overlong_buffer": 0, "rollout.dynamic_sampling": False})
 
 
 def seed_row(curves: dict[str, list[float]], records: list[dict]) -> dict:
