@@ -116,7 +116,7 @@ class PeriodicEval:
     def summary(self) -> dict[str, Any] | None:
         """The final and the best (highest pass@1, earliest on ties) evaluated steps of the run,
         written to eval_summary.json and logged; None when nothing was evaluated."""
-        if not self.enabled or not os.path.exists(self.path):
+        if not self.enabled or not self.every or not os.path.exists(self.path):
             return None
         records = [r for r in read_metrics(self.path) if "pass_at_k" in r]
         if not records:
