@@ -3,10 +3,8 @@ and chat template (fast), through the deterministic, seeded JAX sampler:
 crash-and-resume exactness, failing graders, unreachable servers, config errors."""
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -60,31 +58,8 @@ def run_cli(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_kill_9_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp_path):
-    common = ["--config", str(REPO / "experiments/demo.py"), *TINY_OVERRIDES, f"model.source={tiny_model_dir}"]
-    straight = run_cli("train", *common, f"run_dir={tmp_path / 'straight'}")
-    assert straight.wait(timeout=600) == 0, straight.stdout.read()
-
-    crashed_dir = tmp_path / "crashed"
-    victim = run_cli("train", *common, f"run_dir={crashed_dir}")
-    metrics_file = crashed_dir / "metrics.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline:  # kill -9 once step 2 is logged (its checkpoint may be in flight)
-        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2:
-            break
-        assert victim.poll() is None, victim.stdout.read()
-        time.sleep(0.2)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=60)
-    resumed = run_cli("train", *common, f"run_dir={crashed_dir}", "--resume")
-    assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
-
-    expected, got = model_metrics(tmp_path / "straight"), model_metrics(crashed_dir)
-    assert [row["step"] for row in got] == [1, 2, 3, 4]
-    for want, have in zip(expected, got):
-        assert want.keys() == have.keys()
-        for key in want:
-            np.testing.assert_allclose(have[key], want[key], rtol=1e-6, atol=1e-7, err_msg=key)
+# Kill -9 and resume: tests/train/test_resume_learning.py, on a run that learns (a random tiny
+# model that scores 0 everywhere never moves its parameters, so a broken resume would pass).
 
 
 def raises_or_hangs(completion: str, example) -> float:
