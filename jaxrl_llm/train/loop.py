@@ -18,10 +18,11 @@ One step of `train`:
 
 Batches come from an `AsyncRolloutProducer` (async_rollout.py): with rollout.max_lag = 0
 it samples step k only after the weights of step k-1 are published (the synchronous
-loop); with max_lag = m > 0 it samples up to m versions ahead while the learner trains,
-and the recipe gets token TIS against the staleness (`staleness_corrected`). Resume is
-exact for max_lag = 0; with max_lag > 0 the batches in flight at a crash are dropped
-(the ledger counts them) and resampled by the restored weights.
+loop); with max_lag = m > 0 it samples m versions ahead while the learner trains, and
+the recipe gets token TIS against the staleness (`staleness_corrected`). Resume is exact
+for both: a checkpoint carries the batches already sampled by older weights
+(`sampled_ahead`), and the resumed producer replays them (one JAX process; with several,
+those steps are resampled by the restored weights).
 
 Several JAX processes: each samples and grades its share of the prompts
 (`distributed.process_prompt_block`), `run_step` gathers the step batch on every
@@ -43,7 +44,7 @@ from jaxrl_llm import core
 from jaxrl_llm.data import Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
-from jaxrl_llm.train import distributed
+from jaxrl_llm.train import distributed, sampled_ahead
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, recipe_from_config
@@ -137,7 +138,8 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
         elif start.step:  # resumed: the caller's engine serves the base weights
             engine.update_weights(engine_params(cfg, host_params(learner.full_params(state.params))))
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
-        producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1)
+        producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1,
+                             replay=sampled_ahead.from_metadata(start.metadata, engine.weight_version))
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
             cfg.total_steps, initial=start.step, print_every=cfg.metrics.progress_every,
@@ -152,8 +154,12 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                 groups.write(step, step_groups.rewards, step_groups.lengths, step_groups.truncated)
                 if lead:
                     progress.update(step, metrics)
-                ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
-                          force=step == cfg.total_steps or stop.requested)
+                force = step == cfg.total_steps or stop.requested
+                if force or ckpt.should_save(step):
+                    ahead = sampled_ahead.to_metadata(producer.unconsumed_batches(), version) \
+                        if jax.process_count() == 1 else {}
+                    ckpt.save(step, checkpoint_state(state, step, version), metadata={**ckpt_metadata, **ahead},
+                              force=force)
                 if stop.requested:
                     log.info("stop requested: checkpoint of step %d written to %s", step, cfg.checkpoint_path)
                     break
@@ -176,14 +182,14 @@ def _start_position(cfg: Config, ckpt: Checkpointer, learner: Learner, policy: P
         raise FileNotFoundError(f"--resume: no checkpoint in {cfg.checkpoint_path}; valid: a run_dir that holds "
                                 "one, or start without --resume")
     check_lora_base(restored.metadata, learner, policy)
-    position = position_of(restored.state)
+    position = dataclasses.replace(position_of(restored.state), metadata=restored.metadata)
     log.info("resumed from step %d (checkpoint %s, weight version %d)", position.step,
              os.path.join(cfg.checkpoint_path, str(position.step)), position.weight_version)
     return restored.state["learner"], position
 
 
 def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool, *,
-              first_step: int) -> AsyncRolloutProducer:
+              first_step: int, replay=None) -> AsyncRolloutProducer:
     """The batch source of steps first_step..total_steps: sampled and graded (this process's
     share of the prompts) in the producer thread."""
     block = distributed.process_prompt_block(cfg.rollout.prompts_per_step)
@@ -201,7 +207,7 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
         return grade(pool, task, decode_completions(policy, rollouts), job.context.examples, job.n)
 
     return AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
-                                max_lag=cfg.rollout.max_lag, postprocess=grade_job)
+                                max_lag=cfg.rollout.max_lag, postprocess=grade_job, replay=replay)
 
 
 def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, learner: Learner,
