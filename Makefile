@@ -28,8 +28,13 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The vLLM CPU server lives in its own environment, cached outside the clone.
+# Without it the vLLM tests fail; JAXRL_SKIP_VLLM=1 skips building it and them, knowingly.
 vllm-env:
-	@if [ -x launch/build_vllm_env.sh ]; then launch/build_vllm_env.sh; fi
+	@if [ "$${JAXRL_SKIP_VLLM:-0}" = 1 ]; then echo "[vllm-env] JAXRL_SKIP_VLLM=1: not building the vLLM environment; the vLLM tests are skipped"; \
+	elif ! launch/build_vllm_env.sh; then \
+	  echo "make: the vLLM server environment could not be built (cause: the build log above)."; \
+	  echo "  fix: rerun \`make vllm-env\` after fixing that cause (network, disk space: ~3.5 GB under $${JAXRL_CACHE:-~/.cache/jaxrl_llm}),"; \
+	  echo "  or run JAXRL_SKIP_VLLM=1 make test to skip the vLLM tests knowingly."; exit 1; fi
 
 # One pytest process per test folder: memory (compiled programs, model copies, a vLLM
 # server) is released between folders, which keeps a 2-core / 24 GB CI machine safe.

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.rollout import vllm_env
+from tests.vllm_required import require_vllm_env
 from jaxrl_llm.rollout.vllm_server import VLLMServer, VLLMServerConfig
 
 KILLS_SHARED_SERVER = "test_server_killed_mid_request_raises_clear_error"
@@ -65,10 +65,9 @@ class SharedServer:
 
 @pytest.fixture(scope="session")
 def vllm_env_built() -> None:
-    """Skips (with the command to fix it) when the vLLM environment is absent;
-    `make test` builds it first, so there it never skips."""
-    if not vllm_env.vllm_env_is_built():
-        pytest.skip(f"vLLM environment not built at {vllm_env.vllm_env_dir()}; run `make vllm-env`")
+    """Fails, naming the cause and the fix, when the vLLM environment is absent (skips
+    only with JAXRL_SKIP_VLLM=1); `make test` builds it first."""
+    require_vllm_env()
 
 
 @pytest.fixture(scope="session")

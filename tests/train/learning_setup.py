@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from jaxrl_llm.data import Task, make_task
 from jaxrl_llm.rewards import trusted_in_process
@@ -92,6 +93,56 @@ def flat_params(params) -> np.ndarray:
     import jax
 
     return np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in jax.tree.leaves(params)])
+
+
+@pytest.fixture(scope="module")
+def learning_model_dir(tmp_path_factory) -> str:
+    """Fixture: the tiny model of `make_tiny_model_dir`, once per test module."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("learning") / "model")
+
+
+@pytest.fixture(scope="module")
+def learning_policy(learning_model_dir):
+    from jaxrl_llm.train.policy import load_policy
+
+    return load_policy(learning_model_dir)
+
+
+def reference_sync_loop(cfg, policy, task):
+    """The synchronous RL loop written out plainly, without the producer thread, the
+    checkpointer or the metrics writer: per step, sample (seeded by the step), grade,
+    learn, push the weights. Returns (per-step metrics, final float32 params)."""
+    import contextlib
+
+    import jax
+
+    from jaxrl_llm.rewards import GraderPool
+    from jaxrl_llm.train import distributed
+    from jaxrl_llm.train.config import recipe_from_config
+    from jaxrl_llm.train.engines import engine_params, make_engine, sampling_params
+    from jaxrl_llm.train.learn import grade, learn
+    from jaxrl_llm.train.policy import decode_completions, encode_prompts
+    from jaxrl_llm.train.prompts import step_examples, step_seed
+    from jaxrl_llm.train.run_state import make_learner
+
+    recipe = recipe_from_config(cfg)
+    mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
+    learner = make_learner(cfg, policy, recipe=recipe, mesh=mesh)
+    state = learner.init(policy.params, seed=cfg.seed)
+    group = cfg.rollout.samples_per_prompt
+    rows = []
+    with contextlib.ExitStack() as stack:
+        engine = make_engine(cfg, policy, learner.full_params(state.params), stack=stack)
+        pool = stack.enter_context(GraderPool(num_workers=1, timeout_s=cfg.task.reward_timeout_s))
+        for step in range(1, cfg.total_steps + 1):
+            examples = step_examples(task, cfg, step)
+            rollouts = engine.generate(encode_prompts(policy, examples), group,
+                                       sampling_params(cfg, seed=step_seed(cfg, step)))
+            graded = grade(pool, task, decode_completions(policy, rollouts), examples, group)
+            state, metrics = learn(learner, state, recipe, cfg, rollouts, graded.rewards)
+            engine.update_weights(engine_params(cfg, learner.full_params(state.params)))
+            rows.append({"step": step, "reward": float(graded.rewards.mean()), **metrics})
+    return rows, learner.full_params(state.params)
 
 
 def child_env() -> dict[str, str]:

@@ -26,10 +26,9 @@ import pytest
 from jaxrl_llm.train import loop
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.policy import load_policy
 from jaxrl_llm.train.run_state import checkpoint_state, make_learner
-from tests.train.learning_setup import (REPO, SpacesTask, child_command, child_env, flat_params, learning_config,
-                                        make_tiny_model_dir)
+from tests.train.learning_setup import (REPO, SpacesTask, child_command, child_env, flat_params,  # noqa: F401
+                                        learning_config, learning_model_dir, learning_policy)
 
 STEPS, EVERY, KILL_AFTER = 6, 2, 3
 PARAM_ATOL = 1e-6
@@ -37,13 +36,13 @@ CASES = {"sync": (), "async_lag1": ("rollout.max_lag=1",), "lora": ("train.lora_
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("learning") / "model")
+def model_dir(learning_model_dir) -> str:
+    return learning_model_dir
 
 
 @pytest.fixture(scope="module")
-def policy(model_dir):
-    return load_policy(model_dir)
+def policy(learning_policy):
+    return learning_policy
 
 
 def model_metrics(run_dir) -> list[dict]:
