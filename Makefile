@@ -11,7 +11,7 @@ QUIET_PIP := 2>&1 | { grep -v "is neither a file nor a directory" || true; }
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: test test-all demo venv vllm-env bench-model bench-rollout experiments-quick experiments clean
+.PHONY: test test-all soak demo venv vllm-env bench-model bench-rollout experiments-quick experiments clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ test-all: venv vllm-env
 	@failed=""; for d in $(TEST_DIRS); do echo "== $$d"; $(PY) -m pytest -q $$d || failed="$$failed $$d"; done; \
 	  if [ -n "$$failed" ]; then echo "make test-all: FAILED in$$failed"; exit 1; fi
 	@echo "make test-all: all test folders passed"
+
+# Soak: the learning tiny model, 200 async steps, checkpoints every 4, 6 random SIGKILLs with
+# automatic resume; equal to the uninterrupted run (README, Reliability). SOAK_STEPS/SOAK_KILLS resize it.
+soak: venv
+	$(PY) -m pytest -q -s -m slow tests/train/test_soak.py
 
 # The demo samples from a vLLM server: build its environment first if it is missing.
 demo: venv

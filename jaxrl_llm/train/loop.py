@@ -44,7 +44,7 @@ from jaxrl_llm import core
 from jaxrl_llm.data import Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
-from jaxrl_llm.train import distributed, sampled_ahead
+from jaxrl_llm.train import distributed, sampled_ahead, step_failure, weight_check
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, recipe_from_config
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 # Step metrics that depend on the wall clock, not on the computation: left out
 # when two runs are compared for exactness.
 TIMING_METRICS = ("time_rollout_s", "time_reward_s", "time_wait_s", "time_learn_s", "time_sync_s",
-                  "time_step_s", "tokens_per_s", "reward_wall_s")
+                  "time_step_s", "tokens_per_s", "reward_wall_s", "time_verify_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +148,18 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
         ckpt_metadata = lora_checkpoint_metadata(learner, policy)  # LoRA: the base's sha256, hashed once
         with producer:  # closing it records the batches still in flight as dropped
             for step in range(start.step + 1, cfg.total_steps + 1):
-                metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state, task)
+                try:
+                    metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state, task)
+                except weight_check.PushFailedWithState as failed:  # the servers are wrong, the learner is not
+                    raise step_failure.checkpoint_then_fail(
+                        ckpt, failed_step=step, saved_step=step, metadata=ckpt_metadata, err=failed.error,
+                        checkpoint=checkpoint_state(failed.state, step, engine.weight_version + 1)) from failed.error
+                except Exception as err:  # e.g. a dead server: keep the last finished step, say how to go on
+                    if jax.process_count() > 1:
+                        raise
+                    raise step_failure.checkpoint_then_fail(
+                        ckpt, failed_step=step, saved_step=step - 1, metadata=ckpt_metadata, err=err,
+                        checkpoint=checkpoint_state(state, step - 1, engine.weight_version)) from err
                 version = engine.weight_version
                 writer.write(step, metrics)
                 groups.write(step, step_groups.rewards, step_groups.lengths, step_groups.truncated)
@@ -224,7 +235,8 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
     state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.rewards)
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
-    producer.publish(engine_params(cfg, host_params(learner.full_params(state.params))))  # LoRA: merged
+    with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe
+        producer.publish(engine_params(cfg, host_params(learner.full_params(state.params))))  # LoRA: merged
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(task, graded.rewards, rollouts), **learn_metrics,
@@ -232,7 +244,7 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
                "weight_version": float(batch.weight_version), "staleness": float(staleness),
                "time_rollout_s": batch.time_generate_s, "time_reward_s": graded.wall_s, "time_wait_s": t1 - t0,
                "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
-               "tokens_per_s": tokens / max(t3 - t0, 1e-9)}
+               "tokens_per_s": tokens / max(t3 - t0, 1e-9), **weight_check.push_metrics(producer.engine)}
     shape = graded.rewards.shape
     lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(shape)
     truncated = np.array([r.finish_reason != "stop" for r in rollouts.records]).reshape(shape)

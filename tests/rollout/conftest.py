@@ -2,7 +2,7 @@
 
 ONE real vLLM CPU server (SmolLM2-135M-Instruct, float32, eager mode) is
 started per session and shared: startup costs about a minute on 2 cores.
-The test that kills a server mid-request is moved to the very end of the
+The tests that kill the server are moved to the very end of the
 session, and the shared handle restarts a dead server on demand, so test
 selection or order can never leave a later test without one.
 """
@@ -19,11 +19,12 @@ import pytest
 from tests.vllm_required import require_vllm_env
 from jaxrl_llm.rollout.vllm_server import VLLMServer, VLLMServerConfig
 
-KILLS_SHARED_SERVER = "test_server_killed_mid_request_raises_clear_error"
+KILLS_SHARED_SERVER = ("test_server_killed_between_steps_stops_with_a_resumable_checkpoint",
+                       "test_server_killed_mid_request_raises_clear_error")
 
 
 def pytest_collection_modifyitems(config, items):
-    last = [item for item in items if item.name == KILLS_SHARED_SERVER]
+    last = [item for item in items if item.name in KILLS_SHARED_SERVER]
     for item in last:
         items.remove(item)
         items.append(item)

@@ -49,6 +49,15 @@ def space_share_in_worker(completion: str, example) -> float:
     return space_share(completion, example)
 
 
+def dies_on_die(completion: str, example) -> float:
+    """A grader whose process is killed (SIGKILL, as by the OOM killer) on the answer "die"."""
+    if completion == "die":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return space_share(completion, example)
+
+
 class SpacesTask(Task):
     """The addition task's prompts, scored by `space_share` (or another module-level grader)."""
 
