@@ -24,10 +24,11 @@ from jaxrl_llm.train.policy import Policy
 # A fixed probe: ordinary text, long enough that a wrong layer shows on some token.
 PROBE_TEXT = ("The quick brown fox jumps over the lazy dog. In 1969, two astronauts walked on the Moon; "
               "what is 7 + 5? The answer is 12.")
-# Largest |served - learner| logprob per token: float32 servers agree to ~1e-4 on CPU;
-# bfloat16/float16 weights move logprobs by up to a few tenths. A wrong or missing tensor
-# moves them by whole nats.
-PROBE_ATOL = {"float32": 2e-3, "float16": 0.3, "bfloat16": 0.5}
+# Largest |served - learner| logprob per token. A float32 vLLM CPU server was measured up
+# to 0.009 off the learner on this probe (SmolLM2, after one update; its kernels sum in
+# another order); bfloat16/float16 weights move logprobs by up to a few tenths. A wrong
+# or missing tensor moves them by far more (the test's zeroed layer: see its output).
+PROBE_ATOL = {"float32": 0.05, "float16": 0.3, "bfloat16": 0.5}
 
 
 def logprob_probe(policy: Policy, server_dtype: str) -> LogprobProbe:

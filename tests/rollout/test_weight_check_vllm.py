@@ -5,6 +5,7 @@ down_proj zeroed) stops the run at step 1 with a clear error and a checkpoint of
 reporting the probe's cost."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +36,13 @@ def test_wrong_weights_pushed_by_the_loop_stop_the_run_with_a_resumable_checkpoi
     assert out["error"].startswith("step 1 failed: WeightSyncError: after reloading version 1")
     assert "probe logprobs differ" in out["error"]
     assert "the learner state of step 1 is checkpointed at" in out["error"] and "--resume" in out["error"]
+    wrong_diff = float(re.search(r"differ from the learner's by up to ([0-9.e+-]+)", out["error"]).group(1))
+    assert wrong_diff > 2 * PROBE_ATOL["float32"], wrong_diff
     assert out["checkpoints_after_failure"] == [1]
     assert out["resumed_step"] == 2
     (row,) = out["rows"]  # step 1 stopped before its metrics line; step 2 ran after the resume
     assert row["step"] == 2
     assert row["weight_probe_diff"] <= PROBE_ATOL["float32"]
     assert row["time_verify_s"] > 0
-    print(f"probe cost per step: {row['time_verify_s']:.3f} s of {row['time_sync_s']:.2f} s sync; "
-          f"max diff {row['weight_probe_diff']:.2e}")
+    print(f"\nprobe cost per step: {row['time_verify_s']:.3f} s of {row['time_sync_s']:.2f} s sync; "
+          f"right weights max diff {row['weight_probe_diff']:.2e}, wrong weights {wrong_diff:.3g}")
