@@ -5,12 +5,20 @@ Timeline with max_lag = 1 (G = generate, L = learn, P = publish weights):
     producer  G1(v0) G2(v0)       G3(v1)       G4(v2) ...
     learner          L1 P(v1)     L2 P(v2)     L3 ...
 
-Bounded staleness. The learner's params at step k are version v0 + (k - k0) - 1
-(k0 the first step of the session); the batch of step k is sampled with version
-v >= v0 + (k - k0) - max_lag: before sampling it the producer waits until that
-version is published, so it is never more than `max_lag` versions ahead and the
-queue never holds more than max_lag + 1 batches. max_lag = 0 is the synchronous
-loop (every batch on-policy up to sampler numerics).
+Fixed staleness. The learner's params at step k are version v0 + (k - k0) - 1
+(k0 the first step of the session); the batch of step k is sampled with exactly
+version max(v0, v0 + (k - k0) - max_lag): before sampling it the producer waits until
+that version is published, and `publish` of the next version waits until every batch
+that needs the current one has been sampled. So the producer is never more than
+`max_lag` versions ahead, the queue never holds more than max_lag + 1 batches, and
+which weights sample which step does not depend on timing: a run is reproducible
+(seeded sampler) whatever the relative speed of sampling and learning. max_lag = 0 is
+the synchronous loop (every batch on-policy up to sampler numerics).
+
+Resume. The batches of steps s+1..s+max_lag were sampled by weights older than the
+checkpoint of step s holds; `unconsumed_batches` gives them to the checkpoint and the
+resumed producer takes them back (`replay`) instead of sampling those steps again, so a
+resumed asynchronous run continues exactly as the uninterrupted one.
 
 Versions are exact. The engine is used under one lock (generate vs
 update_weights), so every record of a batch was drawn by the weights its
@@ -121,6 +129,16 @@ class RolloutJob:
 
 
 @dataclasses.dataclass(frozen=True)
+class SampledBatch:
+    """The rollouts of one step as the engine returned them, before postprocessing."""
+
+    step: int
+    weight_version: int
+    rollouts: RolloutBatch
+    extra: Any = None  # what a `sample` hook returned with the rollouts; None: `postprocess` runs
+
+
+@dataclasses.dataclass(frozen=True)
 class ProducedBatch:
     step: int
     rollouts: RolloutBatch
@@ -144,11 +162,14 @@ class AsyncRolloutProducer:
       sample: optional (engine, job) -> (rollouts, extra) replacing generate + postprocess, run
         while the producer holds the engine (e.g. several graded rounds of dynamic sampling,
         all drawn by one weight version).
+      replay: step -> SampledBatch sampled before a restart (from `unconsumed_batches` of the
+        interrupted session): used as is for those steps instead of sampling them again.
     """
 
     def __init__(self, engine, make_job: Callable[[int], RolloutJob], *, first_step: int, last_step: int,
                  max_lag: int, postprocess: Callable[[RolloutJob, RolloutBatch], Any] | None = None,
-                 sample: Callable[[Any, RolloutJob], tuple[RolloutBatch, Any]] | None = None):
+                 sample: Callable[[Any, RolloutJob], tuple[RolloutBatch, Any]] | None = None,
+                 replay: dict[int, SampledBatch] | None = None):
         if not isinstance(max_lag, int) or isinstance(max_lag, bool) or max_lag < 0:
             raise ValueError(f"max_lag={max_lag!r} is invalid; valid: an int >= 0 (0 = synchronous)")
         if last_step < first_step:
@@ -158,6 +179,7 @@ class AsyncRolloutProducer:
         self.first_step, self.last_step, self.max_lag = int(first_step), int(last_step), max_lag
         self.postprocess = postprocess
         self.sample = sample
+        self.replay = dict(replay or {})
         self.ledger = SampleLedger()
         self.base_version = int(engine.weight_version)
         self._published = self.base_version
@@ -169,6 +191,8 @@ class AsyncRolloutProducer:
         self._failure_seen = False
         self._next_consume = self.first_step
         self._in_flight = 0  # produced, not yet consumed
+        self._sampled: dict[int, SampledBatch] = {}  # sampled, not yet consumed
+        self._sampled_through = self.first_step - 1  # last step whose sampling is done
         self.max_in_flight = 0  # largest number of batches ahead of the learner, for tests and metrics
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
@@ -184,27 +208,21 @@ class AsyncRolloutProducer:
     def _run(self) -> None:
         try:
             for step in range(self.first_step, self.last_step + 1):
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stop or self._published >= self.required_version(step))
-                    if self._stop:
-                        return
                 job = self.make_job(step)
                 t0 = time.perf_counter()
-                extra = None
-                with self._engine_lock:
-                    version = int(self.engine.weight_version)
-                    if self.sample is None:
-                        rollouts = self.engine.generate(job.prompts, n=job.n, params=job.params)
-                    else:
-                        rollouts, extra = self.sample(self.engine, job)
-                labels = set(rollouts.weight_versions.tolist())
-                if labels != {version}:
-                    raise RuntimeError(f"step {step}: engine labelled records with versions {sorted(labels)} "
-                                       f"but held version {version} while sampling")
+                sampled = self.replay.pop(step, None) or self._sample(job)
+                if sampled is None:
+                    return  # closed
+                with self._cond:
+                    self._sampled[step] = sampled
+                    self._sampled_through = step
+                    self._cond.notify_all()
                 elapsed = time.perf_counter() - t0
-                if self.sample is None and self.postprocess:
-                    extra = self.postprocess(job, rollouts)
-                batch = ProducedBatch(step, rollouts, version, sample_ids(step, rollouts), job.context, extra, elapsed)
+                extra = sampled.extra
+                if extra is None and self.postprocess:
+                    extra = self.postprocess(job, sampled.rollouts)
+                batch = ProducedBatch(step, sampled.rollouts, sampled.weight_version,
+                                      sample_ids(step, sampled.rollouts), job.context, extra, elapsed)
                 self.ledger.add_produced(batch.ids)
                 with self._cond:
                     self._in_flight += 1
@@ -212,7 +230,35 @@ class AsyncRolloutProducer:
                 self._queue.put(batch)
         except BaseException as err:  # surfaced to the learner in next_batch
             self._error = err
+            with self._cond:
+                self._cond.notify_all()  # wake a publish waiting for this producer
             self._queue.put(None)  # wake a waiting consumer
+
+    def _sample(self, job: RolloutJob) -> SampledBatch | None:
+        """The engine's batch for `job`, once the learner has published the version it needs
+        (None if the producer is closed while waiting)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stop or self._published >= self.required_version(job.step))
+            if self._stop:
+                return None
+        extra = None
+        with self._engine_lock:
+            version = int(self.engine.weight_version)
+            if self.sample is None:
+                rollouts = self.engine.generate(job.prompts, n=job.n, params=job.params)
+            else:
+                rollouts, extra = self.sample(self.engine, job)
+        labels = set(rollouts.weight_versions.tolist())
+        if labels != {version}:
+            raise RuntimeError(f"step {job.step}: engine labelled records with versions {sorted(labels)} "
+                               f"but held version {version} while sampling")
+        return SampledBatch(job.step, version, rollouts, extra)
+
+    def unconsumed_batches(self) -> list[SampledBatch]:
+        """The batches sampled but not yet handed to the learner, by step (what a checkpoint
+        must carry for a resumed run to go on exactly)."""
+        with self._cond:
+            return [self._sampled[s] for s in sorted(self._sampled)]
 
     # ----------------------------------------------------------- learner side
     @property
@@ -245,6 +291,7 @@ class AsyncRolloutProducer:
         self.ledger.consume(batch.ids)
         with self._cond:
             self._in_flight -= 1
+            self._sampled.pop(batch.step, None)
         self._next_consume += 1
         return batch
 
@@ -255,7 +302,11 @@ class AsyncRolloutProducer:
         return self.learner_version - batch.weight_version
 
     def publish(self, params: Any) -> int:
-        """Install the learner's new params in the engine; unblocks the producer."""
+        """Install the learner's new params in the engine, once every batch that needs the
+        current version is sampled; unblocks the producer."""
+        with self._cond:
+            needed = min(self.last_step, self._published - self.base_version + self.first_step + self.max_lag)
+            self._cond.wait_for(lambda: self._stop or self._error is not None or self._sampled_through >= needed)
         with self._engine_lock:
             version = int(self.engine.update_weights(params))
         with self._cond:

@@ -10,12 +10,16 @@ Atomicity comes from orbax: a step is written into `<step>.orbax-checkpoint-tmp`
 and renamed to `<step>` only when complete, so a crash mid-save leaves at
 worst a temporary directory, which `latest_step` ignores; a Checkpointer
 opening the directory removes it in the background (done before its first
-save).
+save). A finished step that cannot be read back (files damaged or removed
+afterwards) is skipped by `restore_latest`, which falls back to the newest
+readable one, says so in the log, and moves the bad one aside to
+`<step>.unreadable` so that the step can be written again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import threading
@@ -25,6 +29,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
 
 _STATE = "state"
 _METADATA = "metadata"
@@ -127,8 +133,33 @@ class Checkpointer:
         return Restored(step=step, state=state, metadata=dict(restored[_METADATA] or {}))
 
     def restore_latest(self, target: Any = None) -> Restored | None:
-        """`restore(target)` of the latest checkpoint, or None when there is none (fresh run)."""
-        return None if self.latest_step() is None else self.restore(target)
+        """`restore(target)` of the newest checkpoint that can be read, or None when there is
+        none (fresh run). Unreadable newer ones are logged and moved aside (see the module doc);
+        if none can be read, RuntimeError lists why."""
+        unreadable: dict[int, str] = {}
+        for step in reversed(self.all_steps()):
+            try:
+                restored = self.restore(target, step=step)
+            except Exception as err:  # orbax raises many kinds for damaged files
+                unreadable[step] = f"{type(err).__name__}: {str(err)[:300]}"
+                log.warning("checkpoint %s cannot be restored (%s); trying the previous one",
+                            self.directory / str(step), unreadable[step])
+                continue
+            if unreadable:
+                self._move_aside(list(unreadable))
+                log.warning("resuming from step %d, the newest readable checkpoint in %s; unreadable step(s) %s "
+                            "moved aside to <step>.unreadable", step, self.directory, sorted(unreadable))
+            return restored
+        if unreadable:
+            raise RuntimeError(f"no checkpoint in {self.directory} can be restored: "
+                               + "; ".join(f"step {k}: {v}" for k, v in unreadable.items()))
+        return None
+
+    def _move_aside(self, steps: Sequence[int]) -> None:
+        for step in steps:
+            path = self.directory / str(step)
+            path.rename(self.directory / f"{step}.unreadable")
+        self._manager.reload()
 
     def wait(self) -> None:
         """Blocks until a background save has been written and finalised."""

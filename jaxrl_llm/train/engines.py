@@ -65,6 +65,7 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
                           eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, initial_version=initial_version)
     from jaxrl_llm.rollout import (DiskWeightSync, VLLMClient, VLLMEngine, VLLMServer, VLLMServerConfig,
                                    bridge_export)
+    from jaxrl_llm.train.weight_check import logprob_probe
 
     urls = list(cfg.rollout.server_urls)
     servers = []
@@ -77,7 +78,8 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
         servers.append(server)
         urls = [server.url]
     client = VLLMClient(urls)
-    sync = DiskWeightSync(client, bridge_export(policy.cfg))
+    # Every push is verified: one prompt-logprobs request per server (train/weight_check.py).
+    sync = DiskWeightSync(client, bridge_export(policy.cfg), probe=logprob_probe(policy, cfg.rollout.server_dtype))
     engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0))
     if initial_version:  # resumed: the servers hold the base weights
         engine.update_weights(params)

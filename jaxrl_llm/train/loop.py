@@ -18,10 +18,11 @@ One step of `train`:
 
 Batches come from an `AsyncRolloutProducer` (async_rollout.py): with rollout.max_lag = 0
 it samples step k only after the weights of step k-1 are published (the synchronous
-loop); with max_lag = m > 0 it samples up to m versions ahead while the learner trains,
-and the recipe gets token TIS against the staleness (`staleness_corrected`). Resume is
-exact for max_lag = 0; with max_lag > 0 the batches in flight at a crash are dropped
-(the ledger counts them) and resampled by the restored weights.
+loop); with max_lag = m > 0 it samples m versions ahead while the learner trains, and
+the recipe gets token TIS against the staleness (`staleness_corrected`). Resume is exact
+for both: a checkpoint carries the batches already sampled by older weights
+(`sampled_ahead`), and the resumed producer replays them (one JAX process; with several,
+those steps are resampled by the restored weights).
 
 Several JAX processes: each samples and grades its share of the prompts
 (`distributed.process_prompt_block`), `run_step` gathers the step batch on every
@@ -43,7 +44,7 @@ from jaxrl_llm import core
 from jaxrl_llm.data import TRAIN, Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
-from jaxrl_llm.train import distributed
+from jaxrl_llm.train import distributed, sampled_ahead, step_failure, weight_check
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, dynamic_sampling, recipe_from_config
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 # Step metrics that depend on the wall clock, not on the computation: left out
 # when two runs are compared for exactness.
 TIMING_METRICS = ("time_rollout_s", "time_reward_s", "time_wait_s", "time_learn_s", "time_sync_s",
-                  "time_step_s", "tokens_per_s", "reward_wall_s")
+                  "time_step_s", "tokens_per_s", "reward_wall_s", "time_verify_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,8 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
         elif start.step:  # resumed: the caller's engine serves the base weights
             engine.update_weights(engine_params(cfg, host_params(learner.full_params(state.params))))
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
-        producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1)
+        producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1,
+                             replay=sampled_ahead.from_metadata(start.metadata, engine.weight_version))
         evaluator = PeriodicEval(cfg, policy, task, pool, resume_step=start.step if resume else None, enabled=lead)
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
@@ -152,7 +154,18 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
         ckpt_metadata = lora_checkpoint_metadata(learner, policy)  # LoRA: the base's sha256, hashed once
         with producer:  # closing it records the batches still in flight as dropped
             for step in range(start.step + 1, cfg.total_steps + 1):
-                metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state, task)
+                try:
+                    metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state, task)
+                except weight_check.PushFailedWithState as failed:  # the servers are wrong, the learner is not
+                    raise step_failure.checkpoint_then_fail(
+                        ckpt, failed_step=step, saved_step=step, metadata=ckpt_metadata, err=failed.error,
+                        checkpoint=checkpoint_state(failed.state, step, engine.weight_version + 1)) from failed.error
+                except Exception as err:  # e.g. a dead server: keep the last finished step, say how to go on
+                    if jax.process_count() > 1:
+                        raise
+                    raise step_failure.checkpoint_then_fail(
+                        ckpt, failed_step=step, saved_step=step - 1, metadata=ckpt_metadata, err=err,
+                        checkpoint=checkpoint_state(state, step - 1, engine.weight_version)) from err
                 if evaluator.due(step):
                     metrics.update(evaluator(step, producer.with_engine))
                 version = engine.weight_version
@@ -160,8 +173,14 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                 groups.write(step, step_groups.rewards, step_groups.lengths, step_groups.truncated)
                 if lead:
                     progress.update(step, metrics)
-                ckpt.save(step, checkpoint_state(state, step, version), metadata=ckpt_metadata,
-                          force=step == cfg.total_steps or stop.requested)
+                force = step == cfg.total_steps or stop.requested
+                if force or ckpt.should_save(step):
+                    # Batches sampled ahead are carried for an exact async resume; not with several
+                    # processes, nor with dynamic sampling (its rows come from several prompt rounds).
+                    carry = jax.process_count() == 1 and not dynamic_sampling(cfg)
+                    ahead = sampled_ahead.to_metadata(producer.unconsumed_batches(), version) if carry else {}
+                    ckpt.save(step, checkpoint_state(state, step, version), metadata={**ckpt_metadata, **ahead},
+                              force=force)
                 if stop.requested:
                     log.info("stop requested: checkpoint of step %d written to %s", step, cfg.checkpoint_path)
                     break
@@ -184,14 +203,14 @@ def _start_position(cfg: Config, ckpt: Checkpointer, learner: Learner, policy: P
         raise FileNotFoundError(f"--resume: no checkpoint in {cfg.checkpoint_path}; valid: a run_dir that holds "
                                 "one, or start without --resume")
     check_lora_base(restored.metadata, learner, policy)
-    position = position_of(restored.state)
+    position = dataclasses.replace(position_of(restored.state), metadata=restored.metadata)
     log.info("resumed from step %d (checkpoint %s, weight version %d)", position.step,
              os.path.join(cfg.checkpoint_path, str(position.step)), position.weight_version)
     return restored.state["learner"], position
 
 
 def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool, *,
-              first_step: int) -> AsyncRolloutProducer:
+              first_step: int, replay=None) -> AsyncRolloutProducer:
     """The batch source of steps first_step..total_steps: sampled and graded (this process's
     share of the prompts) in the producer thread."""
     block = distributed.process_prompt_block(cfg.rollout.prompts_per_step)
@@ -235,7 +254,7 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
 
     return AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
                                 max_lag=cfg.rollout.max_lag, postprocess=grade_job,
-                                sample=sample_rounds if dynamic_sampling(cfg) else None)
+                                sample=sample_rounds if dynamic_sampling(cfg) else None, replay=replay)
 
 
 def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, learner: Learner,
@@ -252,7 +271,8 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
     state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.learner_rewards)
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
-    producer.publish(engine_params(cfg, host_params(learner.full_params(state.params))))  # LoRA: merged
+    with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe
+        producer.publish(engine_params(cfg, host_params(learner.full_params(state.params))))  # LoRA: merged
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(task, graded.rewards, rollouts), **learn_metrics,
@@ -260,7 +280,7 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
                "weight_version": float(batch.weight_version), "staleness": float(staleness),
                "time_rollout_s": batch.time_generate_s, "time_reward_s": graded.wall_s, "time_wait_s": t1 - t0,
                "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
-               "tokens_per_s": tokens / max(t3 - t0, 1e-9)}
+               "tokens_per_s": tokens / max(t3 - t0, 1e-9), **weight_check.push_metrics(producer.engine)}
     shape = graded.rewards.shape
     lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(shape)
     truncated = np.array([r.finish_reason != "stop" for r in rollouts.records]).reshape(shape)

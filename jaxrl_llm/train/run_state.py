@@ -19,10 +19,12 @@ from jaxrl_llm.train.policy import Policy
 
 @dataclasses.dataclass(frozen=True)
 class RunPosition:
-    """Where a run stands: the last finished step and the rollout engine's weight version."""
+    """Where a run stands: the last finished step, the rollout engine's weight version, and
+    the checkpoint's metadata (e.g. the batches sampled ahead, `sampled_ahead`)."""
 
     step: int
     weight_version: int
+    metadata: dict = dataclasses.field(default_factory=dict)
 
 
 def checkpoint_state(state: LearnerState, step: int, version: int) -> dict:

@@ -167,9 +167,10 @@ def test_vllm_loads_the_exported_tokenizer(smollm2_dir, exported_tokenizer):
     import json
     import subprocess
 
-    from jaxrl_llm.rollout.vllm_env import vllm_env_is_built, vllm_python
-    if not vllm_env_is_built():
-        pytest.skip("vLLM CPU environment not built (make vllm-env)")
+    from jaxrl_llm.rollout.vllm_env import vllm_python
+    from tests.vllm_required import require_vllm_env
+
+    require_vllm_env()
     result = subprocess.run([str(vllm_python()), "-c", _VLLM_TOKENIZER_SCRIPT, smollm2_dir],
                             input=json.dumps([TEXTS, CONVERSATIONS]), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

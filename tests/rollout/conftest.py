@@ -2,7 +2,7 @@
 
 ONE real vLLM CPU server (SmolLM2-135M-Instruct, float32, eager mode) is
 started per session and shared: startup costs about a minute on 2 cores.
-The test that kills a server mid-request is moved to the very end of the
+The tests that kill the server are moved to the very end of the
 session, and the shared handle restarts a dead server on demand, so test
 selection or order can never leave a later test without one.
 """
@@ -16,14 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.rollout import vllm_env
+from tests.vllm_required import require_vllm_env
 from jaxrl_llm.rollout.vllm_server import VLLMServer, VLLMServerConfig
 
-KILLS_SHARED_SERVER = "test_server_killed_mid_request_raises_clear_error"
+KILLS_SHARED_SERVER = ("test_server_killed_between_steps_stops_with_a_resumable_checkpoint",
+                       "test_server_killed_mid_request_raises_clear_error")
 
 
 def pytest_collection_modifyitems(config, items):
-    last = [item for item in items if item.name == KILLS_SHARED_SERVER]
+    last = [item for item in items if item.name in KILLS_SHARED_SERVER]
     for item in last:
         items.remove(item)
         items.append(item)
@@ -65,10 +66,9 @@ class SharedServer:
 
 @pytest.fixture(scope="session")
 def vllm_env_built() -> None:
-    """Skips (with the command to fix it) when the vLLM environment is absent;
-    `make test` builds it first, so there it never skips."""
-    if not vllm_env.vllm_env_is_built():
-        pytest.skip(f"vLLM environment not built at {vllm_env.vllm_env_dir()}; run `make vllm-env`")
+    """Fails, naming the cause and the fix, when the vLLM environment is absent (skips
+    only with JAXRL_SKIP_VLLM=1); `make test` builds it first."""
+    require_vllm_env()
 
 
 @pytest.fixture(scope="session")

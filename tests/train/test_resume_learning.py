@@ -1,0 +1,140 @@
+"""Kill -9 and resume on a run that learns (tests/train/learning_setup.py): the resumed run
+must reproduce the uninterrupted run's per-step metrics and final parameters, for the
+synchronous loop, asynchronous rollouts (max_lag = 1) and LoRA.
+
+Each case:
+  1. the uninterrupted run (in process) learns: parameters change at every step (one
+     checkpoint per step, compared pairwise), the reward rises;
+  2. the same run in a child process, checkpointing every 2 steps, is killed with SIGKILL
+     once step 3 is logged: its return code is -9 and its newest checkpoint is step 2, so
+     step 3's work was lost;
+  3. --resume from that directory finishes the run: metrics and final params equal (1);
+  4. control: resuming a copy with a freshly initialised optimiser state (what a checkpoint
+     without the Adam moments would give) ends measurably elsewhere, so (3) can fail.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.train import loop
+from jaxrl_llm.train.checkpoint import Checkpointer
+from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run_state import checkpoint_state, make_learner
+from tests.train.learning_setup import (REPO, SpacesTask, child_command, child_env, flat_params,  # noqa: F401
+                                        learning_config, learning_model_dir, learning_policy)
+
+STEPS, EVERY, KILL_AFTER = 6, 2, 3
+PARAM_ATOL = 1e-6
+CASES = {"sync": (), "async_lag1": ("rollout.max_lag=1",), "lora": ("train.lora_rank=4", "train.lr=3e-2")}
+
+
+@pytest.fixture(scope="module")
+def model_dir(learning_model_dir) -> str:
+    return learning_model_dir
+
+
+@pytest.fixture(scope="module")
+def policy(learning_policy):
+    return learning_policy
+
+
+def model_metrics(run_dir) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in loop.TIMING_METRICS} for row in read_metrics(run_dir)]
+
+
+def checkpointed_params(cfg, policy) -> dict[int, np.ndarray]:
+    """Every checkpoint of a run: step -> flat float32 params (merged with LoRA)."""
+    learner = make_learner(cfg, policy)
+    target = checkpoint_state(learner.init(policy.params), 0, 0)
+    with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=100) as ckpt:
+        return {s: flat_params(learner.full_params(ckpt.restore(target, step=s).state["learner"].params))
+                for s in ckpt.all_steps()}
+
+
+def kill_after_logged_step(model_dir: str, run_dir: Path, step: int, overrides) -> int:
+    """Runs the learning setup in a child process and SIGKILLs it once `step` is logged;
+    returns its return code."""
+    child = subprocess.Popen(child_command(model_dir, run_dir, *overrides), cwd=REPO, env=child_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics_file = run_dir / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= step:
+            break
+        assert child.poll() is None, child.stdout.read()
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    return child.wait(timeout=60)
+
+
+def resume_with_fresh_optimiser(cfg, policy):
+    """--resume, but the restored learner state gets a freshly initialised optimiser state."""
+    original = loop._start_position
+
+    def fresh_opt_state(cfg_, ckpt, learner, policy_, state, *, resume):
+        restored, position = original(cfg_, ckpt, learner, policy_, state, resume=resume)
+        return restored._replace(opt_state=state.opt_state), position
+
+    loop._start_position = fresh_opt_state
+    try:
+        return loop.train(cfg, task=SpacesTask(), resume=True, policy=policy)
+    finally:
+        loop._start_position = original
+
+
+def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for have, expect in zip(got, want):
+        assert have.keys() == expect.keys()
+        for key in expect:
+            np.testing.assert_allclose(have[key], expect[key], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"step {expect['step']} {key}")
+
+
+@pytest.mark.parametrize("case", [pytest.param("sync"), pytest.param("async_lag1", marks=pytest.mark.slow),
+                                  pytest.param("lora", marks=pytest.mark.slow)])
+def test_kill_9_mid_run_then_resume_equals_the_uninterrupted_learning_run(case, model_dir, policy, tmp_path):
+    extra = [f"total_steps={STEPS}", *CASES[case]]
+    straight_cfg = learning_config(model_dir, tmp_path / "straight", *extra, "checkpoint.every_steps=1",
+                                   "checkpoint.keep=100")
+    straight = loop.train(straight_cfg, task=SpacesTask(), policy=policy)
+    want = model_metrics(straight_cfg.run_path)
+
+    # (1) the run learns: params move at every step and the reward rises
+    saved = checkpointed_params(straight_cfg, policy)
+    assert sorted(saved) == list(range(1, STEPS + 1))
+    moved = [float(np.max(np.abs(saved[s + 1] - saved[s]))) for s in range(1, STEPS)]
+    assert min(moved) > 1e3 * PARAM_ATOL, moved
+    rewards = [r["reward"] for r in want]
+    assert np.mean(rewards[-2:]) > np.mean(rewards[:2]) + 0.15, rewards
+
+    # (2) killed with SIGKILL after step 3 was logged; the newest checkpoint is step 2
+    crashed = tmp_path / "crashed"
+    overrides = [*extra, f"checkpoint.every_steps={EVERY}"]
+    rc = kill_after_logged_step(model_dir, crashed, KILL_AFTER, overrides)
+    assert rc == -signal.SIGKILL
+    cfg = learning_config(model_dir, crashed, *overrides)
+    with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=100) as ckpt:
+        on_disk = ckpt.all_steps()
+    assert max(on_disk) < KILL_AFTER <= len(read_metrics(crashed)), (on_disk, "no work was lost")
+    control_dir = tmp_path / "control"
+    shutil.copytree(crashed, control_dir)
+
+    # (3) resume reproduces the uninterrupted run
+    resumed = loop.train(cfg, task=SpacesTask(), resume=True, policy=policy)
+    assert resumed.step == STEPS
+    assert_rows_equal(model_metrics(crashed), want)
+    final_diff = float(np.max(np.abs(flat_params(resumed.params) - flat_params(straight.params))))
+    assert final_diff <= PARAM_ATOL, final_diff
+
+    # (4) control: the same resume with a fresh optimiser state ends elsewhere
+    control = resume_with_fresh_optimiser(learning_config(model_dir, control_dir, *overrides), policy)
+    control_diff = float(np.max(np.abs(flat_params(control.params) - flat_params(straight.params))))
+    assert control_diff > 1e3 * PARAM_ATOL, control_diff
