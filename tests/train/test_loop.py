@@ -3,8 +3,10 @@ and chat template (fast), through the deterministic, seeded JAX sampler:
 crash-and-resume exactness, failing graders, unreachable servers, config errors."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
