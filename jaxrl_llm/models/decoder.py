@@ -105,8 +105,8 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arr
 
     q [B, T, Hq, hd], k/v [B, S, Hkv, hd], visible [B, T, S] bool -> [B, T, Hq, hd].
     Scores and softmax in float32 (bf16/fp16 inputs accumulate in float32). The KV heads
-    are shared by groups of Hq / Hkv query heads without copying them; XLA picks the
-    kernel (a fused one where the backend has it). A row with no visible key gets
+    are shared by groups of Hq / Hkv query heads without copying them (JAX lowers
+    this through XLA; its cuDNN kernel takes no arbitrary mask). A row with no visible key gets
     uniform weights: finite, and only ever at padded positions. float16 on CPU runs in
     float32 (XLA:CPU has no float16 x float16 -> float32 dot).
     """
