@@ -162,6 +162,7 @@ class ReasoningGymTask(GeneratedTask):
         *,
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
         instruction: str = "",
+        name: str | None = None,
         **config: Any,
     ):
         import reasoning_gym.factory
@@ -175,7 +176,8 @@ class ReasoningGymTask(GeneratedTask):
                 f"{sorted(reserved)} are set per draw by Task.examples(seed=...); "
                 f"remove them from the {dataset!r} config"
             )
-        self.name = dataset
+        self.dataset = dataset
+        self.name = name or dataset  # the task's registered name (e.g. a chain-of-thought variant)
         self.heldout_fraction = check_heldout_fraction(heldout_fraction)
         self.instruction = instruction
         self.config = dict(config)
@@ -187,12 +189,12 @@ class ReasoningGymTask(GeneratedTask):
         import reasoning_gym
 
         try:
-            return reasoning_gym.create_dataset(self.name, seed=seed, size=self.CHUNK, **self.config)
+            return reasoning_gym.create_dataset(self.dataset, seed=seed, size=self.CHUNK, **self.config)
         except TypeError as exc:
-            _, config_cls = reasoning_gym.factory.DATASETS[self.name]
+            _, config_cls = reasoning_gym.factory.DATASETS[self.dataset]
             fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
             raise ValueError(
-                f"bad config {self.config} for reasoning-gym {self.name!r} ({exc}); "
+                f"bad config {self.config} for reasoning-gym {self.dataset!r} ({exc}); "
                 f"valid fields: {', '.join(fields)}"
             ) from exc
 
@@ -205,7 +207,7 @@ class ReasoningGymTask(GeneratedTask):
             answer=str(entry["answer"]),
             split=split_of(question, self.heldout_fraction),
             metadata={
-                "rg_dataset": self.name,
+                "rg_dataset": self.dataset,
                 "rg_config": dict(self.config),
                 "rg_question": question,
                 "rg_metadata": entry["metadata"],
@@ -214,7 +216,7 @@ class ReasoningGymTask(GeneratedTask):
 
     def _stream(self, seed: int) -> Iterator[Example]:
         for chunk in itertools.count():
-            key = f"{self.name}/{seed}/{chunk}".encode()
+            key = f"{self.dataset}/{seed}/{chunk}".encode()
             dataset = self._create(seed=int(hashlib.sha256(key).hexdigest()[:8], 16))
             for index in range(self.CHUNK):
                 yield self.example_from_entry(dataset[index])
@@ -248,7 +250,7 @@ def _cot_factory(name: str) -> Callable[..., Task]:
     dataset, preset = COT_TASKS[name]
 
     def factory(**config: Any) -> Task:
-        return ReasoningGymTask(dataset, instruction=COT_INSTRUCTION, **{**preset, **config})
+        return ReasoningGymTask(dataset, instruction=COT_INSTRUCTION, name=name, **{**preset, **config})
 
     factory.__doc__ = f"reasoning-gym {dataset!r} with the chain-of-thought instruction (data/chain_of_thought.py)."
     return factory

@@ -143,7 +143,7 @@ def test_every_registered_task_grades_its_reference_answer_as_correct(name):
 
 
 def test_registry_errors_name_the_valid_choices():
-    with pytest.raises(ValueError, match="unknown task 'additon'; valid tasks: addition, basic_arithmetic"):
+    with pytest.raises(ValueError, match="unknown task 'additon'; valid tasks: addition, addition_answer_first, basic_arithmetic"):
         make_task("additon")
     with pytest.raises(ValueError, match="unknown reasoning-gym data set 'mazes'; valid names: .*maze"):
         make_task("reasoning_gym", dataset="mazes")
