@@ -25,6 +25,7 @@ def test_answer_first_task_grades_the_leading_integer_alone():
     assert [e.metadata for e in task.all_examples("heldout")] == [e.metadata for e in addition.all_examples("heldout")]
 
 
+@pytest.mark.slow  # ~50 s; the closed form is checked fast in test_length_drift.py
 def test_length_mechanism_reduced(tmp_path):
     """2 seeds x 3 steps. The supervised start realises the designed policy (stop probability
     0.2 at every free position, whatever the answer); the summary's intervals are over the 2
@@ -75,6 +76,7 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     assert png_shape(tmp_path / "lengths.png")[0] > 100
 
 
+@pytest.mark.slow  # ~30 s; make test-all
 def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
     exp = load_experiment("chain_of_thought")
     gpu = exp.get_config("grpo,gpu")

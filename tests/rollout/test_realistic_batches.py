@@ -54,6 +54,7 @@ def test_vllm_serves_a_realistic_seeded_step_completely_and_reproducibly(vllm_se
                                   logprob_atol=1e-5)
 
 
+@pytest.mark.slow  # ~1 min on 2 cores; make test-all
 def test_jax_sampler_serves_a_realistic_seeded_step_completely_and_reproducibly(smollm2, chat_prompts):
     """About 80 s on 2 cores (two compilations, 256 + 32 sequences)."""
     prompts = chat_prompts(NUM_PROMPTS, PROMPT_LEN)

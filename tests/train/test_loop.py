@@ -60,6 +60,7 @@ def run_cli(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow  # ~1 min; the learning resume test in test_resume_learning.py runs in make test
 def test_kill_9_then_resume_is_exact_with_dynamic_sampling_and_eval_every(tiny_model_dir, tmp_path):
     """DAPO's dynamic sampling (extra rounds, all seeded by (seed, step, round)) and held-out
     evaluation every 2 steps survive a kill -9: metrics and eval.jsonl equal the uninterrupted
