@@ -22,7 +22,8 @@ from typing import Sequence
 
 from base_configs import addition_config, gpu_scale
 from jaxrl_llm.reports import stats
-from jaxrl_llm.reports.runs import experiment_parser, output_dir, train_or_resume, variant_config, write_summary
+from jaxrl_llm.reports.runs import (chosen_seeds, experiment_parser, output_dir, train_or_resume, variant_config,
+                                    write_summary)
 from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
 from jaxrl_llm.train.config import Config, ConfigError, replace_values
 
@@ -53,11 +54,8 @@ def get_config(arg: str = "grpo", seed: int = 0) -> Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = experiment_parser(__doc__, name=NAME)
-    parser.add_argument("--seeds", default=None,
-                        help=f"comma-separated seeds (default {SEEDS}; --quick {QUICK_SEEDS})")
-    args = parser.parse_args(argv)
-    seeds = stats.parse_seeds(args.seeds, QUICK_SEEDS if args.quick else SEEDS)
+    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.policy import load_policy

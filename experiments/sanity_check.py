@@ -24,6 +24,7 @@ from base_configs import addition_config
 from jaxrl_llm.reports import stats
 from jaxrl_llm.reports.seed_curves import per_step_lengths, plot_seed_bands
 from jaxrl_llm.reports.runs import (
+    chosen_seeds,
     experiment_parser,
     output_dir,
     train_or_resume,
@@ -67,11 +68,8 @@ def seed_row(records: list[dict]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = experiment_parser(__doc__, name=NAME)
-    parser.add_argument("--seeds", default=None,
-                        help=f"comma-separated seeds (default {SEEDS}; --quick {QUICK_SEEDS})")
-    args = parser.parse_args(argv)
-    seeds = stats.parse_seeds(args.seeds, QUICK_SEEDS if args.quick else SEEDS)
+    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
     from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.metrics import read_groups, read_metrics

@@ -20,13 +20,20 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_llm.reports import stats
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, config_from_dict, replace_values
 from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_run_info, write_run_info
 
 
-def experiment_parser(description: str, *, name: str) -> argparse.ArgumentParser:
-    """--quick, --out, --fresh and dotted config overrides, the same for every experiment."""
+def experiment_parser(description: str, *, name: str,
+                      seeds: tuple[Sequence[int], Sequence[int]] | None = None) -> argparse.ArgumentParser:
+    """--quick, --out, --fresh and dotted config overrides, the same for every experiment;
+    with `seeds` = (full-size seeds, --quick seeds) also --seeds (read by `chosen_seeds`)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if seeds is not None:
+        full, quick = (tuple(s) for s in seeds)
+        parser.add_argument("--seeds", default=None, help=f"comma-separated seeds (default {full}; --quick {quick})")
+        parser.set_defaults(seed_defaults=(full, quick))
     parser.add_argument("--quick", action="store_true",
                         help="the reduced size that finishes in <= 15 min on a 2-core CPU")
     parser.add_argument("--out", default=None,
@@ -35,6 +42,12 @@ def experiment_parser(description: str, *, name: str) -> argparse.ArgumentParser
     parser.add_argument("overrides", nargs="*",
                         help="dotted overrides applied to every variant, e.g. total_steps=4 train.lr=1e-5")
     return parser
+
+
+def chosen_seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    """The seeds of this invocation: --seeds, else the full or --quick defaults of `experiment_parser`."""
+    full, quick = args.seed_defaults
+    return stats.parse_seeds(args.seeds, quick if args.quick else full)
 
 
 def output_dir(args: argparse.Namespace, name: str) -> Path:
