@@ -10,7 +10,7 @@ from jaxrl_llm.data.plugins import PluginError, load_object
 def test_loads_function_and_dotted_attribute():
     assert load_object("math:sqrt") is math.sqrt
     assert load_object("os.path:join") is os.path.join
-    assert load_object("collections:OrderedDict.fromkeys") is __import__("collections").OrderedDict.fromkeys
+    assert load_object("collections:OrderedDict.fromkeys") == __import__("collections").OrderedDict.fromkeys
 
 
 @pytest.mark.parametrize("spec, message", [
