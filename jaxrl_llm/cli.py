@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 USAGE_ERROR = 2
@@ -188,8 +189,16 @@ def _configure_logging(debug: bool) -> None:
     lib.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
+def _working_directory_importable() -> None:
+    """Let a config name modules of the working directory (task.reward_fn="my_rewards:score",
+    task.plugins, experiments.*), as `python -m` would; appended, so it shadows no package."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _working_directory_importable()
     _configure_logging(args.debug)
     if args.debug:
         return args.func(args)

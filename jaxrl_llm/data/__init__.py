@@ -10,16 +10,23 @@ from jaxrl_llm.data.jsonl import (
     JsonlTask,
     load_jsonl,
 )
+from jaxrl_llm.data.files import DataFileTask, read_rows
 from jaxrl_llm.data.records import HELDOUT, SPLITS, TRAIN, Example, split_of, unit_hash
 from jaxrl_llm.data.tasks import (
     DEFAULT_HELDOUT_FRACTION,
     REASONING_GYM_TASKS,
-    TASK_FACTORIES,
     AdditionTask,
     GeneratedTask,
     ReasoningGymTask,
     Task,
+)
+from jaxrl_llm.data.registry import (
+    TASK_FACTORIES,
+    accepted_arguments,
+    check_task_kwargs,
+    import_task_plugins,
     make_task,
+    register_task,
     task_names,
 )
 
@@ -35,14 +42,20 @@ __all__ = [
     "AdditionTask",
     "ChatTemplate",
     "ChatTemplateError",
+    "DataFileTask",
     "DatasetFormatError",
     "Example",
     "GeneratedTask",
     "JsonlTask",
     "ReasoningGymTask",
     "Task",
+    "accepted_arguments",
+    "check_task_kwargs",
+    "import_task_plugins",
     "load_jsonl",
     "make_task",
+    "read_rows",
+    "register_task",
     "render_chat_template",
     "split_of",
     "task_names",

@@ -30,6 +30,7 @@ from jaxrl_llm.data.records import (
     check_split,
     split_of,
 )
+from jaxrl_llm.data.registry import register_task
 from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, Task
 from jaxrl_llm.rewards import extract_last_boxed, math_verify_reward
 
@@ -152,6 +153,7 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {json.dumps(value)[:60]}"
 
 
+@register_task("jsonl")
 class JsonlTask(Task):
     """A JSONL file as a task: draws from its train or held-out questions.
 

@@ -15,6 +15,10 @@ Tasks:
                     answer in \\boxed{} (data/chain_of_thought.py)
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
+  data_file         a JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py)
+
+Every task is registered with :func:`jaxrl_llm.data.register_task` (data/registry.py),
+the decorator a user's own tasks use too.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Any, Callable, Iterator
 
 from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_reward
 from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
-from jaxrl_llm.data.jsonl import JsonlTask
+from jaxrl_llm.data.jsonl import JsonlTask  # noqa: F401  (registers "jsonl")
 from jaxrl_llm.data.records import (
     Example,
     check_heldout_fraction,
@@ -34,6 +38,7 @@ from jaxrl_llm.data.records import (
     short_hash,
     split_of,
 )
+from jaxrl_llm.data.registry import TASK_FACTORIES, make_task, register_task, task_names  # noqa: F401
 from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, Task  # also importable from here
 from jaxrl_llm.rewards import addition_reward, reasoning_gym_reward
 
@@ -72,6 +77,7 @@ class GeneratedTask(Task):
         """Endless deterministic draws over the whole question space (both splits)."""
 
 
+@register_task("addition")
 class AdditionTask(GeneratedTask):
     """``What is a + b? Answer with just the number.`` with two ``digits``-digit operands.
 
@@ -125,6 +131,7 @@ class AdditionTask(GeneratedTask):
             yield self.example(a, b)
 
 
+@register_task("addition_answer_first")
 class AnswerFirstAdditionTask(AdditionTask):
     """``What is a + b? Start your reply with the number, then explain how you got it.``:
     the questions and split of :class:`AdditionTask`, graded on the leading integer alone,
@@ -256,26 +263,8 @@ def _cot_factory(name: str) -> Callable[..., Task]:
     return factory
 
 
-TASK_FACTORIES: dict[str, Callable[..., Task]] = {
-    "addition": AdditionTask,
-    "addition_answer_first": AnswerFirstAdditionTask,
-    **{name: _cot_factory(name) for name in COT_TASKS},
-    **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
-    "reasoning_gym": ReasoningGymTask,
-    "jsonl": JsonlTask,
-}
-
-
-def task_names() -> tuple[str, ...]:
-    return tuple(sorted(TASK_FACTORIES))
-
-
-def make_task(name: str, **config: Any) -> Task:
-    """Build the task registered as ``name`` with its keyword config.
-
-    make_task("addition", digits=1); make_task("chain_sum", min_terms=2);
-    make_task("reasoning_gym", dataset="maze"); make_task("jsonl", path="x.jsonl").
-    """
-    if name not in TASK_FACTORIES:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(task_names())}")
-    return TASK_FACTORIES[name](**config)
+for _name in COT_TASKS:
+    register_task(_name)(_cot_factory(_name))
+for _name in REASONING_GYM_TASKS:
+    register_task(_name)(_reasoning_gym_factory(_name))
+register_task("reasoning_gym")(ReasoningGymTask)

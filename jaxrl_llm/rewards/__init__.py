@@ -11,8 +11,10 @@ from jaxrl_llm.rewards.extract import (
     normalize_math_answer,
 )
 from jaxrl_llm.rewards.graders import (
+    BUILTIN_GRADERS,
     RewardFn,
     addition_reward,
+    exact_match_reward,
     gold_math_answer,
     math_answers_equal,
     math_verify_reward,
@@ -24,10 +26,12 @@ from jaxrl_llm.rewards.graders import (
 from jaxrl_llm.rewards.pool import GradeResult, GraderPool, grade_batch, grade_in_process
 
 __all__ = [
+    "BUILTIN_GRADERS",
     "GradeResult",
     "GraderPool",
     "RewardFn",
     "addition_reward",
+    "exact_match_reward",
     "extract_integer_answer",
     "extract_last_boxed",
     "extract_tagged_answer",

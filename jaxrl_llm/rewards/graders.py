@@ -67,6 +67,20 @@ def addition_reward(completion: str, example: Gradable) -> float:
     return float(answered is not None and answered == int(example.answer))
 
 
+@trusted_in_process
+def exact_match_reward(completion: str, example: Gradable) -> float:
+    """1.0 if the completion's answer text equals ``example.answer`` exactly, else 0.0.
+
+    The answer text is the last ``<answer>...</answer>``, else the last ``\\boxed{}``, else
+    the whole completion (:func:`reasoning_gym_answer_text`); both sides are compared
+    with surrounding whitespace removed and inner runs of whitespace as one space.
+    """
+    def canonical(text: str) -> str:
+        return " ".join(text.split())
+
+    return float(canonical(reasoning_gym_answer_text(completion)) == canonical(str(example.answer)))
+
+
 def _warm_up_math_verify() -> None:
     math_answers_equal("\\frac{1}{2}", "0.5")
 
@@ -186,3 +200,12 @@ def _reasoning_gym_scorer(dataset: str, config_json: str):
     import reasoning_gym
 
     return reasoning_gym.create_dataset(dataset, **json.loads(config_json)).score_answer
+
+
+# Graders a config can name in task.reward_fn instead of a "package.module:function".
+BUILTIN_GRADERS: dict[str, RewardFn] = {
+    "exact": exact_match_reward,
+    "math_verify": math_verify_reward,
+    "addition": addition_reward,
+    "reasoning_gym": reasoning_gym_reward,
+}

@@ -25,9 +25,9 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm import core
-from jaxrl_llm.data import task_names
+from jaxrl_llm.train.task_plugins import check_task_section
 from jaxrl_llm.utils import typed_config
-from jaxrl_llm.utils.typed_config import ConfigError, Section, field, section, write_text_atomic
+from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section, write_text_atomic
 
 __all__ = [
     "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
@@ -180,12 +180,25 @@ class CriticConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig(Section):
-    """Prompt source and verifier. `name` is looked up in the task registry."""
+    """Prompt source and verifier. `name` is looked up in the task registry; the user's own
+    tasks, graders and data files plug in through plugins / kwargs / reward_fn / data_path
+    (train/task_plugins.py)."""
 
     name: str = "addition"
+    # Modules imported before `name` is looked up: they register tasks with @register_task.
+    plugins: tuple[str, ...] = ()
+    # Keyword arguments of the task's factory: task.kwargs='{"dataset": "maze"}'.
+    kwargs: dict[str, Any] = field(JsonDict())
+    # The grader, replacing the task's own: "exact", "math_verify", "addition", "reasoning_gym" or
+    # "package.module:function" called as fn(completion, example) -> float in the grader workers.
+    reward_fn: str | None = None
     digits: int = field(1, ge=1)
     eval_size: int = field(100, ge=0)  # held-out prompts
     jsonl_path: str | None = None  # prompts from a file instead of a generator
+    # A local JSON/JSONL/Parquet/CSV file read with HF datasets, question and answer in these columns.
+    data_path: str | None = None
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
     eval_samples: int = field(8, ge=1)  # samples per held-out prompt (pass@k, avg@k with k = this)
     # Held-out evaluation during training every eval_every steps and at the last step, on the
     # rollout engine (0: off); eval.jsonl gets the pass@k curve k = 1..eval_samples.
@@ -195,10 +208,7 @@ class TaskConfig(Section):
     _path_prefix = "task."
 
     def _check_consistency(self) -> None:
-        names = task_names()
-        if self.jsonl_path is None and self.name not in names:
-            raise ConfigError(f"task.name = {self.name!r} is invalid; valid: one of {', '.join(names)} "
-                              f"(or task.jsonl_path=FILE){typed_config.did_you_mean(self.name, names)}")
+        check_task_section(self)
 
 
 @dataclasses.dataclass(frozen=True)

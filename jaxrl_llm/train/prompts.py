@@ -1,20 +1,15 @@
 """Which task a config names, and which of its prompts each step and each evaluation sees."""
 from __future__ import annotations
 
-from jaxrl_llm.data import HELDOUT, TRAIN, Example, Task, make_task
-from jaxrl_llm.train.config import Config, ConfigError
+from jaxrl_llm.data import HELDOUT, TRAIN, Example, Task
+from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.task_plugins import build_task
 
 
 def task_from_config(cfg: Config) -> Task:
-    """The task of cfg.task: a JSONL file when task.jsonl_path is set, else the named task."""
-    if cfg.task.jsonl_path:
-        return make_task("jsonl", path=cfg.task.jsonl_path)
-    if cfg.task.name == "jsonl":
-        raise ConfigError("task.name = 'jsonl' needs task.jsonl_path; valid: task.jsonl_path=FILE (a JSONL file "
-                          "of prompt/answer lines)")
-    if cfg.task.name == "addition":
-        return make_task("addition", digits=cfg.task.digits)
-    return make_task(cfg.task.name)
+    """The task of cfg.task: a data file when task.data_path / task.jsonl_path is set, else the
+    named task with task.kwargs, graded by task.reward_fn when set (train/task_plugins.py)."""
+    return build_task(cfg.task)
 
 
 def step_seed(cfg: Config, step: int) -> int:

@@ -12,7 +12,9 @@ start-up with a message that names the field, the value and what would be
 valid, and an unknown key lists the valid keys and the closest match.
 
 Supported field types: bool, int, float, str, Literal[...] of strings,
-tuple[X, ...] of those scalars, `X | None`, and nested sections.
+tuple[X, ...] of those scalars, `X | None`, nested sections, and
+`dict[str, Any]`: a JSON object (read-only; on the command line as JSON,
+`task.kwargs='{"dataset": "maze"}'`), for keyword arguments handed on to user code.
 
 Why not ml_collections (big_vision's choice): its ConfigDict checks types
 only against the value first assigned, has no ranges or allowed values, no
@@ -41,11 +43,27 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message says what is valid."""
 
 
+class JsonDict(dict):
+    """The value of a `dict[str, Any]` field: a JSON object that cannot be changed in place
+    (config sections are frozen) and hashes by its JSON text."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True))
+
+    def __reduce__(self):  # pickle and deepcopy rebuild it whole (item by item would be refused)
+        return (JsonDict, (dict(self),))
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a config value is read-only; build a new config with replace_values")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only
+
+
 def field(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None) -> Any:
     """A dataclass field with an optional numeric range or a set of allowed values, e.g.
     `lr: float = field(1e-6, gt=0.0)`."""
     bounds = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
-    if isinstance(default, (dict, list)):
+    if isinstance(default, (dict, list)) and not isinstance(default, JsonDict):
         raise TypeError("mutable defaults are not allowed in config sections")
     return dataclasses.field(default=default, metadata=bounds)
 
@@ -113,7 +131,24 @@ def _describe(tp: Any) -> str:
         return f"a tuple of {plural.get(elem) or _describe(elem)}"
     if _is_section(tp):
         return f"a section ({tp.__name__})"
+    if _is_json_dict(tp):
+        return 'a JSON object such as {"key": 1}'
     return {bool: "a bool", int: "an int", float: "a float", str: "a string"}.get(tp, str(tp))
+
+
+def _is_json_dict(tp: Any) -> bool:
+    return typing.get_origin(tp) is dict and typing.get_args(tp)[:1] == (str,)
+
+
+def _coerce_json_dict(value: Any, tp: Any, path: str) -> JsonDict:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise _type_error(path, value, tp)
+    try:  # a JSON round trip: the value must survive config.json unchanged
+        plain = json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{path} = {value!r} is not JSON-serialisable ({err}); valid: {_describe(tp)} "
+                          "of strings, numbers, bools, null, lists and objects") from None
+    return JsonDict(plain)
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
@@ -121,6 +156,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     inner = _optional_inner(tp)
     if inner is not None:
         return None if value is None else _coerce(value, inner, path)
+    if _is_json_dict(tp):
+        return _coerce_json_dict(value, tp, path)
     origin = typing.get_origin(tp)
     if origin is Literal:
         if isinstance(value, str) and value in typing.get_args(tp):
@@ -230,6 +267,16 @@ def parse_value(text: str, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path} is a section, not a value; set one of its fields ({valid}), e.g. {path}.<field>=...")
     if origin is Literal or tp is str:
         return _unquote(text)
+    if _is_json_dict(tp):
+        try:
+            value = json.loads(_unquote(text) if text[:1] in "'\"" else text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path} = {text!r} is not valid JSON ({err.msg} at column {err.colno}); "
+                              f'valid: a JSON object such as {path}=\'{{"key": 1}}\'') from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} = {text!r} is not a JSON object; valid: a JSON object such as "
+                              f'{path}=\'{{"key": 1}}\'')
+        return value
     if tp is bool:
         if text.lower() in _TRUE:
             return True
@@ -278,6 +325,8 @@ def _to_plain(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, tuple):
         return [_to_plain(v) for v in value]
+    if isinstance(value, JsonDict):
+        return json.loads(json.dumps(value))
     return value
 
 
@@ -343,7 +392,7 @@ def replace_values(cfg: Section, values: Mapping[str, Any]) -> Section:
         node = plain
         for p in parts[:-1]:
             node = node[p]
-        node[parts[-1]] = _to_plain(value) if isinstance(value, (Section, tuple)) else value
+        node[parts[-1]] = _to_plain(value) if isinstance(value, (Section, tuple, JsonDict)) else value
     return from_dict(type(cfg), plain)
 
 

@@ -1,0 +1,140 @@
+"""The task a config's `task` section names, with the user's own parts plugged in.
+
+Everything a researcher brings is named in the config, so nothing in the library is edited:
+
+  task.plugins    modules imported first; they register tasks with `@register_task("name")`
+                  (jaxrl_llm.data.register_task), so `task.name` can name them.
+  task.kwargs     a JSON object of keyword arguments for the task's factory, checked against its
+                  signature: `task.name=reasoning_gym task.kwargs='{"dataset": "maze"}'`.
+  task.reward_fn  the grader, replacing the task's own: "exact", "math_verify", "addition",
+                  "reasoning_gym", or a user function "package.module:function" with the
+                  signature `fn(completion: str, example: jaxrl_llm.data.Example) -> float`
+                  (`example.answer` is the reference text, `example.metadata` the data set's
+                  other fields). It runs in the grader worker processes under
+                  task.reward_timeout_s; a call that raises, hangs or returns a non-finite or
+                  non-number value scores 0 and is counted in reward_errors / reward_timeouts.
+  task.data_path  a local JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py),
+                  its question and answer in the columns task.prompt_field / task.answer_field.
+
+Every name is checked when the config is built (`check_task_section`), so a typo fails before
+any model loads, with a ConfigError naming the field.
+"""
+from __future__ import annotations
+
+import inspect
+import pickle
+from pathlib import Path
+from typing import Any
+
+from jaxrl_llm.data import DatasetFormatError, Task, check_task_kwargs, import_task_plugins, make_task, task_names
+from jaxrl_llm.data.files import data_file_format
+from jaxrl_llm.data.plugins import PluginError, load_object
+from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn
+from jaxrl_llm.utils.typed_config import ConfigError, did_you_mean
+
+
+def resolve_reward_fn(spec: str) -> RewardFn:
+    """The grader `spec` names: a built-in grader or a user "package.module:function".
+
+    A user function must take (completion, example) and travel to a worker process by
+    reference (pickle), so it has to be a module-level function of an importable module.
+    """
+    if spec in BUILTIN_GRADERS:
+        return BUILTIN_GRADERS[spec]
+    if ":" not in spec:
+        raise ConfigError(f"task.reward_fn = {spec!r} is invalid; valid: one of {', '.join(BUILTIN_GRADERS)} or "
+                          f"'package.module:function'{did_you_mean(spec, list(BUILTIN_GRADERS))}")
+    try:
+        fn = load_object(spec, what="task.reward_fn")
+    except PluginError as err:
+        raise ConfigError(str(err)) from None
+    if not callable(fn):
+        raise ConfigError(f"task.reward_fn = {spec!r} is a {type(fn).__name__}, not a function; "
+                          "valid: fn(completion: str, example) -> float")
+    try:
+        inspect.signature(fn).bind("completion", None)
+    except TypeError as err:
+        raise ConfigError(f"task.reward_fn = {spec!r} cannot be called as fn(completion, example) ({err}); "
+                          "valid: fn(completion: str, example) -> float") from None
+    except ValueError:  # builtins without a signature: let the workers find out
+        pass
+    try:
+        pickle.loads(pickle.dumps(fn))
+    except Exception as err:
+        raise ConfigError(f"task.reward_fn = {spec!r} cannot be sent to a grader worker ({err}); "
+                          "valid: a module-level function, not a lambda or a nested function") from None
+    return fn
+
+
+def task_arguments(task_cfg) -> tuple[str, dict[str, Any]]:
+    """(registered task name, keyword arguments) that `task_cfg` builds."""
+    kwargs = dict(task_cfg.kwargs)
+    if task_cfg.jsonl_path and task_cfg.data_path:
+        raise ConfigError(f"task.jsonl_path = {task_cfg.jsonl_path!r} and task.data_path = {task_cfg.data_path!r} "
+                          "are both set; valid: one of them (task.data_path reads .jsonl files too)")
+    taken = {"path"} if (task_cfg.jsonl_path or task_cfg.data_path) else set()
+    taken |= {"digits"} if task_cfg.name == "addition" and not taken else set()
+    taken |= {"prompt_field", "answer_field"} if task_cfg.data_path else set()
+    clash = sorted(taken & set(kwargs))
+    if clash:
+        raise ConfigError(f"task.kwargs sets {clash}, which come from their own fields; valid: "
+                          f"{', '.join('task.' + _field_of(k, task_cfg) for k in clash)} instead")
+    if task_cfg.data_path:
+        return "data_file", {"path": task_cfg.data_path, "prompt_field": task_cfg.prompt_field,
+                             "answer_field": task_cfg.answer_field, **kwargs}
+    if task_cfg.jsonl_path:
+        return "jsonl", {"path": task_cfg.jsonl_path, **kwargs}
+    if task_cfg.name in ("jsonl", "data_file"):
+        field = "jsonl_path" if task_cfg.name == "jsonl" else "data_path"
+        raise ConfigError(f"task.name = {task_cfg.name!r} needs task.{field}; valid: task.{field}=FILE")
+    if task_cfg.name == "addition":
+        kwargs["digits"] = task_cfg.digits
+    return task_cfg.name, kwargs
+
+
+def _field_of(argument: str, task_cfg) -> str:
+    if argument == "path":
+        return "data_path" if task_cfg.data_path else "jsonl_path"
+    return argument
+
+
+def check_task_section(task_cfg) -> None:
+    """ConfigError naming the field if the task section cannot build its task and grader."""
+    try:
+        import_task_plugins(task_cfg.plugins)
+    except ImportError as err:
+        raise ConfigError(f"task.plugins = {task_cfg.plugins!r}: cannot import {err.name or ''} ({err}); "
+                          "valid: importable modules (on sys.path: the working directory or PYTHONPATH)") from None
+    name, kwargs = task_arguments(task_cfg)
+    names = task_names()
+    if name not in names:
+        raise ConfigError(f"task.name = {name!r} is invalid; valid: one of {', '.join(names)}, a task registered by "
+                          f"a module in task.plugins, or task.data_path=FILE{did_you_mean(name, names)}")
+    try:
+        check_task_kwargs(name, kwargs)
+    except ValueError as err:
+        raise ConfigError(f"task.kwargs = {dict(task_cfg.kwargs)!r} is invalid: {err}") from None
+    if task_cfg.data_path:
+        try:
+            data_file_format(task_cfg.data_path)
+        except ValueError as err:
+            raise ConfigError(f"task.data_path: {err}") from None
+        if not Path(task_cfg.data_path).is_file():
+            raise ConfigError(f"task.data_path = {task_cfg.data_path!r} does not exist; valid: a local file")
+    if task_cfg.reward_fn is not None:
+        resolve_reward_fn(task_cfg.reward_fn)
+
+
+def build_task(task_cfg) -> Task:
+    """The task of `task_cfg`, graded by task.reward_fn when that is set."""
+    import_task_plugins(task_cfg.plugins)
+    name, kwargs = task_arguments(task_cfg)
+    try:
+        task = make_task(name, **kwargs)
+    except DatasetFormatError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"task.name = {name!r} with task.kwargs = {dict(task_cfg.kwargs)!r}: {err}") from err
+    if task_cfg.reward_fn is not None:
+        task.reward_fn = resolve_reward_fn(task_cfg.reward_fn)  # this task's grader only
+    return task
