@@ -2,7 +2,9 @@
 
 Each row is one question: the column ``prompt_field`` holds the question (a
 non-empty string) and ``answer_field`` the reference answer (a string or a
-number); every other column goes to the example's metadata. Only local files
+number; CSV cells are kept as written, and an integral float such as 42.0,
+which a JSON or Parquet column mixing 42 and 0.5 holds, becomes "42"); every
+other column goes to the example's metadata. Only local files
 are read (``datasets``' packaged "json", "parquet" and "csv" builders), so a
 run needs no network. The split rule is the one of every task
 (:mod:`jaxrl_llm.data.records`): by the question's hash.
@@ -39,8 +41,12 @@ def data_file_format(path: str | os.PathLike) -> str:
     return FORMATS[suffix]
 
 
-def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All rows of a local data file as dicts, in file order (read with ``datasets``)."""
+def read_rows(path: str | os.PathLike, *, text_columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """All rows of a local data file as dicts, in file order (read with ``datasets``).
+
+    In a CSV file the ``text_columns`` are kept as written ("007" stays "007"), not parsed
+    as numbers.
+    """
     builder = data_file_format(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"data file {os.fspath(path)!r} does not exist")
@@ -48,7 +54,9 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     import datasets
 
     datasets.disable_progress_bars()
-    table = datasets.load_dataset(builder, data_files=str(Path(path).resolve()), split="train", keep_in_memory=True)
+    options = {"converters": {column: str for column in text_columns}} if builder == "csv" else {}
+    table = datasets.load_dataset(builder, data_files=str(Path(path).resolve()), split="train", keep_in_memory=True,
+                                  **options)
     return [dict(row) for row in table]
 
 
@@ -77,6 +85,8 @@ def examples_from_rows(
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or (
                 isinstance(answer, float) and not math.isfinite(answer)):
             fail(f"column {answer_field!r} must be a string or a finite number, got {answer!r:.60}")
+        if isinstance(answer, float) and answer.is_integer():
+            answer = int(answer)  # a JSON/Parquet column mixing 42 and 0.5 is read as floats: 42.0
         answer = str(answer).strip()
         if not answer:
             fail(f"column {answer_field!r} is empty")
@@ -119,7 +129,7 @@ class DataFileTask(Task):
         self.name = f"data_file:{self.path.stem}"
         self.heldout_fraction = check_heldout_fraction(heldout_fraction)
         self._examples = examples_from_rows(
-            read_rows(path), path=path, task=self.name, prompt_field=prompt_field, answer_field=answer_field,
+            read_rows(path, text_columns=(prompt_field, answer_field)), path=path, task=self.name, prompt_field=prompt_field, answer_field=answer_field,
             instruction=instruction, heldout_fraction=self.heldout_fraction)
 
     def all_examples(self, split: str) -> list[Example]:
