@@ -24,6 +24,8 @@ def jaxrl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     (["train", "--config", "experiments/demo.py", "rollout.max_tokens=-3"], ["rollout.max_tokens", ">= 1"]),
     (["train", "--config", "experiments/demo.py", "rollout.engine=vlm"], ["rollout.engine", "did you mean 'vllm'"]),
     (["train", "--config", "experiments/demo.py", "task.name=jsonl"], ["task.jsonl_path"]),
+    (["train", "--config", "experiments/demo.py", "task.reward_fn=no_such_rewards:score"],
+     ["task.reward_fn = 'no_such_rewards:score'", "cannot import module 'no_such_rewards'"]),
     (["eval", "--config", "experiments/demo.py", "--step", "last"], ["--step 'last'", "'latest'"]),
     (["train"], ["--config"]),
 ])
@@ -48,3 +50,20 @@ def test_missing_model_source_is_a_user_error(tmp_path):
                  f"run_dir={tmp_path / 'run'}")
     assert done.returncode == 2, done.stderr
     assert "model.source=" in done.stderr and "no such directory" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_working_directory_is_importable_for_plugins(tmp_path, monkeypatch):
+    """`jaxrl` (a console script, whose sys.path lacks the working directory) can name the
+    user's modules there: task.reward_fn="my_rewards:score" from the folder holding my_rewards.py."""
+    from jaxrl_llm import cli
+    from jaxrl_llm.data.plugins import load_object
+
+    (tmp_path / "my_cwd_rewards.py").write_text("def score(completion, example):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_cwd_rewards", raising=False)
+    with pytest.raises(ImportError):
+        __import__("my_cwd_rewards")
+    cli._working_directory_importable()
+    assert sys.path[-1] == str(tmp_path)
+    assert load_object("my_cwd_rewards:score", what="task.reward_fn")("x", None) == 1.0
