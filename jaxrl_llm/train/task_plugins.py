@@ -17,7 +17,9 @@ Everything a researcher brings is named in the config, so nothing in the library
                   its question and answer in the columns task.prompt_field / task.answer_field.
 
 Every name is checked when the config is built (`check_task_section`), so a typo fails before
-any model loads, with a ConfigError naming the field.
+any model loads, with a ConfigError naming the field. Data files are opened only when the task
+is built (the loop does that before loading the model): a config may be written on a machine
+that does not hold them.
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ from jaxrl_llm.data.files import data_file_format
 from jaxrl_llm.data.plugins import PluginError, load_object
 from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn
 from jaxrl_llm.utils.typed_config import ConfigError, did_you_mean
+
+
+# Tasks read from a file, and the field naming it.
+FILE_TASKS = {"jsonl": "jsonl_path", "data_file": "data_path"}
 
 
 def resolve_reward_fn(spec: str) -> RewardFn:
@@ -67,35 +73,29 @@ def resolve_reward_fn(spec: str) -> RewardFn:
 
 
 def task_arguments(task_cfg) -> tuple[str, dict[str, Any]]:
-    """(registered task name, keyword arguments) that `task_cfg` builds."""
-    kwargs = dict(task_cfg.kwargs)
+    """(registered task name, keyword arguments) that `task_cfg` builds: its own fields
+    (the file and its columns, addition's digits) plus task.kwargs."""
     if task_cfg.jsonl_path and task_cfg.data_path:
         raise ConfigError(f"task.jsonl_path = {task_cfg.jsonl_path!r} and task.data_path = {task_cfg.data_path!r} "
                           "are both set; valid: one of them (task.data_path reads .jsonl files too)")
-    taken = {"path"} if (task_cfg.jsonl_path or task_cfg.data_path) else set()
-    taken |= {"digits"} if task_cfg.name == "addition" and not taken else set()
-    taken |= {"prompt_field", "answer_field"} if task_cfg.data_path else set()
-    clash = sorted(taken & set(kwargs))
+    if task_cfg.data_path:
+        name, own = "data_file", {"path": ("data_path", task_cfg.data_path),
+                                  "prompt_field": ("prompt_field", task_cfg.prompt_field),
+                                  "answer_field": ("answer_field", task_cfg.answer_field)}
+    elif task_cfg.jsonl_path:
+        name, own = "jsonl", {"path": ("jsonl_path", task_cfg.jsonl_path)}
+    elif task_cfg.name in FILE_TASKS:
+        field = FILE_TASKS[task_cfg.name]
+        raise ConfigError(f"task.name = {task_cfg.name!r} needs task.{field}; valid: task.{field}=FILE")
+    elif task_cfg.name == "addition":
+        name, own = "addition", {"digits": ("digits", task_cfg.digits)}
+    else:
+        name, own = task_cfg.name, {}
+    clash = sorted(set(own) & set(task_cfg.kwargs))
     if clash:
         raise ConfigError(f"task.kwargs sets {clash}, which come from their own fields; valid: "
-                          f"{', '.join('task.' + _field_of(k, task_cfg) for k in clash)} instead")
-    if task_cfg.data_path:
-        return "data_file", {"path": task_cfg.data_path, "prompt_field": task_cfg.prompt_field,
-                             "answer_field": task_cfg.answer_field, **kwargs}
-    if task_cfg.jsonl_path:
-        return "jsonl", {"path": task_cfg.jsonl_path, **kwargs}
-    if task_cfg.name in ("jsonl", "data_file"):
-        field = "jsonl_path" if task_cfg.name == "jsonl" else "data_path"
-        raise ConfigError(f"task.name = {task_cfg.name!r} needs task.{field}; valid: task.{field}=FILE")
-    if task_cfg.name == "addition":
-        kwargs["digits"] = task_cfg.digits
-    return task_cfg.name, kwargs
-
-
-def _field_of(argument: str, task_cfg) -> str:
-    if argument == "path":
-        return "data_path" if task_cfg.data_path else "jsonl_path"
-    return argument
+                          f"{', '.join('task.' + own[k][0] for k in clash)} instead")
+    return name, {**{k: value for k, (_, value) in own.items()}, **task_cfg.kwargs}
 
 
 def check_task_section(task_cfg) -> None:
@@ -105,6 +105,20 @@ def check_task_section(task_cfg) -> None:
     except ImportError as err:
         raise ConfigError(f"task.plugins = {task_cfg.plugins!r}: cannot import {err.name or ''} ({err}); "
                           "valid: importable modules (on sys.path: the working directory or PYTHONPATH)") from None
+    if task_cfg.data_path:
+        try:
+            data_file_format(task_cfg.data_path)
+        except ValueError as err:
+            raise ConfigError(f"task.data_path: {err}") from None
+    if task_cfg.name in FILE_TASKS and not (task_cfg.jsonl_path or task_cfg.data_path):
+        pass  # the file is left to the user (GPU-scale configs do); build_task names the missing field
+    else:
+        _check_name_and_kwargs(task_cfg)
+    if task_cfg.reward_fn is not None:
+        resolve_reward_fn(task_cfg.reward_fn)
+
+
+def _check_name_and_kwargs(task_cfg) -> None:
     name, kwargs = task_arguments(task_cfg)
     names = task_names()
     if name not in names:
@@ -114,15 +128,6 @@ def check_task_section(task_cfg) -> None:
         check_task_kwargs(name, kwargs)
     except ValueError as err:
         raise ConfigError(f"task.kwargs = {dict(task_cfg.kwargs)!r} is invalid: {err}") from None
-    if task_cfg.data_path:
-        try:
-            data_file_format(task_cfg.data_path)
-        except ValueError as err:
-            raise ConfigError(f"task.data_path: {err}") from None
-        if not Path(task_cfg.data_path).is_file():
-            raise ConfigError(f"task.data_path = {task_cfg.data_path!r} does not exist; valid: a local file")
-    if task_cfg.reward_fn is not None:
-        resolve_reward_fn(task_cfg.reward_fn)
 
 
 def build_task(task_cfg) -> Task:

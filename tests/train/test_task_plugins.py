@@ -60,7 +60,6 @@ def test_raising_hanging_and_bad_valued_user_rewards_score_zero_and_are_counted(
     (["task.kwargs=[1, 2]"], ["task.kwargs", "not a JSON object"]),
     (["task.kwargs={\"digits\": 2}"], ["task.kwargs", "task.digits"]),
     (["task.name=no_such_task"], ["task.name = 'no_such_task'", "task.plugins"]),
-    (["task.data_path=/no/such/file.csv"], ["task.data_path", "does not exist"]),
     (["task.data_path=problems.xlsx"], ["task.data_path", ".xlsx", ".parquet"]),
 ])
 def test_bad_plugin_names_are_config_errors_naming_the_field(overrides, names):
@@ -68,6 +67,14 @@ def test_bad_plugin_names_are_config_errors_naming_the_field(overrides, names):
         config(*overrides)
     for name in names:
         assert name in str(err.value), str(err.value)
+
+
+def test_data_files_are_opened_when_the_task_is_built(tmp_path):
+    cfg = config(f"task.data_path={tmp_path / 'later.csv'}")  # may be written on another machine
+    with pytest.raises(FileNotFoundError, match="later.csv"):
+        task_from_config(cfg)
+    with pytest.raises(ConfigError, match="task.name = 'data_file' needs task.data_path"):
+        task_from_config(config("task.name=data_file"))
 
 
 def test_kwargs_from_the_command_line_reach_the_task():
