@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import pickle
-from pathlib import Path
 from typing import Any
 
 from jaxrl_llm.data import DatasetFormatError, Task, check_task_kwargs, import_task_plugins, make_task, task_names
