@@ -137,3 +137,15 @@ def test_jsonl_file_with_a_choice_of_grader(tmp_path):
                 grader, user_plugins.answer_length_reward)
             graded = grade(pool, task, completions, [half], len(completions))
             assert graded.rewards.tolist() == [want], grader
+
+
+def test_kwargs_are_read_only_and_survive_pickle_and_json():
+    import copy
+    import pickle
+
+    cfg = config('task.kwargs={"start": 4, "sizes": [1, 2]}')
+    with pytest.raises(TypeError, match="read-only"):
+        cfg.task.kwargs["start"] = 5
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg) == Config.from_json(cfg.to_json())
+    assert hash(cfg) == hash(config('task.kwargs={"sizes": [1, 2], "start": 4}'))  # key order does not matter
+    assert json.loads(cfg.to_json())["task"]["kwargs"] == {"start": 4, "sizes": [1, 2]}
