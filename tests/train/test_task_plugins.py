@@ -143,9 +143,10 @@ def test_kwargs_are_read_only_and_survive_pickle_and_json():
     import copy
     import pickle
 
-    cfg = config('task.kwargs={"start": 4, "sizes": [1, 2]}')
+    user_task = [f"task.plugins={PLUGINS}", "task.name=user_countdown"]
+    cfg = config(*user_task, 'task.kwargs={"start": 4, "word": "Count"}')
     with pytest.raises(TypeError, match="read-only"):
         cfg.task.kwargs["start"] = 5
     assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg) == Config.from_json(cfg.to_json())
-    assert hash(cfg) == hash(config('task.kwargs={"sizes": [1, 2], "start": 4}'))  # key order does not matter
-    assert json.loads(cfg.to_json())["task"]["kwargs"] == {"start": 4, "sizes": [1, 2]}
+    assert hash(cfg) == hash(config(*user_task, 'task.kwargs={"word": "Count", "start": 4}'))  # any key order
+    assert json.loads(cfg.to_json())["task"]["kwargs"] == {"start": 4, "word": "Count"}
