@@ -172,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.train.metrics import read_metrics
     from jaxrl_llm.train.policy import load_policy
 
+    import jax
+
+    # the 2 x seeds runs share every compiled program: compile once, reuse from disk
+    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     model_dir = digit_model(out / "model")
     configs = {(v, s): variant_config(get_config(v, s, model_dir), out, f"{v}_s{s}", QUICK, args.overrides,
                                       quick_on=args.quick) for s in seeds for v in VARIANTS}
