@@ -53,6 +53,7 @@ VARIANTS = {"grpo": [], "darling": ["shaping.darling=answer"]}
 SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 QUICK = ("total_steps=20", "task.eval_every=10")
 EVAL_SAMPLES = 16
+CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
 EOS_ID = 2  # SmolLM2's <|im_end|>
 DIGIT_WEIGHT, EOS_WEIGHT = 2.2, 2.55  # lm_head rows along the shared direction: logits ~12.4 and ~14.4
 
@@ -168,15 +169,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
+    import jax
+
+    # the 2 x seeds runs share every compiled program: compile once, reuse from disk
+    before = {k: getattr(jax.config, k) for k in CACHE_SETTINGS}
+    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    try:
+        return run_experiment(args, seeds, out)
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def run_experiment(args, seeds: Sequence[int], out: Path) -> int:
     from jaxrl_llm.reports.seed_curves import plot_seed_bands
     from jaxrl_llm.train.metrics import read_metrics
     from jaxrl_llm.train.policy import load_policy
 
-    import jax
-
-    # the 2 x seeds runs share every compiled program: compile once, reuse from disk
-    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     model_dir = digit_model(out / "model")
     configs = {(v, s): variant_config(get_config(v, s, model_dir), out, f"{v}_s{s}", QUICK, args.overrides,
                                       quick_on=args.quick) for s in seeds for v in VARIANTS}
