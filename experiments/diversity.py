@@ -14,7 +14,7 @@ Setting (CPU-sized): the many-answers task `multiple_of` ("Name a multiple of k 
 1 and M", k in 2..5, M in 50..99: >= 10 correct answers each; data/many_answers.py) and
 a tiny random decoder over SmolLM2's tokenizer built to answer in digits (`digit_model`:
 digits ~60%, EOS ~40% of the probability at every position, so its answers are random
-1-3 digit numbers and ~15% are right at first). GRPO vs GRPO + shaping.darling=answer
+1-3 digit numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
 from the same weights and seeds, JAX sampler at temperature 1, lr 1e-2. Held-out
 evaluation every few steps (task.eval_every) with 16 samples per prompt gives pass@k for
 k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.

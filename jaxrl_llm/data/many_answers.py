@@ -37,7 +37,8 @@ def multiple_of_example(task_name: str, k: int, upper: int, heldout_fraction: fl
     question = f"multiple of {k} in 1..{upper}"
     return Example(id=f"{task_name}/{k}/{upper}", task=task_name,
                    prompt=f"Name a multiple of {k} between 1 and {upper}. Answer with just the number.",
-                   answer="", split=split_of(question, heldout_fraction), metadata={"k": k, "upper": upper})
+                   answer=str(k),  # one reference answer of many (see `correct_answers`)
+                   split=split_of(question, heldout_fraction), metadata={"k": k, "upper": upper})
 
 
 def multiple_of_stream(task_name: str, seed: int, heldout_fraction: float) -> Iterator[Example]:
