@@ -36,7 +36,7 @@ def test_verdict_reads_the_paired_intervals():
     assert verdict(Interval(0.0, math.nan, math.nan, 1), Interval(0.1, math.nan, math.nan, 1)).startswith("inconclusive")
 
 
-@pytest.mark.slow  # ~3-6 min on 2 busy cores (four tiny runs, each compiling)
+@pytest.mark.slow  # 10 min 22 s at load ~19 (four tiny runs; the first compiles)
 def test_diversity_reduced_two_seeds(tmp_path):
     module = load_experiment("diversity")
     out = tmp_path / "out"
@@ -69,7 +69,7 @@ def test_diversity_reduced_two_seeds(tmp_path):
     assert png_shape(out / "pass_at_k.png")[0] > 100 and png_shape(out / "seeds.png")[0] > 100
 
 
-@pytest.mark.slow  # ~3-6 min on 2 busy cores: GRPO and DARLING, 20 steps each
+@pytest.mark.slow  # 11 min at load ~19: GRPO and DARLING, 20 steps each
 def test_darling_keeps_at_least_grpos_distinct_correct_answers(tmp_path):
     """Issue acceptance: DARLING's distinct correct answers per group at or above GRPO's on a
     task with many correct answers, same weights and seed (the experiment's --quick size,
