@@ -65,7 +65,7 @@ demo: venv
 
 # experiments/README.md: the seed-paper experiments; the quick sizes take
 # <= 15 min each on 2 CPU cores. Rerunning resumes/keeps finished runs.
-EXPERIMENTS = length_bias difficulty_bias precision_mismatch sanity_check length_mechanism length_neutral chain_of_thought
+EXPERIMENTS = length_bias difficulty_bias precision_mismatch sanity_check length_mechanism length_neutral chain_of_thought diversity
 
 experiments-quick: venv vllm-env
 	for e in $(EXPERIMENTS); do $(PY) experiments/$$e.py --quick; done

@@ -338,12 +338,19 @@ def prepare_step_batch(
     ref_logp=None,
     values=None,
     truncated=None,
+    correct=None,
 ) -> tuple[StepBatch, dict[str, jax.Array]]:
     """Everything a step needs before the model runs, on the FULL step batch.
 
     Order: overlong penalty -> response filters (truncation, zero-variance
     groups) -> advantages -> correction -> aggregation weights over
     mask * keep, so rejected tokens leave the denominators.
+
+    The zero-variance group filter judges ACCURACY, as DAPO's dynamic sampling
+    does (Yu et al. 2025, arXiv 2503.14476, eq. 11: keep groups with
+    0 < |{correct}| < G): `correct` when given, else the rewards as passed in,
+    before the overlong penalty. Judged on shaped rewards, an all-correct group
+    whose lengths differ would be kept for its length penalties alone.
 
     Args:
       recipe: the objective.
@@ -354,6 +361,8 @@ def prepare_step_batch(
       ref_logp: [N, T] reference log-probs; needed when recipe.kl_beta > 0.
       values: [N, T] critic values at rollout time; needed by GAE.
       truncated: [N] bool (no EOS); needed when recipe.mask_truncated.
+      correct: [P, G] the graders' verdicts (bool or 0/1); what the zero-variance
+        filter and its metric judge. None: judge `rewards` (before the penalty).
     Returns:
       (StepBatch, metrics): metrics are float32 scalars describing the step
       (rewards, filters, corrections, mismatch_* when sampler_logp is given).
@@ -363,10 +372,14 @@ def prepare_step_batch(
     valid = _checks.valid_tokens(mask)
     response_mask = valid.astype(jnp.float32)
     lengths = aggregation.response_lengths(valid)
+    outcomes = rewards if correct is None else _checks.to_float32(correct)
+    if outcomes.shape != rewards.shape:
+        raise ValueError(f"correct shape {outcomes.shape} must equal rewards shape {rewards.shape} ([P, G])")
+    informative = filters.zero_variance_group_mask(outcomes)
     metrics = {
         "reward_raw_mean": jnp.mean(rewards),
         "response_length_mean": jnp.mean(lengths),
-        "zero_variance_group_fraction": 1.0 - jnp.mean(filters.zero_variance_group_mask(rewards)),
+        "zero_variance_group_fraction": 1.0 - jnp.mean(informative),
         "num_response_tokens": jnp.sum(lengths),
     }
 
@@ -386,7 +399,7 @@ def prepare_step_batch(
             raise ValueError(f"recipe {recipe.name!r} masks truncated responses; it needs truncated [N]")
         response_mask = filters.mask_truncated(response_mask, truncated)
     if recipe.filter_zero_variance_groups:
-        response_mask = filters.expand_group_mask(filters.zero_variance_group_mask(rewards), response_mask)
+        response_mask = filters.expand_group_mask(informative, response_mask)
     metrics["reward_mean"] = jnp.mean(rewards)
 
     old_logp = _masked_constant(old_logp, response_mask)

@@ -13,6 +13,8 @@ Tasks:
                     graded by reasoning-gym's own verifiers
   cot_gsm_symbolic, cot_chain_sum   reasoning-gym questions + "think step by step",
                     answer in \\boxed{} (data/chain_of_thought.py)
+  multiple_of       "Name a multiple of k between 1 and M": many correct answers per
+                    question (for DARLING; data/many_answers.py)
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
   data_file         a JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py)
@@ -31,6 +33,7 @@ from typing import Any, Callable, Iterator
 from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_reward
 from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
 from jaxrl_llm.data.jsonl import JsonlTask  # noqa: F401  (registers "jsonl")
+from jaxrl_llm.data.many_answers import multiple_of_stream, multiple_reward
 from jaxrl_llm.data.records import (
     Example,
     check_heldout_fraction,
@@ -142,6 +145,21 @@ class AnswerFirstAdditionTask(AdditionTask):
 
     def example(self, a: int, b: int) -> Example:
         return answer_first_example(super().example(a, b), self.name)
+
+
+@register_task("multiple_of")
+class MultipleOfTask(GeneratedTask):
+    """``Name a multiple of k between 1 and M.``: many correct answers per question
+    (data/many_answers.py), graded by :func:`multiple_reward`."""
+
+    name = "multiple_of"
+    reward_fn = staticmethod(multiple_reward)
+
+    def __init__(self, *, heldout_fraction: float = DEFAULT_HELDOUT_FRACTION):
+        self.heldout_fraction = check_heldout_fraction(heldout_fraction)
+
+    def _stream(self, seed: int) -> Iterator[Example]:
+        return multiple_of_stream(self.name, seed, self.heldout_fraction)
 
 
 class ReasoningGymTask(GeneratedTask):

@@ -26,6 +26,7 @@ from jaxrl_llm.train.learn import grade
 from jaxrl_llm.train.metrics import read_metrics, truncate_metrics
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
 from jaxrl_llm.train.prompts import heldout_examples, task_from_config
+from jaxrl_llm.train.shaping import distinct_correct, group_classes
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ EVAL_SEED = 12345  # every evaluation draws the same noise: steps are compared o
 def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, seed: int,
              pool: GraderPool | None = None) -> dict[str, Any]:
     """pass@1, pass@k (k = samples) and avg@k on the held-out split (at most
-    task.eval_size prompts), plus three example completions."""
+    task.eval_size prompts), the number of distinct correct answers per prompt (classes
+    of train/shaping.py's partition), plus three example completions."""
     examples = heldout_examples(task, cfg)
     rollouts = engine.generate(encode_prompts(policy, examples), n=samples, params=sampling_params(cfg, seed))
     texts = decode_completions(policy, rollouts)
@@ -50,6 +52,7 @@ def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, s
              for i in range(min(3, len(examples)))]
     return {"pass@1": curve[0], f"pass@{samples}": curve[-1], f"avg@{samples}": float(rewards.mean()),
             "pass_at_k": curve, "correct": correct.astype(int).tolist(), "num_prompts": len(examples),
+            "distinct_correct": distinct_correct(group_classes(cfg, texts, len(examples), samples), correct),
             "examples": shown}
 
 

@@ -64,8 +64,12 @@ def response_metrics(task: Task, rewards: np.ndarray, rollouts: RolloutBatch) ->
 
 
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
-          rewards: np.ndarray) -> tuple[LearnerState, dict[str, float]]:
-    """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc)."""
+          rewards: np.ndarray, correct: np.ndarray | None = None) -> tuple[LearnerState, dict[str, float]]:
+    """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc).
+
+    `rewards` are the learner's (shaped) rewards [P, G]; `correct` [P, G] the graders'
+    verdicts, which the zero-variance group filter judges (DAPO filters on accuracy).
+    """
     core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
     before = learner.step_logprobs(state.params, seq, critic=state.critic)  # ref_logp / values: None if unused
@@ -76,9 +80,10 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     per_mb = prompts // cfg.train.minibatches_per_batch  # the config checks that it divides
     metrics: dict[str, list] = {}
     prepared = []
+    correct = np.asarray(rewards if correct is None else correct, np.float32)
     for m in range(cfg.train.minibatches_per_batch):
-        rows = slice(m * per_mb * group, (m + 1) * per_mb * group)
-        batch, prep = _prepare(recipe)(put(rewards[m * per_mb:(m + 1) * per_mb]), mask[rows], old_logp[rows],
+        rows, prompt_rows = slice(m * per_mb * group, (m + 1) * per_mb * group), slice(m * per_mb, (m + 1) * per_mb)
+        batch, prep = _prepare(recipe)(put(rewards[prompt_rows]), put(correct[prompt_rows]), mask[rows], old_logp[rows],
                                        put(seq.sampler_logp[rows]), put(seq.truncated[rows]),
                                        None if ref_logp is None else ref_logp[rows],
                                        None if before.values is None else before.values[rows])
@@ -103,9 +108,9 @@ def _prepare(recipe: core.Recipe):
     """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
     small eager computations on arrays spanning several JAX processes each become a
     cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
-    def prepare(rewards, mask, old_logp, sampler_logp, truncated, ref_logp, values):
+    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values):
         batch, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated,
-                                                 ref_logp=ref_logp, values=values)
+                                                 ref_logp=ref_logp, values=values, correct=correct)
         if values is not None:  # the critic's fit at rollout time: explained variance, value/return means
             metrics = {**metrics, **critic_metrics(batch.old_values, batch.returns, batch.mask)}
         return batch, metrics

@@ -268,7 +268,8 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
     rollouts, graded = batch.rollouts, batch.extra
     if jax.process_count() > 1:
         rollouts, graded = _gather_step(cfg, rollouts, graded, batch.context.prompt_width)
-    state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.learner_rewards)
+    state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.learner_rewards,
+                                 correct=task.is_correct(graded.rewards))
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe

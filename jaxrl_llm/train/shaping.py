@@ -75,6 +75,19 @@ PARTITIONS: dict[str, Callable[[ShapingConfig], Partition]] = {
 }
 
 
+def group_classes(cfg: Config, texts: Sequence[str], prompts: int, group: int) -> list[np.ndarray]:
+    """Class labels of each group of `group` texts (prompt-major) under the configured
+    partition (shaping.darling; "answer" when DARLING is off)."""
+    sh = cfg.shaping
+    partition = PARTITIONS[sh.darling if sh.darling != "off" else "answer"](sh)
+    return [np.asarray(partition(texts[p * group:(p + 1) * group])) for p in range(prompts)]
+
+
+def distinct_correct(labels: Sequence[np.ndarray], correct: np.ndarray) -> list[int]:
+    """Per group, the number of distinct classes among its correct answers."""
+    return [len(set(lab[ok].tolist())) for lab, ok in zip(labels, np.asarray(correct, bool))]
+
+
 def with_length_targets(cfg: Config, examples: Sequence[Example], seed: int) -> list[Example]:
     """L1 prompts: each example states its target length ("Think for N tokens."); other
     shaping leaves the examples as they are."""
@@ -102,8 +115,7 @@ def shape_rewards(cfg: Config, task: Task, rewards: np.ndarray, texts: Sequence[
     rewards = np.asarray(rewards, np.float32)
     prompts, group = rewards.shape
     correct = np.asarray(task.is_correct(rewards), bool)
-    partition = PARTITIONS[sh.darling if sh.darling != "off" else "answer"](sh)
-    labels = [np.asarray(partition(texts[p * group:(p + 1) * group])) for p in range(prompts)]
+    labels = group_classes(cfg, texts, prompts, group)
     metrics = diversity_metrics(labels, correct)
     shaped = rewards
     if sh.darling != "off":
@@ -126,7 +138,7 @@ def diversity_metrics(labels: Sequence[np.ndarray], correct: np.ndarray) -> dict
     distinct classes among a group's correct answers; unique_correct_share: that over the
     number of correct answers, averaged over groups with a correct answer."""
     distinct = [len(set(lab.tolist())) for lab in labels]
-    per_correct = [(len(set(lab[ok].tolist())), int(ok.sum())) for lab, ok in zip(labels, correct)]
+    per_correct = list(zip(distinct_correct(labels, correct), np.asarray(correct).sum(axis=1).tolist()))
     with_correct = [d / c for d, c in per_correct if c]
     return {"distinct_classes": float(np.mean(distinct)),
             "distinct_correct": float(np.mean([d for d, _ in per_correct])),

@@ -74,6 +74,31 @@ def test_zero_variance_groups_leave_the_denominator():
     assert float(metrics["filtered_token_fraction"]) == 0.5
 
 
+MASK8 = lengths_to_mask([1, 2, 3, 4, 1, 2, 3, 4], 4)
+LOGP8 = np.log(np.random.default_rng(1).uniform(0.2, 1.0, (8, 4))).astype(np.float32)
+
+
+def test_zero_variance_filter_judges_accuracy_not_the_length_penalty():
+    """DAPO keeps a group when 0 < #correct < G. Group 0 is all correct with lengths 1..4:
+    the overlong penalty (L_max 4, buffer 2: 0, 0, -0.5, -1) makes its rewards differ, yet
+    it must be dropped; group 1 (right, wrong, wrong, right) is kept."""
+    rec = recipe("dapo", overlong=core.OverlongPenalty(max_length=4, buffer=2))
+    rewards = np.array([[1, 1, 1, 1], [1, 0, 0, 1]], np.float32)
+    batch, metrics = core.prepare_step_batch(rec, rewards, MASK8, LOGP8, LOGP8)
+    weights = np.asarray(batch.loss_weights)
+    np.testing.assert_array_equal(weights[:4], 0.0)  # the all-correct group leaves the loss
+    np.testing.assert_allclose(weights[4:], MASK8[4:] / 10.0, rtol=1e-6)  # token mean over 1+2+3+4 kept tokens
+    assert float(metrics["zero_variance_group_fraction"]) == 0.5
+    # shaped outside core (e.g. a length reward): the verdicts passed as `correct` decide
+    shaped = np.array([[1.0, 0.9, 0.8, 0.7], [0.9, -0.1, -0.2, 0.7]], np.float32)
+    batch, metrics = core.prepare_step_batch(rec, shaped, MASK8, LOGP8, LOGP8, correct=rewards >= 1)
+    np.testing.assert_array_equal(np.asarray(batch.loss_weights)[:4], 0.0)
+    assert np.all(np.asarray(batch.loss_weights)[4:][MASK8[4:] > 0] > 0)
+    assert float(metrics["zero_variance_group_fraction"]) == 0.5
+    with pytest.raises(ValueError, match="correct shape"):
+        core.prepare_step_batch(rec, shaped, MASK8, LOGP8, LOGP8, correct=np.ones((1, 8)))
+
+
 def test_olmo3_token_tis_weights_the_gradient():
     sampler = LOGP.copy()
     sampler[0, 0] -= np.log(3.0)  # pi_old / mu = 3 -> truncated to 2

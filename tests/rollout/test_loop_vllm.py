@@ -38,3 +38,45 @@ def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smoll
         assert r["reward_errors"] == 0.0 and r["time_sync_s"] > 0.0
         # graded: the reward is the mean of 8 scores in {0, 1}
         assert r["reward"] * 8 == pytest.approx(round(r["reward"] * 8))
+
+
+@pytest.mark.slow  # ~2-3 min on 2 cores
+def test_dapo_dynamic_sampling_and_eval_every_through_vllm(vllm_server, smollm2, tmp_path):
+    """DAPO's dynamic sampling (extra rounds of fresh prompts) and held-out evaluation every
+    step, both on the real server: every group the learner sees has accuracy strictly
+    between 0 and 1, each step batch is full, and eval.jsonl has one record per step."""
+    import json
+
+    import numpy as np
+
+    from jaxrl_llm.train.metrics import read_groups
+
+    server = vllm_server.get()
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(REPO / "experiments/demo.py"),
+           "recipe.name=dapo", "total_steps=2", "rollout.engine=vllm", f"rollout.server_urls=[{server.url}]",
+           "rollout.prompts_per_step=4", "rollout.samples_per_prompt=2", "rollout.max_tokens=8",
+           "rollout.dynamic_sampling_rounds=8", "task.eval_every=1", "task.eval_size=4", "task.eval_samples=2",
+           "train.micro_batch_size=8", "checkpoint.every_steps=0", "checkpoint.async_save=false",
+           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}"]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:  # the shared server goes back to the base weights for the other tests
+        sync = DiskWeightSync(VLLMClient([server.url]), bridge_export(smollm2.cfg))
+        sync.push(smollm2.params, version=0)
+        sync.close()
+    rows, groups = read_metrics(run_dir), read_groups(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row, g in zip(rows, groups):
+        accuracy = (np.asarray(g["rewards"]) >= 1.0).mean(axis=1)
+        assert accuracy.shape == (4,) and np.all((accuracy > 0) & (accuracy < 1)), g  # full, none uninformative
+        assert row["dynamic_sampling_unfilled"] == 0.0 and row["zero_variance_group_fraction"] == 0.0
+    # groups of 2 at pass rate ~0.3 are mostly all-wrong or all-right: rounds were dropped and redrawn
+    assert sum(r["dynamic_sampling_rounds"] for r in rows) > len(rows)
+    records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert np.asarray(r["correct"]).shape == (4, 2)
+        assert r["pass@1"] == pytest.approx(np.mean(r["correct"]), abs=1e-6)

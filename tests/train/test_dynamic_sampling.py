@@ -91,3 +91,28 @@ def test_dapo_run_feeds_only_mixed_accuracy_groups_and_fills_the_batch(tiny_mode
     assert sum(row["dynamic_sampling_rounds"] for row in rows) > len(rows)  # groups were dropped and resampled
     assert min(row["dynamic_sampling_kept_fraction"] for row in rows) < 1.0
     assert all(row["dynamic_sampling_extra_tokens"] > 0 for row in rows if row["dynamic_sampling_rounds"] > 1)
+
+
+def even_sums_right_with_a_length_bonus(completion: str, example) -> float:
+    """Right (>= 1) on even sums, with a bonus that differs between samples; wrong (0) otherwise."""
+    return 1.0 + 0.5 * (len(completion) % 2) if int(example.answer) % 2 == 0 else 0.0
+
+
+def test_without_dynamic_sampling_the_learner_filter_drops_groups_by_accuracy(tiny_model_dir, tmp_path, monkeypatch):
+    """Dynamic sampling off: the learner's own zero-variance filter still judges accuracy. The
+    all-right groups (even sums) have graders' rewards that differ (1 or 1.5), yet the fraction
+    dropped equals the fraction of groups whose accuracy is 0 or 1."""
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "recipe.name=dapo", "total_steps=2",
+                      "rollout.prompts_per_step=4", "rollout.dynamic_sampling=false")
+    task = task_from_config(cfg)
+    monkeypatch.setattr(type(task), "reward_fn", staticmethod(even_sums_right_with_a_length_bonus))
+    loop.train(cfg, task=task)
+    groups, rows = read_groups(cfg.run_path), read_metrics(cfg.run_path)
+    assert len(rows) == 2
+    all_right_differing = 0
+    for g, row in zip(groups, rows):
+        rewards = np.asarray(g["rewards"])
+        accuracy = (rewards >= 1.0).mean(axis=1)
+        assert row["zero_variance_group_fraction"] == pytest.approx(np.mean((accuracy == 0) | (accuracy == 1)))
+        all_right_differing += int(np.sum((accuracy == 1) & (rewards.min(axis=1) < rewards.max(axis=1))))
+    assert all_right_differing > 0  # the case arose: rewards differed inside an all-right group

@@ -69,6 +69,18 @@ def test_l1_reward_brings_a_tiny_models_lengths_to_the_target(stopping_model_dir
     print("l1_length_error", errors)
     assert np.mean(errors[-2:]) < 0.5 * np.mean(errors[:2])
 
+@pytest.mark.slow
+def test_l1_reward_with_a_short_target_shortens_a_tiny_models_answers(stopping_model_dir, tmp_path):
+    # target 2 well below the cap 16: answers of ~4.5 tokens (1 to 12) must get shorter
+    rows = tiny_run(stopping_model_dir, tmp_path / "l1_short", "rollout.max_tokens=16", "shaping.length_reward=l1",
+                    "shaping.l1_targets=[2]", "shaping.length_reward_weight=0.1")
+    errors, lengths = [r["l1_length_error"] for r in rows], [r["length_mean"] for r in rows]
+    print("l1_length_error", errors, "length_mean", lengths)
+    assert np.mean(errors[:2]) > 1.5  # the start is far from the target
+    assert np.mean(errors[-2:]) < 0.75 * np.mean(errors[:2])  # measured: 2.83 -> 1.70
+    assert np.mean(lengths[-2:]) < np.mean(lengths[:2])  # by shortening (4.39 -> 3.27), not lengthening
+
+
 SMALL = ["rollout.engine=jax", "model.source=smollm2", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4",
          "train.micro_batch_size=8", "train.lr=3e-5", "checkpoint.every_steps=0", "checkpoint.async_save=false",
          "metrics.tensorboard=false", "task.eval_size=4"]

@@ -1,0 +1,237 @@
+"""Experiment 8: diversity. Does DARLING's diversity reweighting raise pass@k at large k
+without lowering pass@1?
+
+Claim (Li et al. 2025, DARLING, arXiv 2509.02534): multiplying each correct answer's
+reward by the share of its group outside its answer's class (core.diversity_from_classes)
+keeps the policy from collapsing onto one correct answer, so pass@k at large k rises
+while pass@1 holds. Expected here: identical to GRPO while a group's correct answers are
+all distinct (the factor is then the same for all of them and GRPO's std normalisation
+cancels it); once GRPO repeats a correct answer, DARLING pays the repeats less, so it
+keeps more distinct correct answers per prompt; pass@k at large k gains only where
+collapse costs coverage of the questions a policy gets wrong.
+
+Setting (CPU-sized): the many-answers task `multiple_of` ("Name a multiple of k between
+1 and M", k in 2..5, M in 50..99: >= 10 correct answers each; data/many_answers.py) and
+a tiny random decoder over SmolLM2's tokenizer built to answer in digits (`digit_model`:
+digits ~60%, EOS ~40% of the probability at every position, so its answers are random
+1-3 digit numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
+from the same weights and seeds, JAX sampler at temperature 1, lr 1e-2. Held-out
+evaluation every few steps (task.eval_every) with 16 samples per prompt gives pass@k for
+k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
+
+    python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
+    python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
+
+Writes to runs/experiments/diversity/<quick|full>/: <variant>_s<seed>/ (runs), model/ (the
+digit decoder), pass_at_k.png (final pass@k curve, mean and 95% band over seeds, seeds as
+points), seeds.png (training distinct correct answers and pass rate per step, bands),
+summary.md / .json (means, 95% t-intervals over seeds, paired DARLING - GRPO differences
+and the verdict).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from jaxrl_llm.reports import stats
+from jaxrl_llm.reports.runs import (
+    chosen_seeds,
+    experiment_parser,
+    output_dir,
+    train_or_resume,
+    variant_config,
+    window_mean,
+    write_summary,
+)
+from jaxrl_llm.train.config import Config, ConfigError, config_from_dict
+
+NAME = "diversity"
+VARIANTS = {"grpo": [], "darling": ["shaping.darling=answer"]}
+SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
+QUICK = ("total_steps=20", "task.eval_every=10")
+EVAL_SAMPLES = 16
+CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+EOS_ID = 2  # SmolLM2's <|im_end|>
+DIGIT_WEIGHT, EOS_WEIGHT = 2.2, 2.55  # lm_head rows along the shared direction: logits ~12.4 and ~14.4
+
+
+def digit_model(out: Path) -> str:
+    """A random 2-layer decoder (SmolLM2's tokenizer) that answers in digits: every token
+    embedding shares a direction u, and the lm_head rows of the ten digit tokens and of EOS
+    point along u, so at every position the digits share ~60% of the probability (evenly)
+    and EOS ~40%; the other 49141 tokens keep random logits near 0. Built from a fixed key;
+    written once to `out` (an HF directory)."""
+    if (out / "config.json").exists():
+        return str(out)
+    import jax
+    import jax.numpy as jnp
+    from tokenizers import Tokenizer
+
+    from jaxrl_llm import bridge
+    from jaxrl_llm.models import DecoderConfig, init_params
+
+    tokenizer = Tokenizer.from_file(str(Path(bridge.smollm2_hf_dir()) / "tokenizer.json"))
+    digits = jnp.array([tokenizer.token_to_id(str(d)) for d in range(10)])
+    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                        max_position_embeddings=512)
+    params = init_params(cfg, jax.random.key(0))
+    u = jnp.ones(32) / jnp.sqrt(32.0)
+    params["embed"] = params["embed"] + 5.0 * u
+    head = params["lm_head"].at[:, digits].set(jnp.broadcast_to((DIGIT_WEIGHT * u)[:, None], (32, 10)))
+    params["lm_head"] = head.at[:, EOS_ID].set(EOS_WEIGHT * u)
+    bridge.save_hf_dir(cfg, params, out, tokenizer_dir=bridge.smollm2_hf_dir())
+    return str(out)
+
+
+def get_config(variant: str = "grpo", seed: int = 0, model_dir: str = "") -> Config:
+    """VARIANT = grpo or darling (GRPO + shaping.darling=answer) on `multiple_of`."""
+    if variant not in VARIANTS:
+        raise ConfigError(f"experiments/diversity.py:{variant} is invalid; valid: one of {tuple(VARIANTS)}")
+    cfg = config_from_dict({
+        "name": f"{NAME}_{variant}", "seed": seed, "total_steps": 40,
+        "model": {"source": model_dir or "smollm2"},
+        "rollout": {"engine": "jax", "prompts_per_step": 4, "samples_per_prompt": 8, "max_tokens": 4,
+                    "temperature": 1.0},
+        "recipe": {"name": "grpo"},
+        "train": {"lr": 1e-2, "warmup_steps": 0, "micro_batch_size": 16, "precision": "fp32", "grad_clip": 1.0},
+        "task": {"name": "multiple_of", "eval_size": 16, "eval_samples": EVAL_SAMPLES, "eval_every": 10},
+        "checkpoint": {"every_steps": 10, "keep": 1, "async_save": False},
+        "metrics": {"tensorboard": False, "progress_every": 5},
+    })
+    from jaxrl_llm.train.config import apply_overrides
+
+    return apply_overrides(cfg, VARIANTS[variant])
+
+
+# ------------------------------------------------------------------ analysis
+def read_eval(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run) / "eval.jsonl").read_text().splitlines() if line.strip()]
+
+
+def seed_row(metrics: Sequence[dict], evals: Sequence[dict]) -> dict:
+    """One seed's numbers: the final evaluation's pass@1, pass@4, pass@16, distinct correct
+    answers per held-out prompt (of 16 samples), and the training distinct correct answers
+    per group (of 8 samples) over the last third of the steps."""
+    final = evals[-1] if evals else {"pass_at_k": [float("nan")] * EVAL_SAMPLES, "distinct_correct": []}
+    curve = final["pass_at_k"]
+    third = max(1, len(metrics) // 3)
+    return {"pass@1": curve[0], "pass@4": curve[min(3, len(curve) - 1)], "pass@16": curve[-1],
+            "distinct correct / prompt": float(np.mean(final["distinct_correct"])) if final["distinct_correct"]
+            else float("nan"),
+            "train distinct correct / group (last third)": window_mean(metrics, "distinct_correct", last=third),
+            "train pass rate (last third)": window_mean(metrics, "pass_rate", last=third)}
+
+
+def verdict(diff_pass1: stats.Interval, diff_passk: stats.Interval) -> str:
+    """The claim, read off paired DARLING - GRPO intervals over seeds: reproduced when
+    pass@16 rises (interval above 0) and pass@1 does not fall (interval not below 0); not
+    reproduced when pass@16 falls or pass@1 falls; otherwise inconclusive at this scale."""
+    if diff_passk.n < 2:
+        return "inconclusive at this scale (one seed: no interval)"
+    if diff_passk.high < 0 or diff_pass1.high < 0:
+        return "not reproduced"
+    return "reproduced" if diff_passk.low > 0 else "inconclusive at this scale"
+
+
+def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: str) -> None:
+    """Final pass@k against k per variant: mean, 95% band over seeds and each seed as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_llm.reports.seed_curves import COLORS
+
+    fig, ax = plt.subplots(figsize=(5, 3.8))
+    for color, (variant, seeds) in zip(COLORS, curves.items()):
+        values = np.asarray(seeds, float)  # [seeds, k]
+        ks = np.arange(1, values.shape[1] + 1)
+        ivs = [stats.interval(values[:, i]) for i in range(values.shape[1])]
+        ax.plot(ks, [i.mean for i in ivs], color=color, label=f"{variant} (n = {len(seeds)})")
+        if len(seeds) > 1:
+            ax.fill_between(ks, [i.low for i in ivs], [i.high for i in ivs], color=color, alpha=0.2)
+        for row in values:
+            ax.scatter(ks, row, color=color, s=6, alpha=0.5)
+    ax.set_xlabel("k")
+    ax.set_ylabel("held-out pass@k")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    seeds = chosen_seeds(args)
+    out = output_dir(args, NAME)
+    import jax
+
+    # the 2 x seeds runs share every compiled program: compile once, reuse from disk
+    before = {k: getattr(jax.config, k) for k in CACHE_SETTINGS}
+    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    try:
+        return run_experiment(args, seeds, out)
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def run_experiment(args, seeds: Sequence[int], out: Path) -> int:
+    from jaxrl_llm.reports.seed_curves import plot_seed_bands
+    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.policy import load_policy
+
+    model_dir = digit_model(out / "model")
+    configs = {(v, s): variant_config(get_config(v, s, model_dir), out, f"{v}_s{s}", QUICK, args.overrides,
+                                      quick_on=args.quick) for s in seeds for v in VARIANTS}
+    policy = load_policy(model_dir)
+    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    metrics = {key: read_metrics(run) for key, run in runs.items()}
+    evals = {key: read_eval(run) for key, run in runs.items()}
+    per_seed = {key: seed_row(metrics[key], evals[key]) for key in runs}
+
+    plot_pass_at_k({v: [evals[(v, s)][-1]["pass_at_k"] for s in seeds] for v in VARIANTS}, out / "pass_at_k.png",
+                   title=f"Diversity: final held-out pass@k ({len(seeds)} seed(s))")
+    plot_seed_bands({v: [{k: [r.get(k, float("nan")) for r in metrics[(v, s)]] for k in ("distinct_correct",
+                                                                                          "pass_rate")}
+                         for s in seeds] for v in VARIANTS},
+                    ("distinct_correct", "pass_rate"), out / "seeds.png",
+                    title=f"Diversity: training distinct correct answers per group and pass rate ({len(seeds)} seed(s))")
+    columns = ["variant", "seeds", *seed_row([], []).keys()]
+    rows = []
+    for v in VARIANTS:
+        row = {"variant": v, "seeds": len(seeds)}
+        for key in columns[2:]:
+            iv = stats.interval([per_seed[(v, s)][key] for s in seeds])
+            row[key], row[f"{key} interval"] = stats.format_interval(iv), iv.to_dict()
+        row["final pass@k (mean over seeds)"] = np.mean([evals[(v, s)][-1]["pass_at_k"] for s in seeds],
+                                                        axis=0).tolist()
+        row["per seed"] = {s: per_seed[(v, s)] for s in seeds}
+        rows.append(row)
+    diffs = {key: stats.interval([per_seed[("darling", s)][key] - per_seed[("grpo", s)][key] for s in seeds])
+             for key in columns[2:]}
+    diff_row = {"variant": "darling - grpo (paired)", "seeds": len(seeds),
+                **{k: stats.format_interval(iv, signed=True) for k, iv in diffs.items()},
+                **{f"{k} interval": iv.to_dict() for k, iv in diffs.items()}}
+    rows.append(diff_row)
+    reading = verdict(diffs["pass@1"], diffs["pass@16"])
+    diff_row["verdict"] = reading
+    write_summary(out, rows, columns, title=f"Diversity: GRPO vs DARLING ({'quick' if args.quick else 'full'})",
+                  notes=[stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
+                         f"claim (DARLING raises pass@16 without lowering pass@1): {reading}",
+                         "pass@k: unbiased estimator over 16 samples per held-out prompt (16 prompts) at the "
+                         "final step; distinct correct: distinct extracted answers among the correct samples."],
+                  config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
+                          "variants": {f"{v}_s{s}": c.to_dict() for (v, s), c in configs.items()}})
+    print(f"wrote {out}/pass_at_k.png, seeds.png, summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

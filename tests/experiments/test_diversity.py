@@ -1,0 +1,87 @@
+"""The diversity experiment (experiments/diversity.py) and its parts: the many-answers task
+graded by hand, the verdict rule on hand intervals, and a reduced run (2 seeds x 2 variants
+x 3 steps on the digit decoder) whose summary is recomputed from the runs' eval.jsonl."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.data import Example, make_task
+from jaxrl_llm.data.many_answers import correct_answers, multiple_reward
+from jaxrl_llm.reports.stats import Interval
+from jaxrl_llm.train.evaluation import pass_at_k_curve
+from tests.experiments.test_experiments import load_experiment, png_shape
+
+
+def test_multiple_of_task_has_many_correct_answers_graded_by_hand():
+    task = make_task("multiple_of")
+    train = task.examples("train", 50, seed=0)
+    heldout = task.examples("heldout", 10, seed=0, unique=True)
+    assert {e.split for e in train} == {"train"} and not {e.id for e in train} & {e.id for e in heldout}
+    example = Example("x", "multiple_of", "Name a multiple of 3 between 1 and 50.", "", "train", {"k": 3, "upper": 50})
+    assert [multiple_reward(text, example) for text in ("12", " 48.", "51", "0", "7", "3 6", "", "-3")] == \
+        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert len(correct_answers(example)) == 16  # 3, 6, ..., 48
+    assert min(len(correct_answers(e)) for e in train) >= 10  # k <= 5, M >= 50
+
+
+def test_verdict_reads_the_paired_intervals():
+    verdict = load_experiment("diversity").verdict
+    up, flat, down = Interval(0.1, 0.05, 0.15, 3), Interval(0.0, -0.05, 0.05, 3), Interval(-0.1, -0.15, -0.05, 3)
+    assert verdict(flat, up) == "reproduced"  # pass@16 up, pass@1 not down
+    assert verdict(down, up) == "not reproduced"  # pass@1 fell
+    assert verdict(flat, down) == "not reproduced"
+    assert verdict(flat, flat) == "inconclusive at this scale"
+    assert verdict(Interval(0.0, math.nan, math.nan, 1), Interval(0.1, math.nan, math.nan, 1)).startswith("inconclusive")
+
+
+@pytest.mark.slow  # 10 min 22 s at load ~19 (four tiny runs; the first compiles)
+def test_diversity_reduced_two_seeds(tmp_path):
+    module = load_experiment("diversity")
+    out = tmp_path / "out"
+    assert module.main(["--quick", "--seeds", "0,1", "--out", str(out), "total_steps=3", "task.eval_every=3",
+                        "task.eval_size=4"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["variant"]: r for r in summary["rows"]}
+    assert set(rows) == {"grpo", "darling", "darling - grpo (paired)"}
+    for variant in ("grpo", "darling"):
+        for seed in (0, 1):
+            run = out / f"{variant}_s{seed}"
+            evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+            assert [e["step"] for e in evals] == [3]
+            correct = np.asarray(evals[-1]["correct"])
+            assert correct.shape == (4, 16)
+            curve = pass_at_k_curve(correct)  # recomputed from the saved correctness
+            got = rows[variant]["per seed"][str(seed)]
+            assert got["pass@1"] == pytest.approx(correct.mean(), abs=1e-6)
+            assert got["pass@16"] == pytest.approx(curve[-1], abs=1e-6)
+            distinct = evals[-1]["distinct_correct"]
+            assert all(0 <= d <= c for d, c in zip(distinct, correct.sum(axis=1)))
+            assert got["distinct correct / prompt"] == pytest.approx(np.mean(distinct))
+        assert rows[variant]["pass@1 interval"]["n"] == 2
+    diff = rows["darling - grpo (paired)"]
+    want = np.mean([rows["darling"]["per seed"][s]["pass@16"] - rows["grpo"]["per seed"][s]["pass@16"]
+                    for s in ("0", "1")])
+    assert diff["pass@16 interval"]["mean"] == pytest.approx(want)
+    assert diff["verdict"] in ("reproduced", "not reproduced") or diff["verdict"].startswith("inconclusive")
+    assert "2 of the full size's 5 seeds" in (out / "summary.md").read_text()
+    assert png_shape(out / "pass_at_k.png")[0] > 100 and png_shape(out / "seeds.png")[0] > 100
+
+
+@pytest.mark.slow  # 11 min at load ~19: GRPO and DARLING, 20 steps each
+def test_darling_keeps_at_least_grpos_distinct_correct_answers(tmp_path):
+    """Issue acceptance: DARLING's distinct correct answers per group at or above GRPO's on a
+    task with many correct answers, same weights and seed (the experiment's --quick size,
+    seed 1). Measured here: held-out distinct correct answers per prompt (of 16 samples)
+    1.50 (DARLING) vs 1.44 (GRPO); training, last third: equal. The two runs coincide until
+    a group repeats a correct answer, so the gap is small at this size."""
+    module = load_experiment("diversity")
+    out = tmp_path / "out"
+    assert module.main(["--quick", "--seeds", "1", "--out", str(out)]) == 0
+    per_seed = {r["variant"]: r["per seed"]["1"] for r in json.loads((out / "summary.json").read_text())["rows"]
+                if "per seed" in r}
+    grpo, darling = per_seed["grpo"], per_seed["darling"]
+    print("grpo", grpo, "darling", darling)
+    assert darling["distinct correct / prompt"] >= grpo["distinct correct / prompt"]
+    assert darling["train distinct correct / group (last third)"] >= grpo["train distinct correct / group (last third)"]
