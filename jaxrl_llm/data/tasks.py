@@ -15,6 +15,7 @@ Tasks:
                     answer in \\boxed{} (data/chain_of_thought.py)
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
+  calculator_tool, guess_number   multi-turn environments (data/builtin_envs.py)
 """
 from __future__ import annotations
 
@@ -256,6 +257,20 @@ def _cot_factory(name: str) -> Callable[..., Task]:
     return factory
 
 
+def _calculator_tool(**config: Any) -> Task:
+    """Arithmetic with a calculator tool, multi-turn (data/builtin_envs.py)."""
+    from jaxrl_llm.data.builtin_envs import CalculatorTask
+
+    return CalculatorTask(**config)
+
+
+def _guess_number(**config: Any) -> Task:
+    """Guess-the-number with higher/lower hints, multi-turn (data/builtin_envs.py)."""
+    from jaxrl_llm.data.builtin_envs import GuessNumberTask
+
+    return GuessNumberTask(**config)
+
+
 TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
     "addition_answer_first": AnswerFirstAdditionTask,
@@ -263,6 +278,8 @@ TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     **{name: _reasoning_gym_factory(name) for name in REASONING_GYM_TASKS},
     "reasoning_gym": ReasoningGymTask,
     "jsonl": JsonlTask,
+    "calculator_tool": _calculator_tool,
+    "guess_number": _guess_number,
 }
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm import core
 from jaxrl_llm.data import task_names
+from jaxrl_llm.data.environments import parse_env_kwargs
 from jaxrl_llm.utils import typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, Section, field, section, write_text_atomic
 
@@ -192,6 +193,13 @@ class TaskConfig(Section):
     eval_every: int = field(0, ge=0)
     reward_workers: int = field(1, ge=1)  # grader processes (trusted graders such as addition run in-process)
     reward_timeout_s: float = field(10.0, gt=0.0)  # per answer; a timeout scores 0 and is counted
+    # Multi-turn environments (train/episodes.py): the built-in env tasks (calculator_tool,
+    # guess_number), or any task's examples played in a user's class, env="package.module:Class".
+    env: str | None = None
+    env_kwargs: str = "{}"  # a JSON object: keyword arguments of env's class (or of a built-in env task)
+    max_turns: int = field(4, ge=1)  # policy turns per episode
+    turn_max_tokens: int = field(0, ge=0)  # tokens per policy turn; 0: rollout.max_tokens (the episode budget)
+    discount: float = field(1.0, gt=0.0, le=1.0)  # episode reward = sum_t discount**t * reward_t
     _path_prefix = "task."
 
     def _check_consistency(self) -> None:
@@ -199,6 +207,10 @@ class TaskConfig(Section):
         if self.jsonl_path is None and self.name not in names:
             raise ConfigError(f"task.name = {self.name!r} is invalid; valid: one of {', '.join(names)} "
                               f"(or task.jsonl_path=FILE){typed_config.did_you_mean(self.name, names)}")
+        try:
+            parse_env_kwargs(self.env_kwargs)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +375,9 @@ def dynamic_sampling(cfg: Config) -> bool:
     return core.get_recipe(cfg.recipe.name).dynamic_sampling
 
 
+ENV_TASK_NAMES = ("calculator_tool", "guess_number")  # built-in tasks that are environments (data/builtin_envs.py)
+
+
 def check_runnable(cfg: Config) -> None:
     """Raises ConfigError, naming the field, for a combination the RL loop cannot run."""
     rc = cfg.recipe
@@ -377,6 +392,10 @@ def check_runnable(cfg: Config) -> None:
         raise ConfigError(
             f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
             f"recipe.name in {critic_recipes}, or another advantage")
+    if dynamic_sampling(cfg) and (cfg.task.env or cfg.task.name in ENV_TASK_NAMES):
+        raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
+                          f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
+                          "rollout.dynamic_sampling=false")
     if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
                           "answer always has accuracy 0 or 1, so no group could be kept; valid: "
