@@ -23,7 +23,9 @@ for the whole dialogue.
 Limits: `max_turns` policy turns, and a budget of `max_tokens` completion tokens per
 episode (policy + observations; it is the learner's completion width, rollout.max_tokens).
 An episode that hits either before the environment ends it is cut ("truncated by limit",
-finish_reason "length"). The episode's reward is the discounted sum of its step rewards,
+finish_reason "length"); finish_reason is "stop" only when the environment terminated the
+episode after a policy turn that ended with its own end-of-turn token (as a single-turn
+sample is "stop" only when it ended with EOS). The episode's reward is the discounted sum of its step rewards,
 sum_t discount**t r_t (t counts policy turns from 0).
 
 Seeds: turn 0 samples with the step's seed, exactly as a single-turn rollout would, and
@@ -158,8 +160,8 @@ def _play_turn(e: _Episode, rec: RolloutRecord, policy: Policy, eos: set[int], l
     e.rewards.append(result.reward)
     e.tool_calls += bool(result.info.get("tool_call"))
     e.tool_errors += bool(result.info.get("tool_error"))
-    if result.terminated or result.truncated:
-        e.done, e.finish_reason = True, "stop" if result.terminated else "length"
+    if result.terminated or result.truncated:  # "stop": the env ended it after a complete policy turn
+        e.done, e.finish_reason = True, "stop" if result.terminated and closed else "length"
         return
     observation = observation_ids(policy, result.observation, turn_closed=closed)
     if last_turn or len(e.tokens) + len(observation) >= limits.max_tokens:
