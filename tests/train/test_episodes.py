@@ -229,12 +229,42 @@ def test_single_turn_env_episodes_equal_the_batched_single_turn_path(tiny_model_
 
 def test_training_loop_runs_episodes_with_metrics_and_eval(tiny_model_dir, tmp_path):  # noqa: F811
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "task.name=guess_number", "rollout.max_tokens=48",
-                      "task.turn_max_tokens=4", "task.max_turns=2", "total_steps=2", "task.eval_every=2",
+                      "task.turn_max_tokens=4", "task.max_turns=2", "total_steps=1", "task.eval_every=1",
                       'task.env_kwargs={"max_number": 6}')
     result = loop.train(cfg)
     rows = model_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [1]
     for row in rows:
         assert 1 <= row["episode_turns"] <= 2 and row["episode_observation_tokens"] > 0
         assert 0 <= row["episode_truncated_by_limit"] <= 1 and "episode_tool_errors" in row
-    assert "eval_pass@1" in rows[-1] and result.step == 2
+    assert "eval_pass@1" in rows[-1] and result.step == 1
+
+
+@pytest.mark.slow  # three tiny runs, ~2-3 min under load
+def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_path):  # noqa: F811
+    """A user environment named by task.env (two turns, parity rewards, so the policy moves),
+    killed with SIGKILL after step 2 and resumed: every step's metrics equal an uninterrupted
+    run's."""
+    import signal
+
+    from tests.train.test_loop import REPO, TINY_OVERRIDES, run_cli
+    from tests.train.test_resume_exact import kill_after_step
+
+    common = ["--config", str(REPO / "experiments/demo.py"), *TINY_OVERRIDES, f"model.source={tiny_model_dir}",
+              "task.env=tests.train.episode_envs:ParityEnv", 'task.env_kwargs={"turns": 2}', "rollout.max_tokens=48",
+              "task.turn_max_tokens=5", "task.max_turns=2"]
+    straight = run_cli("train", *common, f"run_dir={tmp_path / 'straight'}")
+    victim = run_cli("train", *common, f"run_dir={tmp_path / 'crashed'}")
+    kill_after_step(victim, tmp_path / "crashed" / "metrics.jsonl", 2)
+    assert victim.returncode == -signal.SIGKILL
+    resumed = run_cli("train", *common, f"run_dir={tmp_path / 'crashed'}", "--resume")
+    assert resumed.wait(timeout=900) == 0, resumed.stdout.read()
+    assert straight.wait(timeout=900) == 0, straight.stdout.read()
+    expected, got = model_metrics(tmp_path / "straight"), model_metrics(tmp_path / "crashed")
+    assert [row["step"] for row in got] == [1, 2, 3, 4]
+    assert all(row["episode_turns"] > 1 and row["episode_observation_tokens"] > 0 for row in expected)
+    assert 0 < expected[0]["reward"] < 2 and expected[-1]["grad_norm"] > 0  # the policy moves
+    for want, have in zip(expected, got):
+        assert want.keys() == have.keys()
+        for key in want:
+            np.testing.assert_equal(have[key], want[key], err_msg=f"step {want['step']} {key}")
