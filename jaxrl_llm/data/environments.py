@@ -131,9 +131,14 @@ class EnvTask(Task):
     def make_env(self) -> Environment:
         """A fresh environment for one episode."""
 
-    def reward_fn(self, completion: str, example: Example) -> float:  # noqa: D401 - the Task attribute
-        raise TypeError(f"task {self.name!r} is graded by its environment, step by step (train/episodes.py), "
-                        "not by a reward function of the completion text")
+    def reward_fn(self, completion: str, example: Example) -> float:
+        """The reward of `completion` played as a one-turn episode: what the environment gives
+        a first reply (0 unless that reply ends the episode). Training and evaluation play
+        whole episodes (train/episodes.py); this is the Task attribute for other callers."""
+        env = self.make_env()
+        checked_reset(env, example)
+        result = checked_step(env, completion)
+        return result.reward if result.terminated else 0.0
 
 
 class PluginEnvTask(EnvTask):
