@@ -266,5 +266,5 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
     assert 0 < expected[0]["reward"] < 2 and expected[-1]["grad_norm"] > 0  # the policy moves
     for want, have in zip(expected, got):
         assert want.keys() == have.keys()
-        for key in want:
+        for key in set(want) - {"time"}:  # "time": the wall clock of the log line
             np.testing.assert_equal(have[key], want[key], err_msg=f"step {want['step']} {key}")
