@@ -268,3 +268,27 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
         assert want.keys() == have.keys()
         for key in set(want) - {"time"}:  # "time": the wall clock of the log line
             np.testing.assert_equal(have[key], want[key], err_msg=f"step {want['step']} {key}")
+
+
+def test_environment_config_errors_name_the_field(tmp_path):
+    from jaxrl_llm.train.config import ConfigError, check_runnable
+    from jaxrl_llm.train.prompts import task_from_config
+    from tests.train.test_loop import REPO
+    from jaxrl_llm.train.config import load_config
+
+    def cfg(*overrides):
+        return load_config(str(REPO / "experiments/demo.py"), ["rollout.engine=jax", f"run_dir={tmp_path}", *overrides])
+
+    with pytest.raises(ConfigError, match=r"task.env_kwargs = '\[1\]' is a JSON list"):
+        cfg("task.env_kwargs=[1]")
+    with pytest.raises(ConfigError, match="task.env = 'no_such_module_xyz:Env': cannot import module"):
+        task_from_config(cfg("task.env=no_such_module_xyz:Env"))
+    with pytest.raises(ConfigError, match="task.env = 'not a spec' is invalid"):
+        task_from_config(cfg("task.env=not a spec"))
+    with pytest.raises(ConfigError, match=r"task.env_kwargs = '\{\"colour\": 1\}' for task 'guess_number'"):
+        task_from_config(cfg("task.name=guess_number", 'task.env_kwargs={"colour": 1}'))
+    with pytest.raises(ConfigError, match="dynamic_sampling is not supported with a multi-turn environment"):
+        check_runnable(cfg("task.name=calculator_tool", "recipe.name=dapo"))
+    task = task_from_config(cfg("task.env=tests.train.episode_envs:ParityEnv", 'task.env_kwargs={"turns": 3}'))
+    assert isinstance(task, PluginEnvTask) and task.make_env().turns == 3 and task.name == "addition"
+    assert task_from_config(cfg("task.name=guess_number", 'task.env_kwargs={"max_number": 7}')).max_number == 7
