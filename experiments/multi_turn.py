@@ -6,11 +6,12 @@
                    within 4 turns.
 
 Held-out success (pass@1 over the held-out questions / secrets) before and after a
-short GRPO run, on one engine (the vLLM server by default) that first serves the base
-weights and then trains:
+short Dr. GRPO run (8 steps of 4 prompts x 8 episodes, sized for a shared 2-core CPU),
+on one engine (the in-process JAX sampler; rollout.engine=vllm for the server) that
+first serves the base weights and then trains:
 
     python -m experiments.multi_turn calculator_tool [dotted.overrides=...]
-    python -m experiments.multi_turn guess_number rollout.engine=jax
+    python -m experiments.multi_turn guess_number rollout.engine=vllm
     jaxrl train --config experiments/multi_turn.py:guess_number      # training only
 """
 from __future__ import annotations
@@ -25,11 +26,11 @@ from jaxrl_llm.train.config import (CheckpointConfig, Config, MetricsConfig, Mod
 
 ENVS = {
     "calculator_tool": dict(task=TaskConfig(name="calculator_tool", env_kwargs='{"digits": 2, "ops": "+-*"}',
-                                            max_turns=3, turn_max_tokens=40, eval_size=48, eval_samples=4),
-                            max_tokens=128, steps=12),
+                                            max_turns=2, turn_max_tokens=24, eval_size=24, eval_samples=4),
+                            max_tokens=80, steps=8),
     "guess_number": dict(task=TaskConfig(name="guess_number", env_kwargs='{"max_number": 10}', max_turns=4,
-                                         turn_max_tokens=8, eval_size=0, eval_samples=16),
-                         max_tokens=96, steps=12),
+                                         turn_max_tokens=4, eval_size=0, eval_samples=16),
+                         max_tokens=56, steps=8),
 }
 
 
@@ -43,10 +44,10 @@ def get_config(env: str = "guess_number") -> Config:
         run_dir=f"runs/multi_turn_{env}",
         total_steps=spec["steps"],
         model=ModelConfig(source="smollm2"),
-        rollout=RolloutConfig(engine="vllm", server_dtype="float32", prompts_per_step=8, samples_per_prompt=8,
+        rollout=RolloutConfig(engine="jax", server_dtype="float32", prompts_per_step=4, samples_per_prompt=8,
                               max_tokens=spec["max_tokens"], temperature=1.0),
         recipe=RecipeConfig(name="dr_grpo"),
-        train=TrainConfig(lr=2e-5, warmup_steps=0, micro_batch_size=16, precision="fp32", grad_clip=1.0),
+        train=TrainConfig(lr=3e-5, warmup_steps=0, micro_batch_size=4, precision="fp32", grad_clip=1.0),
         task=spec["task"],
         checkpoint=CheckpointConfig(every_steps=6, keep=1),
         metrics=MetricsConfig(tensorboard=False, progress_every=1),
