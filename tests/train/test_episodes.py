@@ -2,7 +2,6 @@
 environments (rewards, limits, discount, per-token loss masks checked token by token
 against the chat template's own rendering of the dialogue), and a tiny random decoder on
 the JAX sampler, whose policy-token log-probs the learner reproduces."""
-import dataclasses
 import re
 
 import numpy as np
