@@ -243,7 +243,9 @@ def test_training_loop_runs_episodes_with_metrics_and_eval(tiny_model_dir, tmp_p
 def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_path):  # noqa: F811
     """A user environment named by task.env (two turns, parity rewards, so the policy moves),
     killed with SIGKILL after step 2 and resumed: every step's metrics equal an uninterrupted
-    run's."""
+    run's. (Seen once under a load average of ~20: the uninterrupted run recorded sampler
+    log-probs ~0.01/token off the learner's on steps 1-4 with identical tokens and rewards,
+    so mismatch_* differed; the rerun passed. Not yet explained.)"""
     import signal
 
     from tests.train.test_loop import REPO, TINY_OVERRIDES, run_cli
