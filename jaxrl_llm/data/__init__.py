@@ -3,6 +3,12 @@
 Imports nothing of jaxrl_llm except jaxrl_llm.rewards (each task names its grader).
 """
 from jaxrl_llm.data.chat_template import ChatTemplate, ChatTemplateError, render_chat_template
+from jaxrl_llm.data.environments import (
+    EnvironmentOutputError,
+    EnvTask,
+    SingleTurnEnv,
+    StepResult,
+)
 from jaxrl_llm.data.jsonl import (
     BOXED_INSTRUCTION,
     EXAMPLES_DIR,
@@ -44,6 +50,10 @@ __all__ = [
     "ChatTemplateError",
     "DataFileTask",
     "DatasetFormatError",
+    "EnvTask",
+    "EnvironmentOutputError",
+    "SingleTurnEnv",
+    "StepResult",
     "Example",
     "GeneratedTask",
     "JsonlTask",

@@ -18,6 +18,7 @@ Tasks:
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
   data_file         a JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py)
+  calculator_tool, guess_number   multi-turn environments (data/builtin_envs.py)
 
 Every task is registered with :func:`jaxrl_llm.data.register_task` (data/registry.py),
 the decorator a user's own tasks use too.
@@ -31,6 +32,7 @@ import random
 from typing import Any, Callable, Iterator
 
 from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_reward
+from jaxrl_llm.data.builtin_envs import CalculatorTask, GuessNumberTask
 from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
 from jaxrl_llm.data.jsonl import JsonlTask  # noqa: F401  (registers "jsonl")
 from jaxrl_llm.data.many_answers import multiple_of_stream, multiple_reward
@@ -286,3 +288,5 @@ for _name in COT_TASKS:
 for _name in REASONING_GYM_TASKS:
     register_task(_name)(_reasoning_gym_factory(_name))
 register_task("reasoning_gym")(ReasoningGymTask)
+register_task("calculator_tool")(CalculatorTask)
+register_task("guess_number")(GuessNumberTask)

@@ -85,6 +85,11 @@ class RolloutRecord:
         or the context limit) or "abort".
       weight_version: version of the weights that produced the sample
         (0 = the weights the engine started with, +1 per update_weights).
+      loss_mask: float32 [L] or None. None (every single-turn sample): all
+        completion tokens are the policy's. A multi-turn episode
+        (train/episodes.py) sets 1 on the policy's tokens and 0 on the
+        environment's observation tokens, which sit in the sequence but are
+        no action of the policy (their sampler_logprobs are 0).
     """
 
     prompt_index: int
@@ -94,6 +99,7 @@ class RolloutRecord:
     sampler_logprobs: np.ndarray
     finish_reason: str
     weight_version: int
+    loss_mask: np.ndarray | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_token_ids", np.asarray(self.prompt_token_ids, np.int32))
@@ -107,6 +113,18 @@ class RolloutRecord:
                              f"completion_token_ids shape {self.completion_token_ids.shape}")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if self.loss_mask is not None:
+            object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, np.float32))
+            if self.loss_mask.shape != self.completion_token_ids.shape:
+                raise ValueError(f"loss_mask shape {self.loss_mask.shape} must match completion_token_ids shape "
+                                 f"{self.completion_token_ids.shape}")
+
+    @property
+    def policy_mask(self) -> np.ndarray:
+        """float32 [L]: 1 on the policy's own tokens (all of them without a loss_mask)."""
+        if self.loss_mask is None:
+            return np.ones(self.completion_token_ids.shape, np.float32)
+        return self.loss_mask
 
     @property
     def num_completion_tokens(self) -> int:
@@ -153,7 +171,8 @@ class RolloutBatch:
         """Right-padded completion arrays of width max L_i.
 
         Returns (token_ids int32 [N, T], sampler_logprobs float32 [N, T],
-        mask float32 [N, T]) with mask 1 on real tokens, 0 on padding (the
+        mask float32 [N, T]) with mask 1 on the policy's tokens, 0 on padding
+        and on a multi-turn episode's observation tokens (the
         padded logprobs are 0 so sums over the mask need no where()).
         """
         width = max((r.num_completion_tokens for r in self.records), default=0)
@@ -165,7 +184,7 @@ class RolloutBatch:
             length = rec.num_completion_tokens
             tokens[i, :length] = rec.completion_token_ids
             logprobs[i, :length] = rec.sampler_logprobs
-            mask[i, :length] = 1.0
+            mask[i, :length] = rec.policy_mask
         return tokens, logprobs, mask
 
 

@@ -25,7 +25,7 @@ class SequenceBatch(NamedTuple):
     tokens: np.ndarray  # int32 [N, W_p + T_c]
     attention_mask: np.ndarray  # int32 [N, W_p + T_c], 1 on prompt and completion tokens
     positions: np.ndarray  # int32 [N, W_p + T_c]
-    completion_mask: np.ndarray  # float32 [N, T_c]
+    completion_mask: np.ndarray  # float32 [N, T_c]: 1 on the policy's tokens (loss), 0 on padding/observations
     sampler_logp: np.ndarray  # float32 [N, T_c], 0 on padding
     truncated: np.ndarray  # bool [N]: finish_reason != "stop"
     prompt_width: int
@@ -51,7 +51,7 @@ def build_sequences(rollouts: RolloutBatch, *, completion_width: int, pad_id: in
         tokens[i, prompt_width - p:prompt_width] = rec.prompt_token_ids
         tokens[i, prompt_width:prompt_width + c] = rec.completion_token_ids
         attention[i, prompt_width - p:prompt_width + c] = 1
-        completion_mask[i, :c] = 1.0
+        completion_mask[i, :c] = rec.policy_mask  # 0 on a multi-turn episode's observation tokens
         sampler_logp[i, :c] = rec.sampler_logprobs
     positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
     truncated = np.array([r.finish_reason != "stop" for r in records])

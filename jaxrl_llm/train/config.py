@@ -25,7 +25,7 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm import core
-from jaxrl_llm.train.task_plugins import check_task_section
+from jaxrl_llm.train.task_plugins import check_task_section, is_env_task
 from jaxrl_llm.utils import typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section, write_text_atomic
 
@@ -205,6 +205,15 @@ class TaskConfig(Section):
     eval_every: int = field(0, ge=0)
     reward_workers: int = field(1, ge=1)  # grader processes (trusted graders such as addition run in-process)
     reward_timeout_s: float = field(10.0, gt=0.0)  # per answer; a timeout scores 0 and is counted
+    # Multi-turn environments (train/episodes.py): the built-in env tasks (calculator_tool,
+    # guess_number), or any task's examples played in a user's class, env="package.module:Class".
+    env: str | None = None
+    # Keyword arguments of env's class (a JSON object). The built-in env tasks take theirs from
+    # task.kwargs like any task: task.kwargs='{"max_number": 20}'.
+    env_kwargs: dict[str, Any] = field(JsonDict())
+    max_turns: int = field(4, ge=1)  # policy turns per episode
+    turn_max_tokens: int = field(0, ge=0)  # tokens per policy turn; 0: rollout.max_tokens (the episode budget)
+    discount: float = field(1.0, gt=0.0, le=1.0)  # episode reward = sum_t discount**t * reward_t
     _path_prefix = "task."
 
     def _check_consistency(self) -> None:
@@ -387,6 +396,10 @@ def check_runnable(cfg: Config) -> None:
         raise ConfigError(
             f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
             f"recipe.name in {critic_recipes}, or another advantage")
+    if dynamic_sampling(cfg) and is_env_task(cfg.task):
+        raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
+                          f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
+                          "rollout.dynamic_sampling=false")
     if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
                           "answer always has accuracy 0 or 1, so no group could be kept; valid: "

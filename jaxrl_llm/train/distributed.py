@@ -257,6 +257,7 @@ def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, pro
     arrays = {"prompt": np.zeros((rows, prompt_width), np.int32), "prompt_len": np.zeros(rows, np.int32),
               "completion": np.zeros((rows, completion_width), np.int32), "length": np.zeros(rows, np.int32),
               "logp": np.zeros((rows, completion_width), np.float32), "stop": np.zeros(rows, bool),
+              "loss_mask": np.zeros((rows, completion_width), np.float32),
               "version": np.zeros(rows, np.int32), "rewards": np.asarray(rewards, np.float32),
               "counts": np.asarray(counts, np.int64)[None]}
     for i, r in enumerate(records):
@@ -264,6 +265,7 @@ def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, pro
         arrays["prompt"][i, :p], arrays["prompt_len"][i] = r.prompt_token_ids, p
         arrays["completion"][i, :c], arrays["logp"][i, :c], arrays["length"][i] = (
             r.completion_token_ids, r.sampler_logprobs, c)
+        arrays["loss_mask"][i, :c] = r.policy_mask  # multi-turn episodes: 0 on observation tokens
         arrays["stop"][i], arrays["version"][i] = r.finish_reason == "stop", r.weight_version
     full = jax.tree.map(np.asarray, multihost_utils.process_allgather(arrays, tiled=True))
     n = rollouts.samples_per_prompt
@@ -271,5 +273,6 @@ def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, pro
         prompt_index=i // n, sample_index=i % n, prompt_token_ids=full["prompt"][i, :full["prompt_len"][i]],
         completion_token_ids=full["completion"][i, :full["length"][i]],
         sampler_logprobs=full["logp"][i, :full["length"][i]], finish_reason="stop" if full["stop"][i] else "length",
-        weight_version=int(full["version"][i])) for i in range(full["prompt"].shape[0]))
+        weight_version=int(full["version"][i]), loss_mask=full["loss_mask"][i, :full["length"][i]])
+        for i in range(full["prompt"].shape[0]))
     return RolloutBatch(merged, len(merged) // n, n), full["rewards"], full["counts"].sum(axis=0)

@@ -18,10 +18,11 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.data import Task
+from jaxrl_llm.data import EnvTask, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.train.config import Config, write_text_atomic
 from jaxrl_llm.train.engines import make_engine, sampling_params
+from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
 from jaxrl_llm.train.learn import grade
 from jaxrl_llm.train.metrics import read_metrics, truncate_metrics
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
@@ -41,11 +42,17 @@ def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, s
     task.eval_size prompts), the number of distinct correct answers per prompt (classes
     of train/shaping.py's partition), plus three example completions."""
     examples = heldout_examples(task, cfg)
-    rollouts = engine.generate(encode_prompts(policy, examples), n=samples, params=sampling_params(cfg, seed))
+    if isinstance(task, EnvTask):  # multi-turn: the episodes' returns (train/episodes.py)
+        episodes = run_episodes(engine, policy, task, examples, samples, sampling_params(cfg, seed),
+                                EpisodeLimits.from_config(cfg))
+        rollouts, rewards = episodes.rollouts, episodes.rewards
+    else:
+        rollouts = engine.generate(encode_prompts(policy, examples), n=samples, params=sampling_params(cfg, seed))
     texts = decode_completions(policy, rollouts)
-    with contextlib.ExitStack() as stack:
-        pool = pool or stack.enter_context(GraderPool(num_workers=1, timeout_s=cfg.task.reward_timeout_s))
-        rewards = grade(pool, task, texts, examples, samples).rewards
+    if not isinstance(task, EnvTask):
+        with contextlib.ExitStack() as stack:
+            pool = pool or stack.enter_context(GraderPool(num_workers=1, timeout_s=cfg.task.reward_timeout_s))
+            rewards = grade(pool, task, texts, examples, samples).rewards
     correct = np.asarray(task.is_correct(rewards), bool)
     curve = pass_at_k_curve(correct)
     shown = [{"prompt": examples[i].prompt, "completion": texts[i * samples], "reward": float(rewards[i, 0])}

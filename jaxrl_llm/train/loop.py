@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.data import TRAIN, Example, Task
+from jaxrl_llm.data import TRAIN, EnvTask, Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train import distributed, sampled_ahead, step_failure, weight_check
@@ -50,6 +50,7 @@ from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, dynamic_sampling, recipe_from_config
 from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
 from jaxrl_llm.train.shaping import shape_rewards, with_length_targets
+from jaxrl_llm.train.episodes import episode_sampler
 from jaxrl_llm.train.engines import engine_params, host_params, make_engine, sampling_params
 from jaxrl_llm.train.evaluation import PeriodicEval
 from jaxrl_llm.train.learn import Graded, grade, learn, response_metrics
@@ -177,7 +178,8 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                 if force or ckpt.should_save(step):
                     # Batches sampled ahead are carried for an exact async resume; not with several
                     # processes, nor with dynamic sampling (its rows come from several prompt rounds).
-                    carry = jax.process_count() == 1 and not dynamic_sampling(cfg)
+                    # Nor with an environment task (its batches are resampled, exactly with max_lag = 0).
+                    carry = jax.process_count() == 1 and not dynamic_sampling(cfg) and not isinstance(task, EnvTask)
                     ahead = sampled_ahead.to_metadata(producer.unconsumed_batches(), version) if carry else {}
                     ckpt.save(step, checkpoint_state(state, step, version), metadata={**ckpt_metadata, **ahead},
                               force=force)
@@ -252,9 +254,13 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
         examples = [job.context.rounds[r][0][p] for r, p in filled.source]
         return filled.rollouts, shaped(graded, filled.rollouts, decode_completions(policy, filled.rollouts), examples)
 
+    def sample_episodes(engine, job: RolloutJob) -> tuple[RolloutBatch, Graded]:  # multi-turn environments
+        rollouts, graded = episode_sampler(cfg, policy, task)(engine, job)
+        return rollouts, shaped(graded, rollouts, decode_completions(policy, rollouts), job.context.examples)
+
+    sample = sample_rounds if dynamic_sampling(cfg) else sample_episodes if isinstance(task, EnvTask) else None
     return AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
-                                max_lag=cfg.rollout.max_lag, postprocess=grade_job,
-                                sample=sample_rounds if dynamic_sampling(cfg) else None, replay=replay)
+                                max_lag=cfg.rollout.max_lag, postprocess=grade_job, sample=sample, replay=replay)
 
 
 def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, learner: Learner,

@@ -8,7 +8,8 @@ from jaxrl_llm.train.task_plugins import build_task
 
 def task_from_config(cfg: Config) -> Task:
     """The task of cfg.task: a data file when task.data_path / task.jsonl_path is set, else the
-    named task with task.kwargs, graded by task.reward_fn when set (train/task_plugins.py)."""
+    named task with task.kwargs, graded by task.reward_fn when set, played in task.env's
+    environment class when that is set (train/task_plugins.py)."""
     return build_task(cfg.task)
 
 

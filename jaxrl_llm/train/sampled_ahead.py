@@ -34,7 +34,7 @@ def from_metadata(metadata: dict[str, Any], learner_version: int) -> dict[int, S
         records = tuple(RolloutRecord(prompt_index=r["prompt_index"], sample_index=r["sample_index"],
                                       prompt_token_ids=r["prompt"], completion_token_ids=r["completion"],
                                       sampler_logprobs=r["logprobs"], finish_reason=r["finish_reason"],
-                                      weight_version=version) for r in item["records"])
+                                      weight_version=version, loss_mask=r.get("loss_mask")) for r in item["records"])
         out[int(item["step"])] = SampledBatch(int(item["step"]), version,
                                               RolloutBatch(records, item["num_prompts"], item["samples_per_prompt"]))
     return out
@@ -43,4 +43,5 @@ def from_metadata(metadata: dict[str, Any], learner_version: int) -> dict[int, S
 def _record_json(r: RolloutRecord) -> dict[str, Any]:
     return {"prompt_index": r.prompt_index, "sample_index": r.sample_index,
             "prompt": r.prompt_token_ids.tolist(), "completion": r.completion_token_ids.tolist(),
-            "logprobs": r.sampler_logprobs.tolist(), "finish_reason": r.finish_reason}
+            "logprobs": r.sampler_logprobs.tolist(), "finish_reason": r.finish_reason,
+            **({} if r.loss_mask is None else {"loss_mask": r.loss_mask.tolist()})}

@@ -15,6 +15,8 @@ Everything a researcher brings is named in the config, so nothing in the library
                   non-number value scores 0 and is counted in reward_errors / reward_timeouts.
   task.data_path  a local JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py),
                   its question and answer in the columns task.prompt_field / task.answer_field.
+  task.env        an environment class "package.module:Class" in which the task's examples are
+                  played as multi-turn episodes (data/environments.py), built with task.env_kwargs.
 
 Every name is checked when the config is built (`check_task_section`), so a typo fails before
 any model loads, with a ConfigError naming the field. Data files are opened only when the task
@@ -27,7 +29,10 @@ import inspect
 import pickle
 from typing import Any
 
-from jaxrl_llm.data import DatasetFormatError, Task, check_task_kwargs, import_task_plugins, make_task, task_names
+from jaxrl_llm.data import (DatasetFormatError, EnvTask, Task, check_task_kwargs, import_task_plugins, make_task,
+                            task_names)
+from jaxrl_llm.data.environments import PluginEnvTask
+from jaxrl_llm.data.registry import TASK_FACTORIES
 from jaxrl_llm.data.files import data_file_format
 from jaxrl_llm.data.plugins import PluginError, load_object
 from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn
@@ -115,6 +120,27 @@ def check_task_section(task_cfg) -> None:
         _check_name_and_kwargs(task_cfg)
     if task_cfg.reward_fn is not None:
         resolve_reward_fn(task_cfg.reward_fn)
+    if task_cfg.env is not None:
+        resolve_env_class(task_cfg.env)
+
+
+def resolve_env_class(spec: str) -> Any:
+    """The environment class (or factory) `spec` = "package.module:Class" names."""
+    try:
+        env_class = load_object(spec, what="task.env")
+    except PluginError as err:
+        raise ConfigError(str(err)) from None
+    if not callable(env_class):
+        raise ConfigError(f"task.env = {spec!r} names {type(env_class).__name__} {env_class!r:.60}; "
+                          "valid: a class (or factory) of environments")
+    return env_class
+
+
+def is_env_task(task_cfg) -> bool:
+    """Whether the task section's episodes run in an environment (multi-turn): task.env is set or
+    task.name is a registered environment task (an EnvTask subclass, e.g. guess_number)."""
+    factory = TASK_FACTORIES.get(task_cfg.name)
+    return task_cfg.env is not None or (isinstance(factory, type) and issubclass(factory, EnvTask))
 
 
 def _check_name_and_kwargs(task_cfg) -> None:
@@ -130,7 +156,8 @@ def _check_name_and_kwargs(task_cfg) -> None:
 
 
 def build_task(task_cfg) -> Task:
-    """The task of `task_cfg`, graded by task.reward_fn when that is set."""
+    """The task of `task_cfg`, graded by task.reward_fn when that is set, its examples played in
+    task.env's environment when that is set."""
     import_task_plugins(task_cfg.plugins)
     name, kwargs = task_arguments(task_cfg)
     try:
@@ -141,4 +168,6 @@ def build_task(task_cfg) -> Task:
         raise ConfigError(f"task.name = {name!r} with task.kwargs = {dict(task_cfg.kwargs)!r}: {err}") from err
     if task_cfg.reward_fn is not None:
         task.reward_fn = resolve_reward_fn(task_cfg.reward_fn)  # this task's grader only
+    if task_cfg.env is not None:
+        return PluginEnvTask(task, resolve_env_class(task_cfg.env), dict(task_cfg.env_kwargs))
     return task

@@ -1,0 +1,85 @@
+"""Multi-turn RL on the two built-in environments with SmolLM2-135M-Instruct (CPU-sized).
+
+  calculator_tool  2-digit arithmetic (+ - *); the model may call <calc>EXPR</calc> and
+                   gets <result>VALUE</result>; reward 1 for the right final answer.
+  guess_number     a secret from 1 to 10 with higher/lower hints; reward 1 when guessed
+                   within 4 turns.
+
+Held-out success (pass@1 over the held-out questions / secrets) before and after a
+short Dr. GRPO run (8 steps of 4 prompts x 8 episodes, sized for a shared 2-core CPU),
+on one engine (the in-process JAX sampler; rollout.engine=vllm for the server) that
+first serves the base weights and then trains:
+
+    python -m experiments.multi_turn calculator_tool [dotted.overrides=...]
+    python -m experiments.multi_turn guess_number rollout.engine=vllm
+    jaxrl train --config experiments/multi_turn.py:guess_number      # training only
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from jaxrl_llm.train.config import (CheckpointConfig, Config, MetricsConfig, ModelConfig, RecipeConfig, RolloutConfig,
+                                    TaskConfig, TrainConfig, apply_overrides)
+
+ENVS = {
+    "calculator_tool": dict(task=TaskConfig(name="calculator_tool", kwargs={"digits": 2, "ops": "+-*"},
+                                            max_turns=2, turn_max_tokens=24, eval_size=24, eval_samples=4),
+                            max_tokens=80, steps=8),
+    "guess_number": dict(task=TaskConfig(name="guess_number", kwargs={"max_number": 10}, max_turns=4,
+                                         turn_max_tokens=4, eval_size=0, eval_samples=16),
+                         max_tokens=56, steps=8),
+}
+
+
+def get_config(env: str = "guess_number") -> Config:
+    if env not in ENVS:
+        raise ValueError(f"unknown environment {env!r}; valid: {', '.join(ENVS)}")
+    spec = ENVS[env]
+    return Config(
+        name=f"multi_turn_{env}",
+        seed=0,
+        run_dir=f"runs/multi_turn_{env}",
+        total_steps=spec["steps"],
+        model=ModelConfig(source="smollm2"),
+        rollout=RolloutConfig(engine="jax", server_dtype="float32", prompts_per_step=4, samples_per_prompt=8,
+                              max_tokens=spec["max_tokens"], temperature=1.0),
+        recipe=RecipeConfig(name="dr_grpo"),
+        train=TrainConfig(lr=3e-5, warmup_steps=0, micro_batch_size=4, precision="fp32", grad_clip=1.0),
+        task=spec["task"],
+        checkpoint=CheckpointConfig(every_steps=6, keep=1),
+        metrics=MetricsConfig(tensorboard=False, progress_every=1),
+    )
+
+
+def main(env: str, overrides: list[str]) -> dict:
+    """Held-out success before and after training, on the same engine; written to
+    <run_dir>/before_after.json."""
+    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.engines import make_engine
+    from jaxrl_llm.train.evaluation import EVAL_SEED, evaluate
+    from jaxrl_llm.train.policy import load_policy
+    from jaxrl_llm.train.prompts import task_from_config
+
+    cfg = apply_overrides(get_config(env), overrides)
+    policy = load_policy(cfg.model.source)
+    task = task_from_config(cfg)
+    with contextlib.ExitStack() as stack:
+        engine = make_engine(cfg, policy, policy.params, stack=stack)
+        before = evaluate(engine, policy, task, cfg, samples=cfg.task.eval_samples, seed=EVAL_SEED)
+        print(f"before: pass@1 {before['pass@1']:.3f} on {before['num_prompts']} held-out prompts", flush=True)
+        result = loop.train(cfg, task=task, policy=policy, engine=engine)
+        after = evaluate(engine, policy, task, cfg, samples=cfg.task.eval_samples, seed=EVAL_SEED)
+    out = {"env": env, "steps": result.step, "before_pass@1": before["pass@1"], "after_pass@1": after["pass@1"],
+           "num_prompts": after["num_prompts"], "samples": cfg.task.eval_samples,
+           "final_train_metrics": result.metrics, "examples_after": after["examples"]}
+    with open(os.path.join(cfg.run_path, "before_after.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "examples_after"}, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
