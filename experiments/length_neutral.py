@@ -5,9 +5,11 @@ depend on length, do incorrect responses grow under GRPO relative to Dr. GRPO
 (constant normaliser), with DAPO's token-mean in between? Experiment 1 cannot tell,
 because there a terse answer is the rewarded format. Here the task is
 `addition_answer_first` (data/answer_first.py): "What is a + b? Start your reply
-with the number, then explain how you got it.", graded on the leading integer
-alone, so the text after it is free; max_tokens is set so most responses end with
-EOS (the truncated fraction is reported).
+with the number, then explain how you got it.", graded on the leading answer alone
+(the bare sum, or the question's equation "a + b = N" with which SmolLM2 opens most
+replies), so the text after it is free. Sampling at temperature 0.7: at 1.0 the model
+rambles past 128 tokens in most replies. The truncated fraction is reported (31% at
+128 tokens in a step-0 probe).
 
 DAPO here is the `dapo` recipe: clip-higher (eps_high 0.28), token-mean aggregation and
 the zero-variance group filter; its soft overlong penalty is switched off
