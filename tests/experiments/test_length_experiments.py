@@ -62,7 +62,7 @@ def test_length_mechanism_reduced(tmp_path):
     assert png_shape(tmp_path / "drift.png")[0] > 100
 
 
-@pytest.mark.slow  # 6 runs (3 recipes x 2 seeds): ~1.5 min on 2 free cores
+@pytest.mark.slow  # 6 runs (3 recipes x 2 seeds): ~1.5 min on 2 free cores, 11 min at load ~20
 def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     exp = load_experiment("length_neutral")
     assert exp.main(["--quick", "--out", str(tmp_path), "--seeds", "0,1", f"model.source={tiny_model_dir}",
