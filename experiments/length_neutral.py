@@ -5,16 +5,18 @@ depend on length, do incorrect responses grow under GRPO relative to Dr. GRPO
 (constant normaliser), with DAPO's token-mean in between? Experiment 1 cannot tell,
 because there a terse answer is the rewarded format. Here the task is
 `addition_answer_first` (data/answer_first.py): "What is a + b? Start your reply
-with the number, then explain how you got it.", graded on the leading integer
-alone, so the text after it is free; max_tokens is set so most responses end with
-EOS (the truncated fraction is reported).
+with the number, then explain how you got it.", graded on the leading answer alone
+(the bare sum, or the question's equation "a + b = N" with which SmolLM2 opens most
+replies), so the text after it is free. Sampling at temperature 0.7: at 1.0 the model
+rambles past 128 tokens in most replies. The truncated fraction is reported (31% at
+128 tokens in a step-0 probe).
 
 DAPO here is the `dapo` recipe: clip-higher (eps_high 0.28), token-mean aggregation and
 the zero-variance group filter; its soft overlong penalty is switched off
 (`recipe.overlong_buffer=0`, which keeps the reward length-neutral) and so is dynamic
 sampling (`rollout.dynamic_sampling=false`, CPU cost).
 
-    python experiments/length_neutral.py --quick     # 3 recipes x 2 seeds x 2 steps of 2 x 8, max 96 tokens
+    python experiments/length_neutral.py --quick     # 3 recipes x 1 seed x 2 steps of 2 x 8, max 96 tokens
     python experiments/length_neutral.py             # 3 recipes x 3 seeds x 12 steps of 4 x 8, max 128 tokens
 
 Writes to runs/experiments/length_neutral/<quick|full>/: <recipe>_s<seed>/ (runs),
@@ -37,8 +39,11 @@ from jaxrl_llm.train.config import Config, replace_values
 NAME = "length_neutral"
 RECIPES = ("grpo", "dr_grpo", "dapo")
 SEEDS = (0, 1, 2)
-QUICK_SEEDS = (0, 1)
+QUICK_SEEDS = (0,)
 QUICK = ("total_steps=2", "rollout.prompts_per_step=2", "rollout.max_tokens=96")
+# Temperature 0.7: at 1.0 SmolLM2 rambles (step 0, 8 prompts x 4 samples, 128 tokens: 4/32 right,
+# 56% truncated); at 0.7 9/32 right, 31% truncated, half the groups mixed (experiments/README.md).
+TEMPERATURE = 0.7
 
 
 def get_config(arg: str = "grpo") -> Config:
@@ -49,6 +54,7 @@ def get_config(arg: str = "grpo") -> Config:
     # DAPO's soft overlong punishment would make the reward depend on length, and its dynamic
     # sampling would multiply the CPU cost: both off (the zero-variance filter stays).
     return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 4,
+                                "rollout.temperature": TEMPERATURE,
                                 "recipe.overlong_buffer": 0, "rollout.dynamic_sampling": False})
 
 
@@ -68,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.policy import load_policy
 
+    # Seed by seed, every recipe: a run cut short still leaves whole seeds to compare.
     configs = {(r, s): variant_config(get_config(f"{r},{s}"), out, f"{r}_s{s}", QUICK, args.overrides,
-                                      quick_on=args.quick) for r in RECIPES for s in seeds}
+                                      quick_on=args.quick) for s in seeds for r in RECIPES}
     policy = load_policy(next(iter(configs.values())).model.source)
     runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
     curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}

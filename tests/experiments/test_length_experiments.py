@@ -16,9 +16,18 @@ from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture)
 def test_answer_first_task_grades_the_leading_integer_alone():
     task = make_task("addition_answer_first")
     example = next(e for e in task.all_examples("train") if e.answer == "12")
+    a, b = sorted((example.metadata["a"], example.metadata["b"]))
+    if a == b:  # operands that differ, so that swapping them is a different string
+        a, b = a - 1, b + 1
+        example = next(e for e in task.all_examples("train") + task.all_examples("heldout")
+                       if sorted((e.metadata["a"], e.metadata["b"])) == [a, b])
     assert example.prompt.startswith("What is ") and "Start your reply with the number" in example.prompt
     for text, reward in ((" 12. I added 6 and 6 and then went on at length " * 3, 1.0), ("12\n\n6+6", 1.0),
-                         ("12", 1.0), ("The sum is 12", 0.0), ("120", 0.0), ("12.5", 0.0), ("13. 12", 0.0)):
+                         ("12", 1.0), ("The sum is 12", 0.0), ("120", 0.0), ("12.5", 0.0), ("13. 12", 0.0),
+                         # The question's equation first: its sum is the answer (either operand order).
+                         (f"{a} + {b} = 12. Then a long story" * 2, 1.0), (f" {b}+{a}=12", 1.0),
+                         (f"{a} + {b} = 13. 12", 0.0), (f"{a + 1} + {b - 1} = 12", 0.0), (f"{a} + {b} = 12.5", 0.0),
+                         (f"{a} + {b} is 12", 0.0)):
         assert leading_integer_reward(text, example) == reward, text
     # Same questions and split as the addition task: only the instruction and the grader differ.
     addition = make_task("addition")
@@ -53,7 +62,7 @@ def test_length_mechanism_reduced(tmp_path):
     assert png_shape(tmp_path / "drift.png")[0] > 100
 
 
-@pytest.mark.slow  # 6 runs (3 recipes x 2 seeds): ~1.5 min on 2 free cores
+@pytest.mark.slow  # 6 runs (3 recipes x 2 seeds): ~1.5 min on 2 free cores, 11 min at load ~20
 def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     exp = load_experiment("length_neutral")
     assert exp.main(["--quick", "--out", str(tmp_path), "--seeds", "0,1", f"model.source={tiny_model_dir}",
