@@ -166,3 +166,27 @@ def test_config_refuses_kl_as_reward_with_vineppo(tmp_path):
     cfg = learning_config("smollm2", tmp_path, "recipe.name=grpo", "recipe.advantage=vineppo",
                           "vineppo.chunk=newline")
     assert cfg.vineppo.chunk == "newline"
+
+
+@pytest.mark.slow
+def test_a_short_vineppo_run_raises_heldout_pass_at_1(learning_model_dir, learning_policy, tmp_path):
+    """recipe.name=vineppo on the tiny learning setup: held-out pass@1 (share of spaces >= 0.5)
+    before and after 6 steps, same engine, same evaluation seed."""
+    import contextlib
+
+    from jaxrl_llm.rewards import GraderPool
+    from jaxrl_llm.train.engines import host_params, make_engine
+    from jaxrl_llm.train.evaluation import evaluate
+
+    cfg = learning_config(learning_model_dir, tmp_path / "run", "recipe.name=vineppo", "total_steps=6",
+                          "vineppo.k=4", "vineppo.chunk_tokens=2", "task.eval_size=16", "task.eval_samples=4")
+    task = SpacesTask()
+    with contextlib.ExitStack() as stack:
+        engine = make_engine(cfg, learning_policy, host_params(learning_policy.params), stack=stack)
+        pool = stack.enter_context(GraderPool(num_workers=1, timeout_s=10.0))
+        before = evaluate(engine, learning_policy, task, cfg, samples=4, seed=123, pool=pool)
+        out = loop.train(cfg, task=task, policy=learning_policy, engine=engine)
+        after = evaluate(engine, learning_policy, task, cfg, samples=4, seed=123, pool=pool)
+    print(f"held-out pass@1 {before['pass@1']:.3f} -> {after['pass@1']:.3f}; last step {out.metrics['reward']:.3f}")
+    assert out.metrics["vineppo_extra_tokens"] > 0
+    assert after["pass@1"] >= before["pass@1"] + 0.2
