@@ -35,13 +35,13 @@ QUICK = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "total_st
 
 def base_config():
     """SmolLM2 on 1-digit addition (experiments/base_configs.py) with recipe ppo: lr 2e-5
-    for the policy, 1e-3 for the value head (zero-initialised), 2 critic-only warm-up
-    optimiser steps so the first advantages do not come from V = 0, answers of <= 8 tokens,
+    for the policy, 1e-3 for the value head (zero-initialised), 1 critic-only warm-up
+    optimiser step so the advantages do not all come from V = 0, answers of <= 8 tokens,
     held-out pass@1 over 4 samples per question."""
     from jaxrl_llm.train.config import replace_values
 
     cfg = addition_config(NAME, recipe="ppo", total_steps=10, max_tokens=8)
-    return replace_values(cfg, {"critic.lr": 1e-3, "critic.warmup_steps": 2, "task.eval_samples": 4,
+    return replace_values(cfg, {"critic.lr": 1e-3, "critic.warmup_steps": 1, "task.eval_samples": 4,
                                 "train.micro_batch_size": 16, "checkpoint.every_steps": 0})
 
 
