@@ -17,7 +17,7 @@ from jaxrl_llm.rollout import VLLMClient, VLLMEngine
 from jaxrl_llm.rollout.types import SamplingParams
 from jaxrl_llm.train import vineppo_step
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # ~1 min beside the shared server's start
 K = 48
 MAX_TOKENS = 4
 
@@ -42,9 +42,9 @@ def test_vineppo_continuations_through_the_vllm_server(vllm_server, smollm2):
     calls = []
     real = engine.generate
 
-    def counted(prefixes, n, p):
-        calls.append((len(prefixes), n, p))
-        return real(prefixes, n, p)
+    def counted(prefixes, n, params):
+        calls.append((len(prefixes), n, params))
+        return real(prefixes, n, params)
 
     engine.generate = counted
     est = vineppo_step.estimate(engine, rollouts, rewards.reshape(2, 4), examples, k=K,

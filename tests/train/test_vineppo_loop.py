@@ -78,7 +78,7 @@ def vine_run(learning_model_dir, learning_policy, tmp_path_factory):
         engine = make_engine(cfg, learning_policy, host_params(learning_policy.params), stack=stack)
         real_generate = engine.generate
 
-        def counted(prompts, n, params):  # the real engine's generate, counted
+        def counted(prompts, n, params):  # the real engine's generate, counted (same signature)
             rec.generate_calls.append(len(prompts))
             return real_generate(prompts, n, params)
 
