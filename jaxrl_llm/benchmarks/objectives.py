@@ -1,5 +1,6 @@
-"""Learner step throughput of SmolLM2-135M with a KL-to-reference term and with the PPO
-critic, relative to a plain GRPO step on the same batch.
+"""Learner step throughput of SmolLM2-135M with a KL-to-reference term, with the PPO
+critic and with VinePPO's Monte-Carlo values, relative to a plain GRPO step on the same
+batch.
 
     python -m jaxrl_llm.benchmarks.objectives [--batch 16] [--prompt 32] [--completion 32]
                                               [--warmup 1] [--iters 3] [--precision fp32]
@@ -11,6 +12,12 @@ needs them), `core.prepare_step_batch`, one optimiser update. Configurations:
   grpo       GRPO, no KL                               (the baseline)
   grpo_kl    GRPO + k3 KL to the reference, beta 0.04  (one more forward per micro-batch)
   ppo        PPO with the value head critic + GAE      (the head rides the same forward)
+  vineppo    VinePPO: the step's Monte-Carlo values    (K = --vine-k continuations of every
+             (`train/vineppo_step.estimate`: one JAX-  chunk start, every --vine-chunk tokens,
+             sampler call, graded) + the learner step  sampled to the end of the budget)
+
+The batch's own rollouts are common to every configuration and not timed; VinePPO's
+extra sampling is, since it is part of its step.
 
 The configurations take turns every round (`interleaved_times`), so drifting load on a
 shared machine hits all alike; the report gives the median seconds per step, tokens/s
@@ -27,15 +34,46 @@ import jax
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.lora import synthetic_batch
 from jaxrl_llm.benchmarks.model import interleaved_times
+from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
+from jaxrl_llm.train import vineppo_step
 from jaxrl_llm.train.config import CriticConfig, TrainConfig
 from jaxrl_llm.train.learn import _prepare
 from jaxrl_llm.train.learner import Learner
 
 RECIPES = {"grpo": core.get_recipe("grpo"), "grpo_kl": core.get_recipe("grpo", kl_beta=0.04),
-           "ppo": core.get_recipe("ppo")}
+           "ppo": core.get_recipe("ppo"), "vineppo": core.get_recipe("vineppo")}
 
 
-def learner_step(cfg, params, recipe, seq, rewards, precision: str):
+def batch_rollouts(seq, group: int) -> RolloutBatch:
+    """The synthetic batch as the rollout engine would have returned it (every completion at
+    full length, no EOS)."""
+    p = seq.prompt_width
+    records = tuple(RolloutRecord(i // group, i % group, seq.tokens[i, :p], seq.tokens[i, p:],
+                                  seq.sampler_logp[i], "length", 0) for i in range(seq.tokens.shape[0]))
+    return RolloutBatch(records, seq.tokens.shape[0] // group, group)
+
+
+def vine_advantages(policy, seq, rewards, *, k: int, chunk: int, stats: dict):
+    """() -> [N, T_c] VinePPO advantages of the batch: the loop's estimate through a JAX
+    sampler that serves the policy, with a parity grader (constant time per answer)."""
+    from jaxrl_llm.rollout.jax_sampler import JaxSampler
+
+    engine = JaxSampler(policy.cfg, policy.params, eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id)
+    rollouts = batch_rollouts(seq, rewards.shape[1])
+    params = SamplingParams(temperature=1.0, max_tokens=seq.completion_mask.shape[1], seed=0)
+
+    def run():
+        out = vineppo_step.estimate(engine, rollouts, rewards, [None] * rewards.shape[0], k=k,
+                                    rule=vineppo_step.ChunkRule(every=chunk), params=params,
+                                    decode=lambda ids: policy.tokenizer.decode(list(ids)),
+                                    grade=lambda texts, _: [float(len(t) % 2) for t in texts])
+        stats.update(out.metrics)
+        return out.advantages
+
+    return run
+
+
+def learner_step(cfg, params, recipe, seq, rewards, precision: str, advantages=None):
     train_cfg = dataclasses.replace(TrainConfig(), precision=precision, lr=1e-6, micro_batch_size=seq.tokens.shape[0])
     learner = Learner(cfg, recipe, train_cfg, total_steps=100, critic_cfg=CriticConfig())
     state = {"s": learner.init(params)}
@@ -44,7 +82,7 @@ def learner_step(cfg, params, recipe, seq, rewards, precision: str):
     def run():
         before = learner.step_logprobs(state["s"].params, seq, critic=state["s"].critic)
         batch, _ = prepare(rewards, seq.completion_mask, before.logp, seq.sampler_logp, seq.truncated,
-                           before.ref_logp, before.values)
+                           before.ref_logp, before.values, None if advantages is None else advantages())
         state["s"], metrics = learner.update(state["s"], seq, batch)
         jax.block_until_ready(state["s"].params)
 
@@ -59,14 +97,25 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--vine-k", type=int, default=4)
+    parser.add_argument("--vine-chunk", type=int, default=8)
+    parser.add_argument("--only", default=",".join(RECIPES), help="comma-separated configurations (grpo always)")
     args = parser.parse_args(argv)
-    from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
+    from jaxrl_llm.train.policy import load_policy
 
-    cfg, params = load_hf_dir(smollm2_hf_dir(), dtype="float32")
+    policy = load_policy("smollm2")
+    cfg, params = policy.cfg, policy.params
     seq, rewards = synthetic_batch(cfg.vocab_size, args.batch // 4, 4, args.prompt, args.completion)
-    steps, learners = {}, {}
+    steps, learners, vine_stats = {}, {}, {}
+    chosen = {"grpo", *args.only.split(",")}
     for name, recipe in RECIPES.items():
-        steps[name], learners[name] = learner_step(cfg, params, recipe, seq, rewards, args.precision)
+        if name not in chosen:
+            continue
+        advantages = None
+        if name == "vineppo":
+            advantages = vine_advantages(policy, seq, rewards, k=args.vine_k, chunk=args.vine_chunk,
+                                         stats=vine_stats)
+        steps[name], learners[name] = learner_step(cfg, params, recipe, seq, rewards, args.precision, advantages)
     times = interleaved_times(steps, args.warmup, args.iters)
     tokens = seq.tokens.size
     base = statistics.median(times["grpo"])
@@ -79,6 +128,11 @@ def main(argv=None) -> dict:
                      "reference_bytes": learners[name].reference_bytes}
         print(f"{name:8s} {median:7.2f} s/step  {tokens / median:8.1f} tokens/s  {base / median:5.2f}x grpo "
               f"throughput  reference {learners[name].reference_bytes / 2**20:.0f} MiB")
+    if vine_stats:
+        out["vineppo"].update(vine_stats)
+        print(f"vineppo: K={args.vine_k}, a chunk every {args.vine_chunk} tokens: "
+              f"{vine_stats['vineppo_prefixes']:.0f} prefixes, {vine_stats['vineppo_extra_tokens']:.0f} extra "
+              f"tokens sampled per step ({vine_stats['vineppo_extra_tokens'] / tokens:.1f}x the batch's tokens)")
     return out
 
 

@@ -92,6 +92,7 @@ from jaxrl_llm.core.recipes import (
     RECIPES,
     GaeAdvantage,
     GroupAdvantage,
+    MonteCarloAdvantage,
     OverlongPenalty,
     Recipe,
     StepBatch,

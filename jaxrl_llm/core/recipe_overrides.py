@@ -8,10 +8,12 @@ import functools
 from collections.abc import Callable
 
 from jaxrl_llm.core import advantages as adv_lib, corrections, losses
-from jaxrl_llm.core.recipes import GaeAdvantage, GroupAdvantage, Recipe, TokenAdvantage, TokenAdvantages
+from jaxrl_llm.core.recipes import (GaeAdvantage, GroupAdvantage, MonteCarloAdvantage, Recipe, TokenAdvantage,
+                                    TokenAdvantages)
 
 # Advantage estimators by name, like losses.POLICY_LOSSES and corrections.CORRECTIONS.
-# "gae" needs critic values at prepare_step_batch time (values=...).
+# "gae" needs critic values at prepare_step_batch time (values=...), "vineppo" the
+# Monte-Carlo chunk advantages of extra rollouts (advantages=...).
 ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "grpo": GroupAdvantage(adv_lib.grpo_advantages),
     "dr_grpo": GroupAdvantage(adv_lib.dr_grpo_advantages),
@@ -19,6 +21,7 @@ ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "batch_std": GroupAdvantage(adv_lib.batch_std_advantages),
     "reinforce_pp": TokenAdvantage(adv_lib.reinforce_pp_advantages),
     "gae": GaeAdvantage(gamma=1.0, lam=1.0),
+    "vineppo": MonteCarloAdvantage(),
 }
 
 

@@ -94,6 +94,27 @@ class GaeAdvantage:
 
 
 @dataclasses.dataclass(frozen=True)
+class MonteCarloAdvantage:
+    """VinePPO (Kazemnejad et al. 2024, arXiv 2410.01679): each token gets its chunk's
+    advantage V(b_{j+1}) - V(b_j), with V Monte-Carlo estimates from extra rollouts of the
+    response's prefixes (`vineppo.chunk_advantages`). Those rollouts need the rollout
+    engine, so the advantages are estimated outside the step (the RL loop:
+    train/vineppo_step.py) and enter as `prepare_step_batch(..., advantages=)`; this
+    estimator only places them on the valid tokens (filtered tokens get 0)."""
+
+    def __call__(self, rewards, mask, *, values=None, token_rewards=None, advantages=None) -> TokenAdvantages:
+        if advantages is None:
+            raise ValueError("VinePPO advantages come from extra rollouts: pass advantages= [N, T] (the RL loop's "
+                             "train/vineppo_step.py estimates them) to prepare_step_batch")
+        if token_rewards is not None:
+            raise ValueError("VinePPO's Monte-Carlo values are of the graders' rewards; per-token rewards "
+                             "(kl_mode='reward') are not part of them: use kl_mode='loss'")
+        _checks.check_same_shape(advantages=advantages, mask=mask)
+        valid = _checks.valid_tokens(mask)
+        return TokenAdvantages(jnp.where(valid, _checks.to_float32(advantages), 0.0), None)
+
+
+@dataclasses.dataclass(frozen=True)
 class OverlongPenalty:
     """DAPO soft overlong punishment added to rewards (see filters.overlong_penalty)."""
 
@@ -284,6 +305,14 @@ RECIPES: dict[str, Recipe] = {
             source="Qi et al. 2025, Precision-RL (arXiv 2510.26788): GRPO with sequence-level "
             "masked importance sampling; pair it with FP16 sampler and learner",
         ),
+        Recipe(
+            name="vineppo",
+            advantage_fn=MonteCarloAdvantage(),
+            policy_loss_fn=_ppo,
+            aggregation="token_mean",
+            source="Kazemnejad et al. 2024, VinePPO (arXiv 2410.01679): PPO-clip without a critic, "
+            "chunk advantages from Monte-Carlo values of K continuations per chunk start",
+        ),
     )
 }
 
@@ -339,6 +368,7 @@ def prepare_step_batch(
     values=None,
     truncated=None,
     correct=None,
+    advantages=None,
 ) -> tuple[StepBatch, dict[str, jax.Array]]:
     """Everything a step needs before the model runs, on the FULL step batch.
 
@@ -363,6 +393,8 @@ def prepare_step_batch(
       truncated: [N] bool (no EOS); needed when recipe.mask_truncated.
       correct: [P, G] the graders' verdicts (bool or 0/1); what the zero-variance
         filter and its metric judge. None: judge `rewards` (before the penalty).
+      advantages: [N, T] token advantages estimated outside the step; needed by, and
+        only accepted with, `MonteCarloAdvantage` (VinePPO).
     Returns:
       (StepBatch, metrics): metrics are float32 scalars describing the step
       (rewards, filters, corrections, mismatch_* when sampler_logp is given).
@@ -407,7 +439,13 @@ def prepare_step_batch(
     if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
         kl_rewards = -recipe.kl_beta * kl.get_kl_estimator(recipe.kl_estimator)(old_logp, ref_logp, mask=response_mask)
         metrics["kl_reward_penalty_mean"] = jnp.sum(kl_rewards) / rewards.size  # per response
-    token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards)
+    if isinstance(recipe.advantage_fn, MonteCarloAdvantage):
+        token_advantages = recipe.advantage_fn(rewards, response_mask, token_rewards=kl_rewards, advantages=advantages)
+    elif advantages is not None:
+        raise ValueError(f"advantages= was given, but recipe {recipe.name!r} estimates its own "
+                         f"({recipe.advantage_fn}); only MonteCarloAdvantage (VinePPO) takes them")
+    else:
+        token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards)
     has_sampler = sampler_logp is not None
     sampler_logp = _masked_constant(sampler_logp, response_mask) if has_sampler else old_logp
     if recipe.correction is None:

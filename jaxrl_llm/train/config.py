@@ -31,7 +31,7 @@ from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, 
 
 __all__ = [
     "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
-    "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "apply_overrides",
+    "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
     "config_from_dict", "load_config",
     "load_config_json", "parse_overrides", "recipe_from_config", "replace_values", "save_config", "schema_help",
     "write_text_atomic",
@@ -179,6 +179,19 @@ class CriticConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class VinePPOConfig(Section):
+    """VinePPO's Monte-Carlo values (recipe.name=vineppo, or recipe.advantage=vineppo on another
+    recipe; train/vineppo_step.py): K continuations from every chunk start of every response."""
+
+    k: int = field(4, ge=1)  # continuations per prefix
+    # "tokens": a chunk starts every chunk_tokens tokens; "newline": after every token whose text
+    # holds a newline (the paper's reasoning steps)
+    chunk: Literal["tokens", "newline"] = "tokens"
+    chunk_tokens: int = field(8, ge=1)
+    _path_prefix = "vineppo."
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskConfig(Section):
     """Prompt source and verifier. `name` is looked up in the task registry; the user's own
     tasks, graders and data files plug in through plugins / kwargs / reward_fn / data_path
@@ -296,6 +309,7 @@ class Config(Section):
     recipe: RecipeConfig = section(RecipeConfig)
     train: TrainConfig = section(TrainConfig)
     critic: CriticConfig = section(CriticConfig)
+    vineppo: VinePPOConfig = section(VinePPOConfig)
     task: TaskConfig = section(TaskConfig)
     shaping: ShapingConfig = section(ShapingConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
@@ -400,6 +414,8 @@ def check_runnable(cfg: Config) -> None:
         raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
                           f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
                           "rollout.dynamic_sampling=false")
+    if isinstance(recipe.advantage_fn, core.MonteCarloAdvantage):
+        _check_vineppo(cfg, recipe)
     if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
                           "answer always has accuracy 0 or 1, so no group could be kept; valid: "
@@ -414,6 +430,32 @@ def check_runnable(cfg: Config) -> None:
                                      or min(sh.l1_targets) < 1):
         raise ConfigError(f"shaping.l1_targets = {sh.l1_targets!r} is invalid with rollout.max_tokens = "
                           f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
+
+
+def _check_vineppo(cfg: Config, recipe: core.Recipe) -> None:
+    """VinePPO's values are means of the graders' rewards of continuations drawn by the weights
+    that drew the responses; refuse what would break either."""
+    why = "VinePPO's Monte-Carlo values (recipe.advantage = 'vineppo')"
+    if cfg.rollout.max_lag > 0:
+        raise ConfigError(f"rollout.max_lag = {cfg.rollout.max_lag} with {why}: the continuations must come from "
+                          "the weights that sampled the responses; valid: rollout.max_lag=0")
+    if cfg.shaping.length_reward != "off" or cfg.shaping.darling != "off":
+        raise ConfigError(f"shaping.length_reward = {cfg.shaping.length_reward!r} / shaping.darling = "
+                          f"{cfg.shaping.darling!r} with {why}: shaped rewards are group-level, a continuation "
+                          "has none; valid: shaping.length_reward=off and shaping.darling=off")
+    if recipe.overlong is not None:
+        raise ConfigError(f"recipe.overlong_buffer = {cfg.recipe.overlong_buffer!r} (recipe {recipe.name!r}) with "
+                          f"{why}: the values do not include the overlong penalty; valid: recipe.overlong_buffer=0")
+    if dynamic_sampling(cfg):
+        raise ConfigError(f"rollout.dynamic_sampling is on with {why}: the values are estimated for one round of "
+                          "prompts; valid: rollout.dynamic_sampling=false")
+    if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
+        raise ConfigError(f"recipe.kl_mode = 'reward' with {why}: the values hold no per-token KL; valid: "
+                          "recipe.kl_mode=loss")
+    if is_env_task(cfg.task):
+        raise ConfigError(f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment, "
+                          f"with {why}: a continuation would have to replay the environment; valid: a single-turn "
+                          "task, or another advantage")
 
 
 # ----------------------------------------------------------------------------

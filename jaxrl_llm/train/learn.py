@@ -35,6 +35,7 @@ class Graded:
     wall_s: float
     sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. dynamic sampling's metrics
     shaped: np.ndarray | None = None  # [P, G] the learner's rewards after shaping (None: `rewards`)
+    advantages: np.ndarray | None = None  # [N, T_c] VinePPO's Monte-Carlo advantages (train/vineppo_step.py)
 
     @property
     def learner_rewards(self) -> np.ndarray:
@@ -64,11 +65,13 @@ def response_metrics(task: Task, rewards: np.ndarray, rollouts: RolloutBatch) ->
 
 
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
-          rewards: np.ndarray, correct: np.ndarray | None = None) -> tuple[LearnerState, dict[str, float]]:
+          rewards: np.ndarray, correct: np.ndarray | None = None,
+          advantages: np.ndarray | None = None) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc).
 
     `rewards` are the learner's (shaped) rewards [P, G]; `correct` [P, G] the graders'
-    verdicts, which the zero-variance group filter judges (DAPO filters on accuracy).
+    verdicts, which the zero-variance group filter judges (DAPO filters on accuracy);
+    `advantages` [N, T_c] token advantages estimated outside the step (VinePPO), else None.
     """
     core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
@@ -86,7 +89,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
         batch, prep = _prepare(recipe)(put(rewards[prompt_rows]), put(correct[prompt_rows]), mask[rows], old_logp[rows],
                                        put(seq.sampler_logp[rows]), put(seq.truncated[rows]),
                                        None if ref_logp is None else ref_logp[rows],
-                                       None if before.values is None else before.values[rows])
+                                       None if before.values is None else before.values[rows],
+                                       None if advantages is None else put(advantages[rows]))
         prepared.append((rows, batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
@@ -108,9 +112,10 @@ def _prepare(recipe: core.Recipe):
     """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
     small eager computations on arrays spanning several JAX processes each become a
     cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
-    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values):
+    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values, advantages):
         batch, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated,
-                                                 ref_logp=ref_logp, values=values, correct=correct)
+                                                 ref_logp=ref_logp, values=values, correct=correct,
+                                                 advantages=advantages)
         if values is not None:  # the critic's fit at rollout time: explained variance, value/return means
             metrics = {**metrics, **critic_metrics(batch.old_values, batch.returns, batch.mask)}
         return batch, metrics

@@ -44,7 +44,7 @@ from jaxrl_llm import core
 from jaxrl_llm.data import TRAIN, EnvTask, Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
-from jaxrl_llm.train import distributed, sampled_ahead, step_failure, weight_check
+from jaxrl_llm.train import distributed, sampled_ahead, step_failure, vineppo_step, weight_check
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config, dynamic_sampling, recipe_from_config
@@ -236,9 +236,14 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
         out = shape_rewards(cfg, task, graded.rewards, texts, lengths, examples)
         return dataclasses.replace(graded, shaped=out.rewards, sampling={**graded.sampling, **out.metrics})
 
+    vine = vineppo_step.vine_values(cfg, policy, task, pool)  # None unless the recipe's advantage is vineppo
+
     def grade_job(job: RolloutJob, rollouts: RolloutBatch) -> Graded:  # runs in the producer thread
         texts = decode_completions(policy, rollouts)
-        return shaped(grade(pool, task, texts, job.context.examples, job.n), rollouts, texts, job.context.examples)
+        graded = shaped(grade(pool, task, texts, job.context.examples, job.n), rollouts, texts, job.context.examples)
+        if vine is not None:  # K continuations per chunk start, drawn by the weights that drew `rollouts`
+            graded = producer.with_engine(lambda e: vine.attach(e, rollouts, graded, job.context.examples, job.params))
+        return graded
 
     def sample_rounds(engine, job: RolloutJob) -> tuple[RolloutBatch, Graded]:  # dynamic sampling
         def one_round(r: int) -> SampledRound:
@@ -259,8 +264,9 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
         return rollouts, shaped(graded, rollouts, decode_completions(policy, rollouts), job.context.examples)
 
     sample = sample_rounds if dynamic_sampling(cfg) else sample_episodes if isinstance(task, EnvTask) else None
-    return AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
-                                max_lag=cfg.rollout.max_lag, postprocess=grade_job, sample=sample, replay=replay)
+    producer = AsyncRolloutProducer(engine, make_job, first_step=first_step, last_step=cfg.total_steps,
+                                    max_lag=cfg.rollout.max_lag, postprocess=grade_job, sample=sample, replay=replay)
+    return producer
 
 
 def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, learner: Learner,
@@ -275,7 +281,7 @@ def run_step(cfg: Config, producer: AsyncRolloutProducer, recipe: core.Recipe, l
     if jax.process_count() > 1:
         rollouts, graded = _gather_step(cfg, rollouts, graded, batch.context.prompt_width)
     state, learn_metrics = learn(learner, state, recipe, cfg, rollouts, graded.learner_rewards,
-                                 correct=task.is_correct(graded.rewards))
+                                 correct=task.is_correct(graded.rewards), advantages=graded.advantages)
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe

@@ -54,3 +54,19 @@ def test_mc_values_mean_and_standard_error():
     mean, err = vineppo.mc_values(rewards)
     np.testing.assert_allclose(mean, [0.75, 0.0])
     np.testing.assert_allclose(err, [np.std([1, 0, 1, 1], ddof=1) / 2, 0.0], rtol=1e-6)
+
+
+def test_prepare_step_batch_places_given_advantages_only_for_vineppo():
+    from jaxrl_llm import core
+
+    rewards = np.array([[1.0, 0.0]], np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    adv = np.array([[0.5, -0.25, 9.0], [2.0, 9.0, 9.0]], np.float32)  # 9: padding, must not survive
+    logp = np.zeros((2, 3), np.float32)
+    batch, metrics = core.prepare_step_batch(core.get_recipe("vineppo"), rewards, mask, logp, advantages=adv)
+    np.testing.assert_array_equal(np.asarray(batch.advantages), [[0.5, -0.25, 0.0], [2.0, 0.0, 0.0]])
+    np.testing.assert_allclose(float(metrics["advantage_token_mean"]), (0.5 - 0.25 + 2.0) / 3)
+    with pytest.raises(ValueError, match="only MonteCarloAdvantage"):
+        core.prepare_step_batch(core.get_recipe("grpo"), rewards, mask, logp, advantages=adv)
+    with pytest.raises(ValueError, match="VinePPO advantages come from extra rollouts"):
+        core.prepare_step_batch(core.get_recipe("vineppo"), rewards, mask, logp)

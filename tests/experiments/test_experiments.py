@@ -218,3 +218,16 @@ def test_sanity_check_reduced_runs_each_precision(tiny_model_dir, tmp_path):
     assert any(commit in t.get_text() for t in fig.texts)  # the plot reads run_info: commit in the footer
     with pytest.raises(ConfigError, match="valid: one of"):
         exp.get_config("fp8")
+
+
+@pytest.mark.slow
+def test_ppo_addition_reduced_writes_before_after_and_critic_metrics(tiny_model_dir, tmp_path):
+    ppo = load_experiment("ppo_addition")
+    assert ppo.base_config().recipe.name == "ppo" and ppo.base_config().critic.warmup_steps == 1
+    assert ppo.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", "total_steps=2",
+                     "rollout.max_tokens=6", "task.eval_size=4"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert 0.0 <= summary["before_pass@1"] <= 1.0 and 0.0 <= summary["after_pass@1"] <= 1.0
+    assert summary["questions"] == 4 and [r["step"] for r in summary["per_step"]] == [1, 2]
+    assert all(math.isfinite(r["value_loss"]) for r in summary["per_step"])
+    assert summary["per_step"][0]["value_mean"] == 0.0  # the zero-initialised head at step 1

@@ -30,7 +30,7 @@ TRAIN_KEYS = [
     "lora_alpha", "lora_targets", "loss_scale_init", "loss_scale_growth_interval", "loss_scale_factor",
     "loss_scale_min",
 ]
-TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train", "critic",
+TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train", "critic", "vineppo",
             "task", "shaping", "checkpoint", "metrics", "mesh"]
 
 
