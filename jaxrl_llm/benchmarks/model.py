@@ -1,14 +1,14 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
     python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
-        [--warmup 1] [--iters 3] [--layers scan,unrolled] [--profile]
+        [--warmup 1] [--iters 3] [--profile]
 
 One run measures, side by side on the same batches of random tokens:
 
 1. forward+backward tokens/s of loss = -mean_t log pi(y_t | y_<t) for every batch shape
    (rows x tokens) and dtype (params, activations and matmuls in it; log-softmax in float32):
    ours = jax.jit(jax.value_and_grad) over ``models.token_logprobs`` (chunked
-   log-softmax), with the layers as a scan and unrolled (``--layers``); reference = transformers ``LlamaForCausalLM`` with the same
+   log-softmax); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster). The engines take turns every round, so drifting load
    hits both alike; medians are reported. Ends with the table of ratios
@@ -71,11 +71,10 @@ def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: 
     return times
 
 
-def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
-             unroll_layers: bool = False) -> Callable[[], None]:
+def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict) -> Callable[[], None]:
     """One jitted forward+backward of loss = -mean log pi (chunked log-probs)."""
     def loss(params, tokens):
-        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, unroll_layers=unroll_layers))
+        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
 
     step = jax.jit(jax.value_and_grad(loss))
     tokens = jnp.asarray(tokens)
@@ -207,23 +206,15 @@ def phase_steps(cfg, params, tokens: np.ndarray, chunk_size: int) -> dict[str, C
 def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[str, float]:
     """tokens/s of jax and each torch thread count at one shape (interleaved rounds); prints a line each."""
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32)
-    results: dict[str, dict] = {}
-    steps = {}
-    for layers in args.layers:
-        name = "jax" if layers == "scan" else "jax-unrolled"
-        results[name] = {}
-        start = time.perf_counter()
-        steps[name] = jax_step(cfg, params, tokens, args.chunk_size, results[name], unroll_layers=layers == "unrolled")
-        steps[name]()  # compiles
-        print(f"  {rows}x{length} {name}: compile + first step {time.perf_counter() - start:.1f} s", flush=True)
+    results: dict[str, dict] = {"jax": {}}
+    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"])}
     for threads in ([] if args.skip_torch else args.torch_threads):
         results[f"torch-{threads}"] = {}
         steps[f"torch-{threads}"] = torch_step(torch_model, tokens, threads, results[f"torch-{threads}"])
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
-        label = ({"jax": "jax (layers scanned)", "jax-unrolled": "jax (layers unrolled)"}.get(name)
-                 or f"torch ({name.split('-')[1]} thread(s))")
+        label = "jax (jit, chunked logprobs)" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
         print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
               f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
     if args.profile:
@@ -240,9 +231,6 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=128)
-    parser.add_argument("--layers", default="scan,unrolled",
-                        help="comma-separated JAX layer loops to time: scan (lax.scan over the stacked layers), "
-                             "unrolled (forward(..., unroll_layers=True))")
     parser.add_argument("--profile", action="store_true", help="also time the phases of the JAX step")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--random-weights", action="store_true", help="random init instead of the GGUF weights")
@@ -252,9 +240,6 @@ def main(argv=None) -> None:
     parser.add_argument("--torch-threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}))
     args = parser.parse_args(argv)
     shapes = parse_shapes(args.shapes)
-    args.layers = args.layers.split(",")
-    if not args.layers or any(layers not in ("scan", "unrolled") for layers in args.layers):
-        raise SystemExit(f"--layers {','.join(args.layers)!r}: each entry must be scan or unrolled")
     dtypes = args.dtypes.split(",")
     for dtype in dtypes:
         if dtype not in ("float32", "bfloat16"):
@@ -269,19 +254,16 @@ def main(argv=None) -> None:
         cfg, params, torch_model = with_dtype(cfg32, params32, torch32, dtype)
         for rows, length in shapes:
             throughput = bench_shape(cfg, params, torch_model, rows, length, args)
-            torch_names = [name for name in throughput if name.startswith("torch")]
+            torch_names = [name for name in throughput if name != "jax"]
             if torch_names:
                 best = max(torch_names, key=throughput.get)
-                for name in (n for n in throughput if n.startswith("jax")):
-                    table[(dtype, f"{rows}x{length}", name)] = (throughput[name], best,
-                                                               throughput[name] / throughput[best])
+                table[(dtype, f"{rows}x{length}")] = (throughput["jax"], best, throughput["jax"] / throughput[best])
     if table:
         print(f"\n  jax / best torch, fwd+bwd tokens/s (load average now {os.getloadavg()[0]:.1f}, "
               f"{os.getloadavg()[1]:.1f} over 5 min):")
-        print(f"  {'dtype':<9} {'shape':<8} {'layers':<13} {'jax tok/s':>10} {'best torch':>11} {'ratio':>6}")
-        for (dtype, shape, name), (jax_tps, best, ratio) in table.items():
-            layers = "unrolled" if name == "jax-unrolled" else "scanned"
-            print(f"  {dtype:<9} {shape:<8} {layers:<13} {jax_tps:10.1f} {best:>11} {ratio:5.2f}x")
+        print(f"  {'dtype':<9} {'shape':<8} {'jax tok/s':>10} {'best torch':>11} {'ratio':>6}")
+        for (dtype, shape), (jax_tps, best, ratio) in table.items():
+            print(f"  {dtype:<9} {shape:<8} {jax_tps:10.1f} {best:>11} {ratio:5.2f}x")
 
     rows, length = shapes[0]
     for batch, seq in (() if args.skip_memory else ((rows, length), (rows, 8 * length))):

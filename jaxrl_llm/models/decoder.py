@@ -199,7 +199,6 @@ class Decoder(nn.Module):
 
     cfg: DecoderConfig
     remat: bool = False
-    unroll: bool = False  # layers as straight-line code instead of a loop (see ``forward``)
 
     @nn.compact
     def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False):
@@ -215,7 +214,6 @@ class Decoder(nn.Module):
             split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
-            unroll=cfg.num_layers if self.unroll else 1,
         )(cfg, name="layers")
         (hidden, kv), _ = layers((hidden, kv), jnp.arange(cfg.num_layers), positions, visible, write_at)
 
@@ -273,8 +271,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-            cache: dict | None = None, return_hidden: bool = False, remat: bool = False,
-            unroll_layers: bool = False):
+            cache: dict | None = None, return_hidden: bool = False, remat: bool = False):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
 
     Without a cache: causal attention within the row, restricted to equal non-zero
@@ -283,12 +280,6 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     1 for a decode step) and attend to every earlier real slot; ``attention_mask``
     marks left padding in a prefill. ``new_cache`` is None when ``cache`` is None.
     ``remat`` recomputes each layer in the backward pass (less memory for training).
-    ``unroll_layers`` compiles the layers as straight-line code rather than a loop over the
-    stacked weights (same params, same values up to float rounding of the gradients). On
-    XLA:CPU it measured 1.23x faster forward+backward for SmolLM2 in one loaded run and 0.92x
-    in another (README); the loop slices each layer's weights out of the stack and, backward,
-    writes its gradients back into it. It costs 2-4x the compile time for 30 layers; without
-    a cache only (decoding gained nothing).
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
@@ -305,8 +296,8 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     causal = jnp.tril(jnp.ones((length, length), bool))
     same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
     visible = causal[None] & same_segment & (segment_ids[:, None, :] != 0)
-    out, _ = Decoder(cfg, remat=remat, unroll=unroll_layers).apply({"params": params}, tokens, positions, visible,
-                                                                   return_hidden=return_hidden)
+    out, _ = Decoder(cfg, remat=remat).apply({"params": params}, tokens, positions, visible,
+                                             return_hidden=return_hidden)
     return out, None
 
 

@@ -89,14 +89,14 @@ def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: 
 def token_logprobs(params: dict, cfg: DecoderConfig, tokens: jax.Array, *, attention_mask: jax.Array | None = None,
                    segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
                    temperature: float = 1.0, chunk_size: int = 128, return_entropy: bool = False,
-                   remat: bool = False, unroll_layers: bool = False):
+                   remat: bool = False):
     """logp [B, T-1] float32: log pi(tokens[:, t+1] | tokens[:, :t+1]) at ``temperature``
     (+ entropy [B, T-1] of that next-token distribution when ``return_entropy``).
 
-    Masks/positions, ``remat`` and ``unroll_layers`` are those of ``forward``. Values at
-    padded targets are finite but meaningless: the caller masks them (e.g. with attention_mask[:, 1:]).
+    Masks/positions are those of ``forward``. Values at padded targets are finite but
+    meaningless: the caller masks them (e.g. with attention_mask[:, 1:]).
     """
     hidden, _ = forward(params, cfg, tokens, positions=positions, attention_mask=attention_mask,
-                        segment_ids=segment_ids, return_hidden=True, remat=remat, unroll_layers=unroll_layers)
+                        segment_ids=segment_ids, return_hidden=True, remat=remat)
     return chunked_logprobs_from_hidden(hidden[:, :-1], tokens[:, 1:], params, cfg, temperature=temperature,
                                         chunk_size=chunk_size, return_entropy=return_entropy)

@@ -142,9 +142,6 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     # Recompute each layer in the backward pass: less activation memory, ~1/3 more compute.
     remat: bool = False
-    # Compile the decoder layers unrolled instead of as a loop (models.forward's unroll_layers):
-    # 0.92-1.23x the step speed on the loaded 2-core CPU (README), 2-4x the compile time.
-    unroll_layers: bool = False
     # LoRA (Hu et al. 2021) on the projections: 0 trains all weights; r >= 1 trains only
     # rank-r adapters (update scale lora_alpha / r), the base weights stay frozen.
     lora_rank: int = field(0, ge=0)

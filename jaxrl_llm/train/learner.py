@@ -128,13 +128,13 @@ def _split_rows(x, num_micro_batches: int):
 
 def _completion_logprobs(params, cfg: DecoderConfig, tokens, attention_mask, positions, *, prompt_width: int,
                          completion_width: int, temperature: float, return_entropy: bool, remat: bool,
-                         critic_params=None, unroll_layers: bool = False):
+                         critic_params=None):
     """Logprobs (and entropies) of the completion tokens only: the LM head and
     log-softmax run on the T_c completion positions, not on the prompt (the LM head
     is ~1/5 of SmolLM2's FLOPs per position, so this is not free). With `critic_params`,
     also the value head's V_t on the same hidden states: (logprob output, values)."""
     hidden, _ = forward(params, cfg, tokens, positions=positions, attention_mask=attention_mask,
-                        return_hidden=True, remat=remat, unroll_layers=unroll_layers)
+                        return_hidden=True, remat=remat)
     predicting = jax.lax.slice_in_dim(hidden, prompt_width - 1, prompt_width - 1 + completion_width, axis=1)
     targets = jax.lax.slice_in_dim(tokens, prompt_width, prompt_width + completion_width, axis=1)
     out = chunked_logprobs_from_hidden(predicting, targets, params, cfg, temperature=temperature,
@@ -161,7 +161,6 @@ class Learner:
         self.temperature = float(temperature)
         self.mesh = mesh
         self.remat = bool(train_cfg.remat)
-        self.unroll_layers = bool(train_cfg.unroll_layers)
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
@@ -286,8 +285,7 @@ class Learner:
 
         def one(args):
             run = functools.partial(_completion_logprobs, cfg=self.compute_cfg, prompt_width=prompt_width,
-                                    completion_width=completion_width, temperature=self.temperature, remat=False,
-                                    unroll_layers=self.unroll_layers)
+                                    completion_width=completion_width, temperature=self.temperature, remat=False)
             out = run(params, tokens=args[0], attention_mask=args[1], positions=args[2], return_entropy=True,
                       critic_params=critic_params)
             (logp, entropy), values = out if critic_params is not None else (out, None)
@@ -333,7 +331,7 @@ class Learner:
             out = _completion_logprobs(self.compute_params(params, frozen), self.compute_cfg, tok, att, pos,
                                        prompt_width=prompt_width, completion_width=completion_width,
                                        temperature=self.temperature, return_entropy=False, remat=self.remat,
-                                       critic_params=critic_params, unroll_layers=self.unroll_layers)
+                                       critic_params=critic_params)
             logp, values = out if critic_params is not None else (out, None)
             loss, metrics = core.recipe_loss(self.recipe, logp, batch, values=values)
             return loss * scale, metrics

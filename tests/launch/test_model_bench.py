@@ -24,12 +24,11 @@ def test_one_shape_times_both_engines_on_the_same_loss(dtype, tol, profile, caps
     model = hf_model("llama_tied")
     cfg, params = our_config_and_params(model)
     cfg, params, torch_model = bench.with_dtype(cfg, params, model.train(), dtype)
-    args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1], profile=profile,
-                              layers=["scan", "unrolled"])
+    args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1], profile=profile)
     throughput = bench.bench_shape(cfg, params, torch_model, 2, 24, args)
-    assert set(throughput) == {"jax", "jax-unrolled", "torch-1"} and min(throughput.values()) > 0
+    assert set(throughput) == {"jax", "torch-1"} and min(throughput.values()) > 0
     out = capsys.readouterr().out
     losses = [float(line.rsplit("loss", 1)[1]) for line in out.splitlines() if " loss " in line]
-    assert len(losses) == 3 and losses[0] == pytest.approx(losses[2], rel=tol) == losses[1]
+    assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], rel=tol)
     assert losses[0] == pytest.approx(np.log(cfg.vocab_size), rel=0.5)  # random tokens: near-uniform
     assert out.count("phase ") == (4 if profile else 0)
