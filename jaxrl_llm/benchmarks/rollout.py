@@ -16,6 +16,9 @@ For each server dtype, one real vLLM server is started and measured:
 3. weight sync: wall time of export -> reload -> prefix-cache reset ->
    verified probe (DiskWeightSync), split by phase; against the server's own
    cold start (the naive alternative: restart the server on new weights).
+   First, before any server starts, the export alone: the checkpoint writer
+   into a new directory vs the sync writer rewriting the previous copy in
+   place (interleaved).
 
 Numbers depend on load: the machine's 2 cores are shared, so run it alone.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +39,7 @@ from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
 from jaxrl_llm.models import token_logprobs
 from jaxrl_llm.rollout import (DiskWeightSync, LogprobProbe, SamplingParams, VLLMClient, VLLMEngine, VLLMServer,
                                VLLMServerConfig, bridge_export)
+from jaxrl_llm.rollout.weight_sync import default_stage_root
 
 QUESTIONS = ["What is {a} + {b}? Answer with just the number.", "Name a colour that starts with {c}.",
              "Write a short sentence about the number {a}.", "What is {a} times {b}?"]
@@ -128,6 +133,27 @@ def bench_server(dtype: str, hf_dir: str, cfg, params, prompts, args, learner) -
     return result
 
 
+def bench_export_paths(cfg, params, dtype: str, iters: int) -> dict[str, float]:
+    """Median seconds of the weight-sync export, interleaved: the checkpoint writer into a new
+    directory (``save_hf_dir``, no fsync: the export before in-place staging) vs the sync writer
+    rewriting the previous copy in place with parallel writers (``bridge_export``)."""
+    import shutil
+    import tempfile
+
+    from jaxrl_llm.benchmarks.model import interleaved_times
+    from jaxrl_llm.bridge import save_hf_dir
+
+    root = Path(tempfile.mkdtemp(prefix="jaxrl-export-bench-", dir=default_stage_root()))
+    in_place = bridge_export(cfg, dtype)
+    try:
+        steps = {"new directory (save_hf_dir)": lambda: save_hf_dir(cfg, params, root / "new", dtype=dtype, fsync=False),
+                 "in place, parallel writers": lambda: in_place(params, root / "reused")}
+        times = interleaved_times(steps, 1, iters)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def bench_jax_sampler(cfg, params, prompts, args) -> dict:
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
 
@@ -159,6 +185,13 @@ def main(argv=None) -> dict:
     learner = make_learner_logprobs(cfg)
     results = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "servers": []}
     print(f"SmolLM2-135M, {args.prompts} prompts x {args.n} samples, <= {args.max_tokens} tokens, temperature 1")
+    print(f"  weight-sync export to {default_stage_root()} (median of {args.sync_iters}, interleaved; "
+          f"load average {os.getloadavg()[0]:.1f}):")
+    results["export_paths"] = {}
+    for dtype in args.dtypes.split(","):
+        export_dtype = "float32" if dtype.strip() == "float32" else dtype.strip()
+        paths = results["export_paths"][export_dtype] = bench_export_paths(cfg, params, export_dtype, args.sync_iters)
+        print("    " + export_dtype + ": " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in paths.items()))
     if not args.no_jax:
         results["jax_sampler"] = jax_result = bench_jax_sampler(cfg, params, prompts, args)
         print(f"  JAX sampler (float32, reference): {jax_result['tokens_per_s']:8.1f} tok/s "

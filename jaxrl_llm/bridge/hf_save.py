@@ -20,7 +20,8 @@ import numpy as np
 from jaxrl_llm.bridge.atomic import write_directory_atomically
 from jaxrl_llm.bridge.errors import CheckpointError
 from jaxrl_llm.bridge.hf_load import hf_layout
-from jaxrl_llm.bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, write_safetensors_stream
+from jaxrl_llm.bridge.safetensors_io import (INDEX_FILE, SINGLE_FILE, write_safetensors_in_place,
+                                             write_safetensors_stream)
 from jaxrl_llm.bridge.tokenizer import TokenizerBundle, copy_tokenizer_files
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
 
@@ -140,6 +141,36 @@ def write_weights(directory: str, cfg: DecoderConfig, params: Mapping[str, Any],
     with open(os.path.join(directory, INDEX_FILE), "w", encoding="utf-8") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     return names + [INDEX_FILE]
+
+
+def write_sync_dir(cfg: DecoderConfig, params: Mapping[str, Any], directory: str | os.PathLike, *,
+                   dtype: str = "float32", workers: int = 2) -> str:
+    """The weight-sync copy of ``params``: config.json, generation_config.json and one
+    model.safetensors in ``directory``, written for speed, not durability.
+
+    Unlike ``save_hf_dir`` nothing is atomic or fsynced (the caller publishes the directory
+    by renaming it), and an existing directory holding an older copy of the same model is
+    rewritten in place: the tensors go straight into the old file's pages, by ``workers``
+    threads, while the next leaf is transposed on device (``write_safetensors_in_place``).
+    Returns the directory's absolute path.
+    """
+    dtype = canonical_dtype_name(dtype, "dtype")
+    if dtype not in _SAVE_DTYPES:
+        raise ValueError(f"dtype={dtype!r}; valid: {_SAVE_DTYPES}")
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} must be an int >= 1")
+    check_params(params, cfg)
+    directory = os.path.abspath(os.fspath(directory))
+    os.makedirs(directory, exist_ok=True)
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    for stale in os.listdir(directory):  # e.g. shards of an export made another way
+        if stale.endswith(".safetensors") and stale != SINGLE_FILE or stale == INDEX_FILE:
+            os.remove(os.path.join(directory, stale))
+    write_safetensors_in_place(os.path.join(directory, SINGLE_FILE), _hf_specs(cfg, np_dtype),
+                               _hf_arrays(params, cfg, np_dtype), workers=workers)
+    _write_json(os.path.join(directory, "config.json"), hf_config_dict(cfg, dtype))
+    _write_json(os.path.join(directory, "generation_config.json"), generation_config_dict(cfg))
+    return directory
 
 
 def save_hf_dir(cfg: DecoderConfig, params: Mapping[str, Any], out_dir: str | os.PathLike, *,

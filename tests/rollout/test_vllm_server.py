@@ -187,8 +187,16 @@ def test_weight_sync_serves_the_pushed_params_and_restores_exactly(server, smoll
         assert client.get("/weight_info", url=server.url) == {"weight_version": "1"}
         batch = engine.generate(prompts[:1], 2, SamplingParams(max_tokens=4, seed=0))
         assert [r.weight_version for r in batch] == [1, 1]
-    finally:
+        # Version 3 is written into version 1's staging file, in place (same inode): still exact.
+        first_file = Path(report.weights_dir) / "model.safetensors"
+        inode = first_file.stat().st_ino
         assert engine.update_weights(smollm2.params) == 2
+        assert engine.update_weights(new_params) == 3
+        assert (Path(engine.last_sync.weights_dir) / "model.safetensors").stat().st_ino == inode
+        assert not first_file.exists() and len(list(Path(report.weights_dir).parent.iterdir())) == 2
+        assert np.abs(client.prompt_logprobs(check) - learner_new).max() < FP32_ATOL
+    finally:
+        engine.update_weights(smollm2.params)
         sync.close()
     np.testing.assert_array_equal(client.prompt_logprobs(check), served_before)  # bit-exact restore
 
