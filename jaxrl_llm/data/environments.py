@@ -23,7 +23,6 @@ same interface; the training loop keeps its batched single-turn path for those t
 from __future__ import annotations
 
 import abc
-import json
 import math
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
