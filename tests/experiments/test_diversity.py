@@ -75,7 +75,9 @@ def test_darling_keeps_at_least_grpos_distinct_correct_answers(tmp_path):
     task with many correct answers, same weights and seed (the experiment's --quick size,
     seed 1). Measured here: held-out distinct correct answers per prompt (of 16 samples)
     1.50 (DARLING) vs 1.44 (GRPO); training, last third: equal. The two runs coincide until
-    a group repeats a correct answer, so the gap is small at this size."""
+    a group repeats a correct answer, so the gap is small at this size. Held out, the test
+    asks for strictly more: a DARLING that changed nothing would tie GRPO exactly (same seed,
+    deterministic runs), so `>=` alone could not fail."""
     module = load_experiment("diversity")
     out = tmp_path / "out"
     assert module.main(["--quick", "--seeds", "1", "--out", str(out)]) == 0
@@ -83,5 +85,5 @@ def test_darling_keeps_at_least_grpos_distinct_correct_answers(tmp_path):
                 if "per seed" in r}
     grpo, darling = per_seed["grpo"], per_seed["darling"]
     print("grpo", grpo, "darling", darling)
-    assert darling["distinct correct / prompt"] >= grpo["distinct correct / prompt"]
+    assert darling["distinct correct / prompt"] > grpo["distinct correct / prompt"]
     assert darling["train distinct correct / group (last third)"] >= grpo["train distinct correct / group (last third)"]
