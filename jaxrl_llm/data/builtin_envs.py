@@ -23,7 +23,9 @@ from jaxrl_llm.data.safe_arithmetic import CalculatorError, format_number, safe_
 from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION
 
 _CALL = re.compile(r"<calc>(.*?)(?:</calc>|$)", re.DOTALL)
-_ANSWER = re.compile(r"answer\s*[:=]?\s*\**\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+# One bounded separator class: adjacent optional runs (\s* [:=]? \s* \** \s*) backtrack
+# polynomially on long runs of spaces in model text.
+_ANSWER = re.compile(r"answer[\s:=*]{0,16}(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -129,7 +131,7 @@ class GuessNumberEnv:
         return example.prompt, {}
 
     def step(self, action_text: str) -> StepResult:
-        match = re.search(r"-?\d+", action_text)
+        match = re.search(r"(?<!\d)-?\d{1,12}(?!\d)", action_text)  # bounded: int() of 5k digits raises
         if match is None:
             return StepResult(f"Please reply with one number from 1 to {self.max_number}.", 0.0, False,
                               info={"tool_error": True})

@@ -39,7 +39,7 @@ def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
         if not callable(factory):
             raise TypeError(f"register_task({name!r}) decorates a Task class or a function, got {factory!r}")
         known = TASK_FACTORIES.get(name)
-        if known is not None and _qualified(known)[1] != _qualified(factory)[1]:
+        if known is not None and not _same_definition(known, factory):
             raise ValueError(f"task {name!r} is already registered to {'.'.join(_qualified(known))}; "
                              f"cannot register {'.'.join(_qualified(factory))} under the same name")
         TASK_FACTORIES[name] = factory
@@ -50,6 +50,20 @@ def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
 
 def _qualified(factory: TaskFactory) -> tuple[str, str]:
     return getattr(factory, "__module__", "?"), getattr(factory, "__qualname__", repr(factory))
+
+
+def _same_definition(known: TaskFactory, factory: TaskFactory) -> bool:
+    """The same definition imported again: the same module and name, or a user file imported
+    under a second name (run as `__main__`, then imported as `experiments.x` by a worker).
+    A built-in task is never replaced by a definition from another module."""
+    (m1, q1), (m2, q2) = _qualified(known), _qualified(factory)
+    if q1 != q2:
+        return False
+    if m1 == m2:
+        return True
+    if m1.startswith("jaxrl_llm.") or m2.startswith("jaxrl_llm."):
+        return False
+    return "__main__" in (m1, m2) or m1.endswith("." + m2) or m2.endswith("." + m1)
 
 
 def task_names() -> tuple[str, ...]:

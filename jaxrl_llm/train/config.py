@@ -452,6 +452,9 @@ def _check_vineppo(cfg: Config, recipe: core.Recipe) -> None:
     if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
         raise ConfigError(f"recipe.kl_mode = 'reward' with {why}: the values hold no per-token KL; valid: "
                           "recipe.kl_mode=loss")
+    if recipe.value_coef > 0:
+        raise ConfigError(f"recipe.name = {recipe.name!r} trains a critic (value_coef {recipe.value_coef}) with {why}, "
+                          "which give no critic targets; valid: recipe.name=vineppo, or a recipe without a critic")
     if is_env_task(cfg.task):
         raise ConfigError(f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment, "
                           f"with {why}: a continuation would have to replay the environment; valid: a single-turn "

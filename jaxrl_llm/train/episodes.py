@@ -67,11 +67,14 @@ class EpisodeLimits:
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeBatch:
-    """P prompts x G episodes: one record each (prompt-major), the discounted returns [P, G]
-    and the per-episode means of turns, tool calls, tool errors and truncation by limit."""
+    """P prompts x G episodes: one record each (prompt-major), the summed step rewards [P, G]
+    (what `task.is_correct` judges: a solved episode is correct whatever its turn), the
+    discounted returns [P, G] (what the learner maximises) and the per-episode means of turns,
+    tool calls, tool errors and truncation by limit."""
 
     rollouts: RolloutBatch
     rewards: np.ndarray
+    returns: np.ndarray
     metrics: dict[str, float]
     wall_s: float
 
@@ -175,6 +178,7 @@ def _batch(episodes: list[_Episode], num_prompts: int, n: int, limits: EpisodeLi
         prompt_index=i // n, sample_index=i % n, prompt_token_ids=e.prompt, completion_token_ids=e.tokens,
         sampler_logprobs=e.logprobs, finish_reason=e.finish_reason, weight_version=e.weight_version,
         loss_mask=e.mask) for i, e in enumerate(episodes))
+    rewards = np.array([sum(e.rewards) for e in episodes], np.float32)
     returns = np.array([sum(r * limits.discount**t for t, r in enumerate(e.rewards)) for e in episodes], np.float32)
     mean = lambda values: float(np.mean(values))  # noqa: E731
     metrics = {"episode_turns": mean([len(e.rewards) for e in episodes]),
@@ -183,18 +187,20 @@ def _batch(episodes: list[_Episode], num_prompts: int, n: int, limits: EpisodeLi
                "episode_truncated_by_limit": mean([e.truncated_by_limit for e in episodes]),
                "episode_policy_tokens": mean([sum(e.mask) for e in episodes]),
                "episode_observation_tokens": mean([len(e.mask) - sum(e.mask) for e in episodes])}
-    return EpisodeBatch(RolloutBatch(records, num_prompts, n), returns.reshape(num_prompts, n), metrics, wall_s)
+    return EpisodeBatch(RolloutBatch(records, num_prompts, n), rewards.reshape(num_prompts, n),
+                        returns.reshape(num_prompts, n), metrics, wall_s)
 
 
 def episode_sampler(cfg: Config, policy: Policy, task: EnvTask):
     """The training loop's `sample` hook for an environment task: (engine, job) -> (rollouts,
-    Graded) with the episodes' returns as rewards and their per-episode metrics."""
+    Graded) with the episodes' summed rewards (judged for correctness), their discounted returns
+    as the learner's rewards, and their per-episode metrics."""
     from jaxrl_llm.train.learn import Graded
 
     limits = EpisodeLimits.from_config(cfg)
 
     def sample(engine, job) -> tuple[RolloutBatch, Graded]:
         batch = run_episodes(engine, policy, task, job.context.examples, job.n, job.params, limits)
-        return batch.rollouts, Graded(batch.rewards, 0, 0, batch.wall_s, batch.metrics)
+        return batch.rollouts, Graded(batch.rewards, 0, 0, batch.wall_s, batch.metrics, shaped=batch.returns)
 
     return sample

@@ -47,7 +47,7 @@ from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train import distributed, sampled_ahead, step_failure, vineppo_step, weight_check
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
-from jaxrl_llm.train.config import Config, dynamic_sampling, recipe_from_config
+from jaxrl_llm.train.config import Config, ConfigError, dynamic_sampling, recipe_from_config
 from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
 from jaxrl_llm.train.shaping import shape_rewards, with_length_targets
 from jaxrl_llm.train.episodes import episode_sampler
@@ -104,6 +104,20 @@ class TrainResult:
     eval_summary: dict[str, Any] | None = None  # final and best held-out steps (task.eval_every > 0)
 
 
+def check_task_runnable(cfg: Config, task: Task) -> None:
+    """The config's checks of environment tasks, on the task actually built: a factory function
+    or a `task=` object may turn out to be an environment only here."""
+    if not isinstance(task, EnvTask):
+        return
+    uses = [name for name, on in (("rollout.dynamic_sampling", dynamic_sampling(cfg)),
+                                  ("recipe.advantage = 'vineppo'", isinstance(recipe_from_config(cfg).advantage_fn,
+                                                                              core.MonteCarloAdvantage)))
+            if on]
+    if uses:
+        raise ConfigError(f"task {task.name!r} is a multi-turn environment, which {uses[0]} does not support; "
+                          "valid: a single-turn task, or turn it off")
+
+
 def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy: Policy | None = None,
           engine=None) -> TrainResult:
     """Run (or resume) RL training as configured.
@@ -118,6 +132,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     run_dir = os.fspath(cfg.run_path)
     os.makedirs(run_dir, exist_ok=True)
     task = task or task_from_config(cfg)  # before the model: a bad task config fails fast
+    check_task_runnable(cfg, task)
     policy = policy or load_policy(cfg.model.source)
     recipe = recipe_from_config(cfg)
     if cfg.rollout.max_lag > 0:
@@ -233,7 +248,7 @@ def _producer(cfg: Config, engine, policy: Policy, task: Task, pool: GraderPool,
 
     def shaped(graded: Graded, rollouts: RolloutBatch, texts, examples) -> Graded:
         lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(graded.rewards.shape)
-        out = shape_rewards(cfg, task, graded.rewards, texts, lengths, examples)
+        out = shape_rewards(cfg, task, graded.rewards, texts, lengths, examples, base=graded.learner_rewards)
         return dataclasses.replace(graded, shaped=out.rewards, sampling={**graded.sampling, **out.metrics})
 
     vine = vineppo_step.vine_values(cfg, policy, task, pool)  # None unless the recipe's advantage is vineppo

@@ -109,17 +109,20 @@ class Shaped:
 
 
 def shape_rewards(cfg: Config, task: Task, rewards: np.ndarray, texts: Sequence[str], lengths: np.ndarray,
-                  examples: Sequence[Example]) -> Shaped:
-    """The learner's rewards [P, G] from the graders' ones (texts prompt-major, G per example)."""
+                  examples: Sequence[Example], base: np.ndarray | None = None) -> Shaped:
+    """The learner's rewards [P, G] from the graders' ones (texts prompt-major, G per example).
+
+    `base`: the learner's rewards before shaping when they differ from the graders' (a
+    multi-turn episode's discounted return); correctness is always judged on `rewards`."""
     sh = cfg.shaping
     rewards = np.asarray(rewards, np.float32)
     prompts, group = rewards.shape
     correct = np.asarray(task.is_correct(rewards), bool)
     labels = group_classes(cfg, texts, prompts, group)
     metrics = diversity_metrics(labels, correct)
-    shaped = rewards
+    shaped = rewards if base is None else np.asarray(base, np.float32)
     if sh.darling != "off":
-        shaped = rewards * np.stack([core.diversity_from_classes(lab) for lab in labels])
+        shaped = shaped * np.stack([core.diversity_from_classes(lab) for lab in labels])
     if sh.length_reward == "l1":
         targets = np.array([[e.metadata[TARGET_KEY]] for e in examples], np.float32)
         term = np.asarray(core.l1_length_reward(lengths, targets, alpha=sh.length_reward_weight))

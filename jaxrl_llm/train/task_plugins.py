@@ -122,6 +122,13 @@ def check_task_section(task_cfg) -> None:
         resolve_reward_fn(task_cfg.reward_fn)
     if task_cfg.env is not None:
         resolve_env_class(task_cfg.env)
+    elif task_cfg.env_kwargs:
+        raise ConfigError(f"task.env_kwargs = {dict(task_cfg.env_kwargs)!r} is set without task.env; valid: "
+                          "task.env='package.module:Class' (a built-in task takes its arguments from task.kwargs)")
+    if task_cfg.reward_fn is not None and is_env_task(task_cfg):
+        raise ConfigError(f"task.reward_fn = {task_cfg.reward_fn!r} with an environment task (task.name = "
+                          f"{task_cfg.name!r}, task.env = {task_cfg.env!r}): the environment's step rewards are the "
+                          "rewards; valid: leave task.reward_fn unset")
 
 
 def resolve_env_class(spec: str) -> Any:

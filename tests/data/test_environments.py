@@ -155,3 +155,17 @@ EXAMPLE = Example("e/1", "t", "q", "1", "train")
 def test_malformed_env_outputs_raise_naming_the_environment(env, call, message):
     with pytest.raises(EnvironmentOutputError, match=message):
         checked_reset(env, EXAMPLE) if call == "reset" else checked_step(env, "text")
+
+
+def test_model_text_cannot_stall_or_crash_the_envs():
+    """Adversarial replies: a long run of spaces after "Answer" is matched in linear time (a
+    regex with adjacent optional runs took 2.8 s at 800 spaces), and a guess of 6000 digits is
+    an invalid move, not int()'s digit-limit ValueError."""
+    started = time.perf_counter()
+    assert final_answer("Answer" + " " * 1500 + "x") is None
+    assert final_answer("Answer: **408**") == 408 and final_answer("answer = -12") == -12
+    assert time.perf_counter() - started < 0.5
+    env = GuessNumberEnv(10)
+    env.reset(Example("g", "guess_number", "Guess.", "7", "train"))
+    assert env.step("9" * 6000).info == {"tool_error": True}
+    assert env.step("my guess: 7").reward == 1.0

@@ -150,7 +150,9 @@ def test_limits_and_discount(policy):
     calc = make_task("calculator_tool")
     discounted = run_episodes(FakeScriptedEngine(policy, calculator_script), policy, calc,
                               calc.examples("train", 2, seed=1), 1, SamplingParams(seed=0), limits(discount=0.5))
-    np.testing.assert_allclose(discounted.rewards, 0.5)  # reward 1 at the second turn: 0.5**1
+    np.testing.assert_allclose(discounted.returns, 0.5)  # reward 1 at the second turn: 0.5**1
+    np.testing.assert_allclose(discounted.rewards, 1.0)  # solved: what is_correct judges
+    assert calc.is_correct(discounted.rewards).all()
 
 
 class NaNRewardEnv:

@@ -61,6 +61,8 @@ def test_raising_hanging_and_bad_valued_user_rewards_score_zero_and_are_counted(
     (["task.kwargs={\"digits\": 2}"], ["task.kwargs", "task.digits"]),
     (["task.name=no_such_task"], ["task.name = 'no_such_task'", "task.plugins"]),
     (["task.data_path=problems.xlsx"], ["task.data_path", ".xlsx", ".parquet"]),
+    (["task.name=guess_number", "task.reward_fn=exact"], ["task.reward_fn", "environment task", "unset"]),
+    (['task.env_kwargs={"size": 5}'], ["task.env_kwargs", "without task.env", "task.kwargs"]),
 ])
 def test_bad_plugin_names_are_config_errors_naming_the_field(overrides, names):
     with pytest.raises(ConfigError) as err:
@@ -116,6 +118,15 @@ def test_register_task_refuses_a_second_definition_under_a_taken_name():
         register_task("addition")(user_plugins.CountdownTask)
     with pytest.raises(ValueError, match="task name 'a:b' is invalid"):
         register_task("a:b")
+
+
+def test_a_user_class_named_like_a_builtin_cannot_replace_it():
+    """Same class name, another module: refused (the name alone once let `class AdditionTask`
+    in a user's script replace the built-in)."""
+    impostor = type("AdditionTask", (user_plugins.CountdownTask,), {"__module__": "__main__"})
+    with pytest.raises(ValueError, match="'addition' is already registered"):
+        register_task("addition")(impostor)
+    assert TASK_FACTORIES["addition"].__module__ == "jaxrl_llm.data.tasks"
 
 
 def test_jsonl_file_with_a_choice_of_grader(tmp_path):

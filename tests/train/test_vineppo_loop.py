@@ -166,6 +166,19 @@ def test_config_refuses_kl_as_reward_with_vineppo(tmp_path):
     cfg = learning_config("smollm2", tmp_path, "recipe.name=grpo", "recipe.advantage=vineppo",
                           "vineppo.chunk=newline")
     assert cfg.vineppo.chunk == "newline"
+    with pytest.raises(ConfigError, match=r"recipe.name = 'ppo' trains a critic"):
+        learning_config("smollm2", tmp_path, "recipe.name=ppo", "recipe.advantage=vineppo")
+
+
+def test_train_refuses_vineppo_on_an_environment_built_by_a_factory_function(tmp_path):
+    """A task factory *function* returning an EnvTask passes the config's class-based check;
+    train() checks the task it built, before any model loads."""
+    from jaxrl_llm.data import make_task
+    from jaxrl_llm.train import loop
+
+    cfg = learning_config("smollm2", tmp_path, "recipe.name=vineppo")
+    with pytest.raises(ConfigError, match="multi-turn environment.*vineppo"):
+        loop.train(cfg, task=make_task("guess_number"))
 
 
 @pytest.mark.slow
