@@ -228,6 +228,7 @@ def test_single_turn_env_episodes_equal_the_batched_single_turn_path(tiny_model_
     np.testing.assert_array_equal(episodes.rewards, rewards)
 
 
+@pytest.mark.slow  # ~50 s CPU (120 s wall under load): keeps make test near 30 min
 def test_training_loop_runs_episodes_with_metrics_and_eval(tiny_model_dir, tmp_path):  # noqa: F811
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "task.name=guess_number", "rollout.max_tokens=48",
                       "task.turn_max_tokens=4", "task.max_turns=2", "total_steps=1", "task.eval_every=1",

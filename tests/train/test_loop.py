@@ -156,7 +156,8 @@ def test_training_moves_the_policy_and_eval_reports_pass_at_k(tiny_model_dir, tm
     rows = read_metrics(cfg.run_path)
     assert [r["weight_version"] for r in rows] == [0.0, 1.0]  # step 2 sampled from the synced weights
     result = evaluate_params(cfg, policy, out.state.params, step=2, task=task)
-    assert set(result) == {"pass@1", "pass@2", "avg@2", "pass_at_k", "correct", "num_prompts", "examples"}
+    assert set(result) == {"pass@1", "pass@2", "avg@2", "pass_at_k", "correct", "distinct_correct", "num_prompts",
+                           "examples"}
     assert result["num_prompts"] == 4 and np.asarray(result["correct"]).shape == (4, 2)
     assert len(result["examples"]) == 3 and all(set(e) == {"prompt", "completion", "reward"} for e in result["examples"])
     assert 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0
