@@ -176,6 +176,21 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]
     return write_safetensors_stream(path, specs, tensors.values(), metadata, fsync=fsync)
 
 
+def _header(specs: Sequence[tuple[str, Any, Sequence[int]]],
+            metadata: Mapping[str, str] | None) -> tuple[bytes, int]:
+    """(the JSON header padded to 8 bytes, the data size) of tensors laid out in `specs` order.
+    ``__metadata__`` always carries ``format: pt``, which transformers requires."""
+    header, offset = {}, 0
+    for name, dtype, shape in specs:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": dtype_code(dtype), "shape": [int(d) for d in shape],
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt", **(metadata or {})}
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return header_bytes + b" " * (-len(header_bytes) % 8), offset  # keep the data 8-byte aligned
+
+
 def write_safetensors_stream(path: str | os.PathLike, specs: Sequence[tuple[str, Any, Sequence[int]]],
                              arrays: Iterable[np.ndarray], metadata: Mapping[str, str] | None = None, *,
                              fsync: bool = True) -> int:
@@ -186,15 +201,7 @@ def write_safetensors_stream(path: str | os.PathLike, specs: Sequence[tuple[str,
     C-contiguous and match its spec. ``__metadata__`` always carries ``format: pt``,
     which transformers requires. Returns the bytes written.
     """
-    header, offset = {}, 0
-    for name, dtype, shape in specs:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": dtype_code(dtype), "shape": [int(d) for d in shape],
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt", **(metadata or {})}
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    header_bytes += b" " * (-len(header_bytes) % 8)  # keep the data 8-byte aligned
+    header_bytes, offset = _header(specs, metadata)
     written = 0
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header_bytes)))
@@ -233,21 +240,14 @@ def write_safetensors_in_place(path: str | os.PathLike, specs: Sequence[tuple[st
     rewriting the pages of the previous copy skips both. ``pwrite`` releases the GIL, so the
     writers run beside the producer of ``arrays``. No fsync. Returns the bytes written.
     """
-    header, offset = {}, 0
-    for name, dtype, shape in specs:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": dtype_code(dtype), "shape": [int(d) for d in shape],
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt", **(metadata or {})}
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    header_bytes += b" " * (-len(header_bytes) % 8)  # keep the data 8-byte aligned
+    header_bytes, offset = _header(specs, metadata)
     data_start = 8 + len(header_bytes)
     fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, data_start + offset)  # same size as the previous copy: keeps its pages
         _pwrite_all(fd, np.frombuffer(struct.pack("<Q", len(header_bytes)) + header_bytes, np.uint8), 0)
         pending: collections.deque = collections.deque()
+        begin = data_start  # tensors follow each other in `specs` order, as the header lays them out
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="safetensors-write") as pool:
             for (name, dtype, shape), array in zip(specs, arrays, strict=True):
                 if array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
@@ -255,8 +255,8 @@ def write_safetensors_in_place(path: str | os.PathLike, specs: Sequence[tuple[st
                                      f"but its spec says {np.dtype(dtype)}{list(shape)}")
                 if not array.flags.c_contiguous:
                     raise ValueError(f"tensor {name!r} is not C-contiguous; pass np.ascontiguousarray(...) explicitly")
-                begin = data_start + header[name]["data_offsets"][0]
                 pending.append(pool.submit(_pwrite_all, fd, array, begin))
+                begin += array.nbytes  # the spec's size: checked above
                 while len(pending) > 2 * workers:  # bounds the host arrays held alive
                     pending.popleft().result()
             for future in pending:

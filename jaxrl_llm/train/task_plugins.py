@@ -43,6 +43,18 @@ from jaxrl_llm.utils.typed_config import ConfigError, did_you_mean
 FILE_TASKS = {"jsonl": "jsonl_path", "data_file": "data_path"}
 
 
+def _load_callable(spec: str, field: str, valid: str) -> Any:
+    """The callable `spec` = "package.module:name" names; ConfigError naming `field` otherwise."""
+    try:
+        target = load_object(spec, what=field)
+    except PluginError as err:
+        raise ConfigError(str(err)) from None
+    if not callable(target):
+        raise ConfigError(f"{field} = {spec!r} names {type(target).__name__} {target!r:.60}, not a function or class; "
+                          f"valid: {valid}")
+    return target
+
+
 def resolve_reward_fn(spec: str) -> RewardFn:
     """The grader `spec` names: a built-in grader or a user "package.module:function".
 
@@ -54,13 +66,7 @@ def resolve_reward_fn(spec: str) -> RewardFn:
     if ":" not in spec:
         raise ConfigError(f"task.reward_fn = {spec!r} is invalid; valid: one of {', '.join(BUILTIN_GRADERS)} or "
                           f"'package.module:function'{did_you_mean(spec, list(BUILTIN_GRADERS))}")
-    try:
-        fn = load_object(spec, what="task.reward_fn")
-    except PluginError as err:
-        raise ConfigError(str(err)) from None
-    if not callable(fn):
-        raise ConfigError(f"task.reward_fn = {spec!r} is a {type(fn).__name__}, not a function; "
-                          "valid: fn(completion: str, example) -> float")
+    fn = _load_callable(spec, "task.reward_fn", "fn(completion: str, example) -> float")
     try:
         inspect.signature(fn).bind("completion", None)
     except TypeError as err:
@@ -133,14 +139,7 @@ def check_task_section(task_cfg) -> None:
 
 def resolve_env_class(spec: str) -> Any:
     """The environment class (or factory) `spec` = "package.module:Class" names."""
-    try:
-        env_class = load_object(spec, what="task.env")
-    except PluginError as err:
-        raise ConfigError(str(err)) from None
-    if not callable(env_class):
-        raise ConfigError(f"task.env = {spec!r} names {type(env_class).__name__} {env_class!r:.60}; "
-                          "valid: a class (or factory) of environments")
-    return env_class
+    return _load_callable(spec, "task.env", "a class (or factory) of environments")
 
 
 def is_env_task(task_cfg) -> bool:
