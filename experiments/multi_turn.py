@@ -1,18 +1,25 @@
 """Multi-turn RL on the two built-in environments with SmolLM2-135M-Instruct (CPU-sized).
 
-  calculator_tool  2-digit arithmetic (+ - *); the model may call <calc>EXPR</calc> and
-                   gets <result>VALUE</result>; reward 1 for the right final answer.
-  guess_number     a secret from 1 to 10 with higher/lower hints; reward 1 when guessed
-                   within 4 turns.
+  calculator_tool  2-digit addition; the model may call <calc>EXPR</calc> and gets
+                   <result>VALUE</result>; reward 1 for the right final answer
+                   (16 held-out questions x 4 episodes).
+  guess_number     a secret from 1 to 5 with higher/lower hints; reward 1 when guessed
+                   within 4 turns (held-out secrets 1 and 4, 32 episodes each).
 
-Held-out success (pass@1 over the held-out questions / secrets) before and after a
-short Dr. GRPO run (8 steps of 4 prompts x 8 episodes, sized for a shared 2-core CPU),
-on one engine (the in-process JAX sampler; rollout.engine=vllm for the server) that
-first serves the base weights and then trains:
+Both sized so that the base model succeeds sometimes (at temperature 0.7), so Dr. GRPO
+groups have reward variance from the first step. Held-out success (solved episodes of
+the held-out prompts, same evaluation seed) before and after a short run (10 steps of
+4 prompts x 8 episodes, lr 5e-5), on one engine (the in-process JAX sampler;
+rollout.engine=vllm for the server) that first serves the base weights and then trains:
 
-    python -m experiments.multi_turn calculator_tool [dotted.overrides=...]
-    python -m experiments.multi_turn guess_number rollout.engine=vllm
+    python -m experiments.multi_turn guess_number [dotted.overrides=...]
+    python -m experiments.multi_turn calculator_tool rollout.engine=vllm
     jaxrl train --config experiments/multi_turn.py:guess_number      # training only
+    jaxrl eval --config experiments/multi_turn.py:guess_number --step 10   # its final checkpoint
+
+Writes <run_dir>/before_after.json: solved/episodes before and after, the episodes'
+turns, tool calls and tool errors (invalid moves in guess_number), and a two-proportion
+test of the change.
 """
 from __future__ import annotations
 
