@@ -154,8 +154,10 @@ class GuessNumberTask(EnvTask):
         self.heldout_fraction = check_heldout_fraction(heldout_fraction)
 
     def example(self, secret: int) -> Example:
-        prompt = (f"I am thinking of a whole number from 1 to {self.max_number}. Guess it! Reply with just one "
-                  f"number. After each wrong guess I say 'Higher.' (my number is higher) or 'Lower.'.")
+        choices = ("one of " + ", ".join(map(str, range(1, self.max_number + 1))) if self.max_number <= 10
+                   else f"a whole number from 1 to {self.max_number}")  # SmolLM2 guesses more often from a list
+        prompt = (f"Let's play a guessing game. My secret number is {choices}. Guess it: reply with only "
+                  f"the number. After a wrong guess I say 'Higher.' (my number is higher) or 'Lower.'.")
         key = f"guess {secret} of 1..{self.max_number}"
         return Example(id=f"{self.name}/{self.max_number}/{secret}", task=self.name, prompt=prompt,
                        answer=str(secret), split=split_of(key, self.heldout_fraction),

@@ -28,6 +28,10 @@ episode after a policy turn that ended with its own end-of-turn token (as a sing
 sample is "stop" only when it ended with EOS). The episode's reward is the discounted sum of its step rewards,
 sum_t discount**t r_t (t counts policy turns from 0).
 
+Versions: an episode's record carries the weight version that sampled its turns; all its
+turns must come from one version (the training loop's producer holds the engine, and so
+its weights, for the whole batch), else `run_episodes` raises instead of mixing policies.
+
 Seeds: turn 0 samples with the step's seed, exactly as a single-turn rollout would, and
 turn t > 0 with a seed derived from (seed, t); sampling is a pure function of the step's
 seed and the weights, so a resumed run replays its episodes exactly.
@@ -92,7 +96,7 @@ class _Episode:
     done: bool = False
     finish_reason: str = "length"
     truncated_by_limit: bool = False
-    weight_version: int = 0
+    weight_version: int | None = None  # of the first turn; every later turn must match it
 
     def append(self, ids, logprobs, policy: bool) -> None:
         self.tokens += [int(t) for t in ids]
@@ -155,6 +159,10 @@ def _play_turn(e: _Episode, rec: RolloutRecord, policy: Policy, eos: set[int], l
                last_turn: bool) -> None:
     room = limits.max_tokens - len(e.tokens)
     ids, logprobs = rec.completion_token_ids[:room], rec.sampler_logprobs[:room]
+    if e.weight_version is not None and rec.weight_version != e.weight_version:
+        raise RuntimeError(f"an episode's turns were sampled by weight versions {e.weight_version} and "
+                           f"{rec.weight_version}; the engine's weights must not change during run_episodes "
+                           "(the training loop holds the engine for the whole batch of episodes)")
     e.append(ids, logprobs, policy=True)
     e.weight_version = rec.weight_version
     closed = rec.finish_reason == "stop" and len(ids) == rec.num_completion_tokens

@@ -40,12 +40,14 @@ def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, s
              pool: GraderPool | None = None) -> dict[str, Any]:
     """pass@1, pass@k (k = samples) and avg@k on the held-out split (at most
     task.eval_size prompts), the number of distinct correct answers per prompt (classes
-    of train/shaping.py's partition), plus three example completions."""
+    of train/shaping.py's partition), plus three example completions; for an environment
+    task also the episodes' means of turns, tool calls, ... (`episode_metrics`)."""
     examples = heldout_examples(task, cfg)
+    episode_metrics = {}
     if isinstance(task, EnvTask):  # multi-turn: the episodes' returns (train/episodes.py)
         episodes = run_episodes(engine, policy, task, examples, samples, sampling_params(cfg, seed),
                                 EpisodeLimits.from_config(cfg))
-        rollouts, rewards = episodes.rollouts, episodes.rewards
+        rollouts, rewards, episode_metrics = episodes.rollouts, episodes.rewards, episodes.metrics
     else:
         rollouts = engine.generate(encode_prompts(policy, examples), n=samples, params=sampling_params(cfg, seed))
     texts = decode_completions(policy, rollouts)
@@ -60,7 +62,7 @@ def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, s
     return {"pass@1": curve[0], f"pass@{samples}": curve[-1], f"avg@{samples}": float(rewards.mean()),
             "pass_at_k": curve, "correct": correct.astype(int).tolist(), "num_prompts": len(examples),
             "distinct_correct": distinct_correct(group_classes(cfg, texts, len(examples), samples), correct),
-            "examples": shown}
+            "examples": shown, **({"episode_metrics": episode_metrics} if episode_metrics else {})}
 
 
 def pass_at_k_curve(correct) -> list[float]:

@@ -231,3 +231,36 @@ def test_ppo_addition_reduced_writes_before_after_and_critic_metrics(tiny_model_
     assert summary["questions"] == 4 and [r["step"] for r in summary["per_step"]] == [1, 2]
     assert all(math.isfinite(r["value_loss"]) for r in summary["per_step"])
     assert summary["per_step"][0]["value_mean"] == 0.0  # the zero-initialised head at step 1
+
+
+def test_multi_turn_configs_hold_out_examples_and_two_proportions_by_hand():
+    from jaxrl_llm.train.prompts import heldout_examples, task_from_config
+
+    mt = load_experiment("multi_turn")
+    guess = mt.get_config("guess_number")
+    assert sorted(int(e.answer) for e in heldout_examples(task_from_config(guess), guess)) == [1, 4]
+    calc = mt.get_config("calculator_tool")
+    assert len(heldout_examples(task_from_config(calc), calc)) == calc.task.eval_size == 16
+    with pytest.raises(ValueError, match="unknown environment 'maze'; valid: calculator_tool, guess_number"):
+        mt.get_config("maze")
+    # 8/64 -> 20/64: pooled p = 28/128, se0 = sqrt(p (1 - p) (2/64)) = 0.073080, z = 0.1875 / se0.
+    test = mt.two_proportions(8, 64, 20, 64)
+    assert test["diff"] == pytest.approx(0.1875) and test["z"] == pytest.approx(2.56571, abs=1e-4)
+    assert test["p_value"] == pytest.approx(0.010297, abs=1e-5)  # 2 (1 - Phi(2.5657))
+    se = math.sqrt(0.125 * 0.875 / 64 + 0.3125 * 0.6875 / 64)
+    assert test["ci95"] == pytest.approx([0.1875 - 1.96 * se, 0.1875 + 1.96 * se])
+    assert mt.two_proportions(0, 10, 0, 10)["p_value"] == 1.0  # no successes on either side
+
+
+@pytest.mark.slow  # a tiny decoder: before-eval, 1 training step, after-eval; ~40 CPU-s (94 s wall at load 5)
+def test_multi_turn_reduced_writes_before_after_counts(tiny_model_dir, tmp_path):
+    mt = load_experiment("multi_turn")
+    out = mt.main("guess_number", [f"model.source={tiny_model_dir}", f"run_dir={tmp_path}", "total_steps=1",
+                                   "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+                                   "task.eval_samples=3", "train.micro_batch_size=8"])
+    saved = json.loads((tmp_path / "before_after.json").read_text())
+    assert saved["steps"] == 1 and saved["before"]["episodes"] == saved["after"]["episodes"] == 2 * 3
+    for side in ("before", "after"):
+        assert 0 <= saved[side]["solved"] <= 6 and 1 <= saved[side]["episode_turns"] <= 4
+        assert saved[side]["pass@1"] == pytest.approx(saved[side]["solved"] / 6)
+    assert out["test"]["diff"] == pytest.approx((saved["after"]["solved"] - saved["before"]["solved"]) / 6)
