@@ -82,7 +82,36 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
         expected.append(lengths[-1] - lengths[0])
     assert row["d length_incorrect interval"]["n"] == 2
     assert row["d length_incorrect interval"]["mean"] == pytest.approx(np.mean(expected))
+    # Paired rows: GRPO minus Dr. GRPO seed by seed, from the per-seed values of both rows.
+    paired = next(r for r in summary["rows"] if r["recipe"] == "grpo - dr_grpo")
+    diffs = [a["d length_correct"] - b["d length_correct"]
+             for a, b in zip(row["per seed"], summary["rows"][1]["per seed"])]
+    diffs = [d for d in diffs if np.isfinite(d)]
+    assert paired["d length_correct interval"]["n"] == len(diffs)
+    if diffs:
+        assert paired["d length_correct interval"]["mean"] == pytest.approx(np.mean(diffs))
     assert png_shape(tmp_path / "lengths.png")[0] > 100
+
+
+def test_length_neutral_paired_differences_and_verdict():
+    """Hand-built per-seed changes: the paired rows are each recipe minus Dr. GRPO seed by seed,
+    and the verdict needs both intervals on the derived side of 0."""
+    exp = load_experiment("length_neutral")
+    per_seed = {"grpo": [{"d length_incorrect": w, "d length_correct": c} for w, c in ((5, -30), (7, -20), (6, -40))],
+                "dr_grpo": [{"d length_incorrect": w, "d length_correct": c} for w, c in ((1, -10), (2, -5), (0, -12))]}
+    (row,) = exp.paired_rows(per_seed)
+    assert row["recipe"] == "grpo - dr_grpo"
+    wrong, right = row["d length_incorrect interval"], row["d length_correct interval"]
+    assert (wrong["mean"], right["mean"], wrong["n"]) == (pytest.approx(5.0), pytest.approx(-21.0), 3)
+    half = 4.302653 * np.std([4, 5, 6], ddof=1) / np.sqrt(3)  # t_{0.975, 2} s / sqrt(n)
+    assert (wrong["low"], wrong["high"]) == (pytest.approx(5 - half), pytest.approx(5 + half))
+    assert exp.verdict(row) == "reproduced"
+    per_seed["grpo"][0]["d length_incorrect"] = -20  # differences -19, 5, 6: the interval spans 0
+    assert exp.verdict(exp.paired_rows(per_seed)[0]) == "inconclusive"
+    per_seed["grpo"][0].update({"d length_incorrect": 5, "d length_correct": 30})  # correct: +40, -15, -28
+    assert exp.verdict(exp.paired_rows(per_seed)[0]) == "inconclusive"  # wrong answers alone do not decide
+    per_seed["grpo"] = [{"d length_incorrect": -w, "d length_correct": c} for w, c in ((5, -30), (7, -20), (6, -40))]
+    assert exp.verdict(exp.paired_rows(per_seed)[0]) == "not reproduced"  # wrong answers shorten under GRPO
 
 
 @pytest.mark.slow  # ~30 s; make test-all
