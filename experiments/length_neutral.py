@@ -76,19 +76,27 @@ def seed_row(curves: dict[str, list[float]], records: list[dict]) -> dict:
             "truncated": float(np.mean([r.get("truncated_fraction", np.nan) for r in records]))}
 
 
-PAIRED = ("d length_incorrect", "d length_correct")
+PAIRED = ("length_incorrect", "length_correct")
 
 
-def paired_rows(per_seed: dict[str, list[dict]], baseline: str = "dr_grpo") -> list[dict]:
-    """Each other recipe minus `baseline`, seed by seed (the same seed = the same first batch),
-    for the keys in PAIRED: mean and 95% interval of the per-seed differences."""
+def paired_difference(curve: Sequence[float], baseline: Sequence[float]) -> float:
+    """Mean over the updated steps (2..T) of curve - baseline, over the steps where both are
+    defined (nan if none). The same seed draws the same prompts at every step in every recipe
+    and the same first batch, so this is a paired comparison on identical prompts."""
+    diffs = [a - b for a, b in zip(curve[1:], baseline[1:]) if np.isfinite(a) and np.isfinite(b)]
+    return float(np.mean(diffs)) if diffs else float("nan")
+
+
+def paired_rows(curves: dict[str, list[dict]], baseline: str = "dr_grpo") -> list[dict]:
+    """Each other recipe minus `baseline`, seed by seed (`paired_difference` of the mean length of
+    incorrect and of correct responses): mean and 95% interval over seeds."""
     rows = []
-    for recipe, seeds in per_seed.items():
+    for recipe, seeds in curves.items():
         if recipe == baseline:
             continue
         row = {"recipe": f"{recipe} - {baseline}"}
         for key in PAIRED:
-            iv = stats.interval([a[key] - b[key] for a, b in zip(seeds, per_seed[baseline])])
+            iv = stats.interval([paired_difference(a[key], b[key]) for a, b in zip(seeds, curves[baseline])])
             row[key] = stats.format_interval(iv, signed=True)
             row[f"{key} interval"] = iv.to_dict()
         rows.append(row)
@@ -99,8 +107,8 @@ def verdict(paired: dict) -> str:
     """Against the derived direction (GRPO relative to Dr. GRPO: incorrect longer, correct shorter):
     reproduced when both paired intervals exclude 0 in that direction, not reproduced when either
     excludes 0 the other way, else inconclusive."""
-    wrong = stats.Interval(**paired["d length_incorrect interval"])
-    right = stats.Interval(**paired["d length_correct interval"])
+    wrong = stats.Interval(**paired["length_incorrect interval"])
+    right = stats.Interval(**paired["length_correct interval"])
     if (wrong.excludes_zero() and wrong.high < 0) or (right.excludes_zero() and right.low > 0):
         return "not reproduced"
     if wrong.excludes_zero() and wrong.low > 0 and right.excludes_zero() and right.high < 0:
@@ -149,19 +157,21 @@ def run_experiment(args, seeds: Sequence[int], out) -> int:
             row[f"{key} interval"] = iv.to_dict()
         row["per seed"] = per_seed[r]
         rows.append(row)
-    paired = paired_rows(per_seed)
+    paired = paired_rows(curves)
     found = verdict(paired[0])
     notes = [stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
              "d length_*: last minus first step of the mean length (tokens) of correct / incorrect responses, "
              "per seed; truncated: mean fraction of responses without EOS.",
-             "Paired (the same seed gives every recipe the same first batch): per-seed difference to Dr. GRPO.\n\n"
+             "Paired: per seed, the mean over steps 2..T of the recipe's mean length (incorrect / correct "
+             "responses) minus Dr. GRPO's at the same step (the same seed draws the same prompts and the same "
+             "first batch in every recipe); mean and 95% interval over seeds.\n\n"
              + markdown_table(paired, ["recipe", *PAIRED]),
              f"Derived (docs/objectives.md#length-drift-on-a-length-neutral-task): relative to Dr. GRPO, "
-             f"d length_incorrect larger and d length_correct smaller under GRPO; token-mean in between. "
+             f"incorrect responses longer and correct ones shorter under GRPO; token-mean in between. "
              f"Verdict for GRPO (both paired intervals must exclude 0 in that direction): {found}.",
              "DAPO = the dapo recipe: clip-higher + token-mean + zero-variance filter, overlong penalty off."]
     write_summary(out, rows + paired, ["recipe", "d length_incorrect", "d length_correct", "reward first",
-                                       "reward last", "truncated"],
+                                       "reward last", "truncated", *PAIRED],
                   title=f"Length-neutral length bias ({'quick' if args.quick else 'full'})",
                   notes=notes, config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
                                        "overrides": list(args.overrides), "verdict": found,

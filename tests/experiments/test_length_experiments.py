@@ -84,52 +84,42 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     assert row["d length_incorrect interval"]["mean"] == pytest.approx(np.mean(expected))
     # Paired rows: GRPO minus Dr. GRPO seed by seed, from the per-seed values of both rows.
     paired = next(r for r in summary["rows"] if r["recipe"] == "grpo - dr_grpo")
-    diffs = [a["d length_correct"] - b["d length_correct"]
-             for a, b in zip(row["per seed"], summary["rows"][1]["per seed"])]
-    diffs = [d for d in diffs if np.isfinite(d)]
-    assert paired["d length_correct interval"]["n"] == len(diffs)
+    diffs = []
+    for s in (0, 1):  # GRPO minus Dr. GRPO at each step after the first, from the logged groups
+        steps = [[np.asarray(g["lengths"], float)[np.asarray(g["rewards"]) >= 1] for g in read_groups(runs[(r, s)])]
+                 for r in ("grpo", "dr_grpo")]
+        per_step = [a.mean() - b.mean() for a, b in zip(steps[0][1:], steps[1][1:]) if a.size and b.size]
+        diffs += [np.mean(per_step)] if per_step else []
+    assert paired["length_correct interval"]["n"] == len(diffs)
     if diffs:
-        assert paired["d length_correct interval"]["mean"] == pytest.approx(np.mean(diffs))
+        assert paired["length_correct interval"]["mean"] == pytest.approx(np.mean(diffs))
     assert png_shape(tmp_path / "lengths.png")[0] > 100
 
 
 def test_length_neutral_paired_differences_and_verdict():
-    """Hand-built per-seed changes: the paired rows are each recipe minus Dr. GRPO seed by seed,
-    and the verdict needs both intervals on the derived side of 0."""
+    """Hand-built curves: the paired value of a seed is the mean over steps 2..T (both defined) of
+    the recipe's length minus Dr. GRPO's; the verdict needs both intervals on the derived side of 0."""
     exp = load_experiment("length_neutral")
-    per_seed = {"grpo": [{"d length_incorrect": w, "d length_correct": c} for w, c in ((5, -30), (7, -20), (6, -40))],
-                "dr_grpo": [{"d length_incorrect": w, "d length_correct": c} for w, c in ((1, -10), (2, -5), (0, -12))]}
-    (row,) = exp.paired_rows(per_seed)
+    nan = float("nan")
+
+    def curve(wrong, right):
+        return {"length_incorrect": [80.0, *wrong], "length_correct": [40.0, *right]}
+
+    dr = [curve((70, 60), (30, 20)), curve((75, nan), (35, 30)), curve((60, 50), (30, 30))]
+    grpo = [curve((74, 66), (10, 10)), curve((82, 70), (10, 5)), curve((66, 54), (10, 10))]
+    # seed 0: wrong (4 + 6) / 2 = 5, right (-20 - 10) / 2 = -15; seed 1: wrong 7 (step 3 undefined
+    # for Dr. GRPO), right (-25 - 25) / 2 = -25; seed 2: wrong 5, right -20.
+    (row,) = exp.paired_rows({"grpo": grpo, "dr_grpo": dr})
     assert row["recipe"] == "grpo - dr_grpo"
-    wrong, right = row["d length_incorrect interval"], row["d length_correct interval"]
-    assert (wrong["mean"], right["mean"], wrong["n"]) == (pytest.approx(5.0), pytest.approx(-21.0), 3)
-    half = 4.302653 * np.std([4, 5, 6], ddof=1) / np.sqrt(3)  # t_{0.975, 2} s / sqrt(n)
-    assert (wrong["low"], wrong["high"]) == (pytest.approx(5 - half), pytest.approx(5 + half))
+    wrong, right = row["length_incorrect interval"], row["length_correct interval"]
+    assert (wrong["mean"], right["mean"], wrong["n"]) == (pytest.approx(17 / 3), pytest.approx(-20.0), 3)
+    half = 4.302653 * np.std([5, 7, 5], ddof=1) / np.sqrt(3)  # t_{0.975, 2} s / sqrt(n)
+    assert (wrong["low"], wrong["high"]) == (pytest.approx(17 / 3 - half), pytest.approx(17 / 3 + half))
     assert exp.verdict(row) == "reproduced"
-    per_seed["grpo"][0]["d length_incorrect"] = -20  # differences -19, 5, 6: the interval spans 0
-    assert exp.verdict(exp.paired_rows(per_seed)[0]) == "inconclusive"
-    per_seed["grpo"][0].update({"d length_incorrect": 5, "d length_correct": 30})  # correct: +40, -15, -28
-    assert exp.verdict(exp.paired_rows(per_seed)[0]) == "inconclusive"  # wrong answers alone do not decide
-    per_seed["grpo"] = [{"d length_incorrect": -w, "d length_correct": c} for w, c in ((5, -30), (7, -20), (6, -40))]
-    assert exp.verdict(exp.paired_rows(per_seed)[0]) == "not reproduced"  # wrong answers shorten under GRPO
-
-
-@pytest.mark.slow  # ~30 s; make test-all
-def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
-    exp = load_experiment("chain_of_thought")
-    gpu = exp.get_config("grpo,gpu")
-    assert (gpu.task.name, gpu.rollout.max_tokens, gpu.rollout.engine) == ("cot_gsm_symbolic", 2048, "vllm")
-    task = make_task(gpu.task.name)
-    example = task.examples("train", 1, seed=0)[0]
-    assert example.prompt.endswith("Think step by step, then give your final answer as \\boxed{answer}.")
-    assert task.reward_fn(f"... so \\boxed{{{example.answer}}}", example) == 1.0
-    assert task.reward_fn("\\boxed{-1}", example) < 1.0
-    from jaxrl_llm.train.config import ConfigError
-
-    with pytest.raises(ConfigError, match="valid: one of"):
-        exp.get_config("dapo")
-    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
-    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
-    assert [r["recipe"] for r in rows] == ["grpo", "dr_grpo"] and rows[0]["reward last interval"]["n"] == 1
-    info = read_run_info(tmp_path / "dr_grpo_s0")
-    assert info["config"]["task"]["name"] == "cot_chain_sum"
+    grpo[0] = curve((40, 40), (10, 10))  # seed 0 wrong -25: the interval spans 0
+    assert exp.verdict(exp.paired_rows({"grpo": grpo, "dr_grpo": dr})[0]) == "inconclusive"
+    grpo[0] = curve((74, 66), (70, 70))  # wrong answers fine, correct +40, -25, -20: spans 0
+    assert exp.verdict(exp.paired_rows({"grpo": grpo, "dr_grpo": dr})[0]) == "inconclusive"
+    flipped = [curve((2 * b - a for a, b in zip(g["length_incorrect"][1:], d["length_incorrect"][1:])),
+                     d["length_correct"][1:]) for g, d in zip(grpo, dr)]  # wrong answers shorter than Dr. GRPO's
+    assert exp.verdict(exp.paired_rows({"grpo": flipped, "dr_grpo": dr})[0]) == "not reproduced"
