@@ -17,14 +17,16 @@ the zero-variance group filter; its soft overlong penalty is switched off
 sampling (`rollout.dynamic_sampling=false`, CPU cost).
 
     python experiments/length_neutral.py --quick     # 3 recipes x seed 0 x 3 steps of 2 x 8, max 96 tokens
-    python experiments/length_neutral.py             # 3 recipes x 3 seeds x 5 steps of 2 x 8, max 96 tokens
+    python experiments/length_neutral.py             # 3 recipes x 3 seeds, the same size
     python experiments/length_neutral.py total_steps=12 rollout.prompts_per_step=4 rollout.max_tokens=128
                                                      # the longer form (hours on a 2-core CPU)
 
-The same seed gives every recipe the same first batch, so the recipes are compared
-seed by seed (paired). The rollouts of steps 2..5 show the effect of 1..4 updates
-(--quick: seed 0, steps 2..3). The runs share a persistent compilation cache
-(<out>/jax_cache), and each run's compiled programs are dropped after it.
+--quick is the full size's seed 0: its three runs, copied into the full size's
+directory, are kept there. The same seed draws the same prompts at every step and the
+same first batch in every recipe, so the recipes are compared seed by seed (paired);
+the rollouts of steps 2 and 3 show the effect of one and two updates. The runs share a
+persistent compilation cache (<out>/jax_cache), and each run's compiled programs are
+dropped after it.
 
 Writes to runs/experiments/length_neutral/<quick|full>/: <recipe>_s<seed>/ (runs),
 lengths.png (reward and mean length of correct / incorrect responses per step: mean
@@ -47,7 +49,7 @@ NAME = "length_neutral"
 RECIPES = ("grpo", "dr_grpo", "dapo")
 SEEDS = (0, 1, 2)
 QUICK_SEEDS = (0,)
-QUICK = ("total_steps=3",)  # and seed 0 only
+QUICK = ()  # --quick: the full size with seed 0 only
 CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
 # Temperature 0.7: at 1.0 SmolLM2 rambles (step 0, 8 prompts x 4 samples, 128 tokens: 4/32 right,
 # 56% truncated); at 0.7 9/32 right, 31% truncated, half the groups mixed (experiments/README.md).
@@ -57,7 +59,7 @@ TEMPERATURE = 0.7
 def get_config(arg: str = "grpo") -> Config:
     """ARG = "<recipe>" or "<recipe>,<seed>" (CPU; seed 0 by default)."""
     recipe, _, seed = arg.partition(",")
-    cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=5, max_tokens=96,
+    cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=3, max_tokens=96,
                           seed=int(seed or 0))
     # DAPO's soft overlong punishment would make the reward depend on length, and its dynamic
     # sampling would multiply the CPU cost: both off (the zero-variance filter stays).
