@@ -96,6 +96,9 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
     assert png_shape(tmp_path / "lengths.png")[0] > 100
 
 
+
+
+
 def test_length_neutral_paired_differences_and_verdict():
     """Hand-built curves: the paired value of a seed is the mean over steps 2..T (both defined) of
     the recipe's length minus Dr. GRPO's; the verdict needs both intervals on the derived side of 0."""
@@ -123,3 +126,24 @@ def test_length_neutral_paired_differences_and_verdict():
     flipped = [curve((2 * b - a for a, b in zip(g["length_incorrect"][1:], d["length_incorrect"][1:])),
                      d["length_correct"][1:]) for g, d in zip(grpo, dr)]  # wrong answers shorter than Dr. GRPO's
     assert exp.verdict(exp.paired_rows({"grpo": flipped, "dr_grpo": dr})[0]) == "not reproduced"
+
+
+@pytest.mark.slow  # ~30 s; make test-all
+def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
+    exp = load_experiment("chain_of_thought")
+    gpu = exp.get_config("grpo,gpu")
+    assert (gpu.task.name, gpu.rollout.max_tokens, gpu.rollout.engine) == ("cot_gsm_symbolic", 2048, "vllm")
+    task = make_task(gpu.task.name)
+    example = task.examples("train", 1, seed=0)[0]
+    assert example.prompt.endswith("Think step by step, then give your final answer as \\boxed{answer}.")
+    assert task.reward_fn(f"... so \\boxed{{{example.answer}}}", example) == 1.0
+    assert task.reward_fn("\\boxed{-1}", example) < 1.0
+    from jaxrl_llm.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="valid: one of"):
+        exp.get_config("dapo")
+    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["grpo", "dr_grpo"] and rows[0]["reward last interval"]["n"] == 1
+    info = read_run_info(tmp_path / "dr_grpo_s0")
+    assert info["config"]["task"]["name"] == "cot_chain_sum"
