@@ -16,8 +16,17 @@ the zero-variance group filter; its soft overlong penalty is switched off
 (`recipe.overlong_buffer=0`, which keeps the reward length-neutral) and so is dynamic
 sampling (`rollout.dynamic_sampling=false`, CPU cost).
 
-    python experiments/length_neutral.py --quick     # 3 recipes x 1 seed x 2 steps of 2 x 8, max 96 tokens
-    python experiments/length_neutral.py             # 3 recipes x 3 seeds x 12 steps of 4 x 8, max 128 tokens
+    python experiments/length_neutral.py --quick     # 3 recipes x seed 0 x 3 steps of 2 x 8, max 96 tokens
+    python experiments/length_neutral.py             # 3 recipes x 3 seeds, the same size
+    python experiments/length_neutral.py total_steps=12 rollout.prompts_per_step=4 rollout.max_tokens=128
+                                                     # the longer form (hours on a 2-core CPU)
+
+--quick is the full size's seed 0: its three runs, copied into the full size's
+directory, are kept there. The same seed draws the same prompts at every step and the
+same first batch in every recipe, so the recipes are compared seed by seed (paired);
+the rollouts of steps 2 and 3 show the effect of one and two updates. The runs share a
+persistent compilation cache (<out>/jax_cache), and each run's compiled programs are
+dropped after it.
 
 Writes to runs/experiments/length_neutral/<quick|full>/: <recipe>_s<seed>/ (runs),
 lengths.png (reward and mean length of correct / incorrect responses per step: mean
@@ -32,15 +41,16 @@ import numpy as np
 from base_configs import addition_config
 from jaxrl_llm.reports import stats
 from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
-from jaxrl_llm.reports.runs import (chosen_seeds, experiment_parser, output_dir, train_or_resume, variant_config,
-                                    write_summary)
+from jaxrl_llm.reports.runs import (chosen_seeds, experiment_parser, markdown_table, output_dir, train_or_resume,
+                                    variant_config, write_summary)
 from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_neutral"
 RECIPES = ("grpo", "dr_grpo", "dapo")
 SEEDS = (0, 1, 2)
 QUICK_SEEDS = (0,)
-QUICK = ("total_steps=2", "rollout.prompts_per_step=2", "rollout.max_tokens=96")
+QUICK = ()  # --quick: the full size with seed 0 only
+CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
 # Temperature 0.7: at 1.0 SmolLM2 rambles (step 0, 8 prompts x 4 samples, 128 tokens: 4/32 right,
 # 56% truncated); at 0.7 9/32 right, 31% truncated, half the groups mixed (experiments/README.md).
 TEMPERATURE = 0.7
@@ -49,12 +59,13 @@ TEMPERATURE = 0.7
 def get_config(arg: str = "grpo") -> Config:
     """ARG = "<recipe>" or "<recipe>,<seed>" (CPU; seed 0 by default)."""
     recipe, _, seed = arg.partition(",")
-    cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=12, max_tokens=128,
+    cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=3, max_tokens=96,
                           seed=int(seed or 0))
     # DAPO's soft overlong punishment would make the reward depend on length, and its dynamic
     # sampling would multiply the CPU cost: both off (the zero-variance filter stays).
-    return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 4,
-                                "rollout.temperature": TEMPERATURE,
+    # Micro-batches of 8 keep a run under ~8 GB of memory.
+    return replace_values(cfg, {"task.name": "addition_answer_first", "rollout.prompts_per_step": 2,
+                                "rollout.temperature": TEMPERATURE, "train.micro_batch_size": 8,
                                 "recipe.overlong_buffer": 0, "rollout.dynamic_sampling": False})
 
 
@@ -67,10 +78,65 @@ def seed_row(curves: dict[str, list[float]], records: list[dict]) -> dict:
             "truncated": float(np.mean([r.get("truncated_fraction", np.nan) for r in records]))}
 
 
+PAIRED = ("length_incorrect", "length_correct")
+
+
+def paired_difference(curve: Sequence[float], baseline: Sequence[float]) -> float:
+    """Mean over the updated steps (2..T) of curve - baseline, over the steps where both are
+    defined (nan if none). The same seed draws the same prompts at every step in every recipe
+    and the same first batch, so this is a paired comparison on identical prompts."""
+    diffs = [a - b for a, b in zip(curve[1:], baseline[1:]) if np.isfinite(a) and np.isfinite(b)]
+    return float(np.mean(diffs)) if diffs else float("nan")
+
+
+def paired_rows(curves: dict[str, list[dict]], baseline: str = "dr_grpo") -> list[dict]:
+    """Each other recipe minus `baseline`, seed by seed (`paired_difference` of the mean length of
+    incorrect and of correct responses): mean and 95% interval over seeds."""
+    rows = []
+    for recipe, seeds in curves.items():
+        if recipe == baseline:
+            continue
+        row = {"recipe": f"{recipe} - {baseline}"}
+        for key in PAIRED:
+            iv = stats.interval([paired_difference(a[key], b[key]) for a, b in zip(seeds, curves[baseline])])
+            row[key] = stats.format_interval(iv, signed=True)
+            row[f"{key} interval"] = iv.to_dict()
+        rows.append(row)
+    return rows
+
+
+def verdict(paired: dict) -> str:
+    """Against the derived direction (GRPO relative to Dr. GRPO: incorrect longer, correct shorter):
+    reproduced when both paired intervals exclude 0 in that direction, not reproduced when either
+    excludes 0 the other way, else inconclusive."""
+    wrong = stats.Interval(**paired["length_incorrect interval"])
+    right = stats.Interval(**paired["length_correct interval"])
+    if (wrong.excludes_zero() and wrong.high < 0) or (right.excludes_zero() and right.low > 0):
+        return "not reproduced"
+    if wrong.excludes_zero() and wrong.low > 0 and right.excludes_zero() and right.high < 0:
+        return "reproduced"
+    return "inconclusive"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
+    import jax
+
+    # 3 x seeds runs of the same shapes: compile once, load the programs from disk after that
+    before = {k: getattr(jax.config, k) for k in CACHE_SETTINGS}
+    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    try:
+        return run_experiment(args, seeds, out)
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def run_experiment(args, seeds: Sequence[int], out) -> int:
+    import jax
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.policy import load_policy
 
@@ -78,31 +144,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs = {(r, s): variant_config(get_config(f"{r},{s}"), out, f"{r}_s{s}", QUICK, args.overrides,
                                       quick_on=args.quick) for s in seeds for r in RECIPES}
     policy = load_policy(next(iter(configs.values())).model.source)
-    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    runs = {}
+    for key, cfg in configs.items():
+        runs[key] = train_or_resume(cfg, policy=policy)
+        jax.clear_caches()  # one run's compiled programs at a time in memory
     curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
+    per_seed = {r: [seed_row(c, read_metrics(runs[(r, s)])) for c, s in zip(curves[r], seeds)] for r in RECIPES}
     rows = []
     for r in RECIPES:
-        per_seed = [seed_row(c, read_metrics(runs[(r, s)])) for c, s in zip(curves[r], seeds)]
         row = {"recipe": r}
         for key in ("d length_incorrect", "d length_correct", "reward first", "reward last", "truncated"):
-            iv = stats.interval([p[key] for p in per_seed])
+            iv = stats.interval([p[key] for p in per_seed[r]])
             row[key] = stats.format_interval(iv, signed=key.startswith("d "))
             row[f"{key} interval"] = iv.to_dict()
-        row["per seed"] = per_seed
+        row["per seed"] = per_seed[r]
         rows.append(row)
-    g, d = rows[0], rows[1]
+    paired = paired_rows(curves)
+    found = verdict(paired[0])
     notes = [stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
              "d length_*: last minus first step of the mean length (tokens) of correct / incorrect responses, "
              "per seed; truncated: mean fraction of responses without EOS.",
-             f"Derived (docs/objectives.md#length-drift-on-a-length-neutral-task): d length_incorrect larger under "
-             f"GRPO than Dr. GRPO. Measured GRPO {g['d length_incorrect']} vs Dr. GRPO {d['d length_incorrect']}.",
+             "Paired: per seed, the mean over steps 2..T of the recipe's mean length (incorrect / correct "
+             "responses) minus Dr. GRPO's at the same step (the same seed draws the same prompts and the same "
+             "first batch in every recipe); mean and 95% interval over seeds.\n\n"
+             + markdown_table(paired, ["recipe", *PAIRED]),
+             f"Derived (docs/objectives.md#length-drift-on-a-length-neutral-task): relative to Dr. GRPO, "
+             f"incorrect responses longer and correct ones shorter under GRPO; token-mean in between. "
+             f"Verdict for GRPO (both paired intervals must exclude 0 in that direction): {found}.",
              "DAPO = the dapo recipe: clip-higher + token-mean + zero-variance filter, overlong penalty off."]
-    write_summary(out, rows, ["recipe", "d length_incorrect", "d length_correct", "reward first", "reward last",
-                              "truncated"], title=f"Length-neutral length bias ({'quick' if args.quick else 'full'})",
+    write_summary(out, rows + paired, ["recipe", "d length_incorrect", "d length_correct", "reward first",
+                                       "reward last", "truncated", *PAIRED],
+                  title=f"Length-neutral length bias ({'quick' if args.quick else 'full'})",
                   notes=notes, config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
-                                       "overrides": list(args.overrides),
+                                       "overrides": list(args.overrides), "verdict": found,
                                        "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
-    plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png", title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
+    plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png",
+                    title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
     print(f"wrote {out}/lengths.png, {out}/summary.md")
     return 0
 

@@ -82,7 +82,50 @@ def test_length_neutral_reduced_two_seeds(tiny_model_dir, tmp_path):
         expected.append(lengths[-1] - lengths[0])
     assert row["d length_incorrect interval"]["n"] == 2
     assert row["d length_incorrect interval"]["mean"] == pytest.approx(np.mean(expected))
+    # Paired rows: GRPO minus Dr. GRPO seed by seed, from the per-seed values of both rows.
+    paired = next(r for r in summary["rows"] if r["recipe"] == "grpo - dr_grpo")
+    diffs = []
+    for s in (0, 1):  # GRPO minus Dr. GRPO at each step after the first, from the logged groups
+        steps = [[np.asarray(g["lengths"], float)[np.asarray(g["rewards"]) >= 1] for g in read_groups(runs[(r, s)])]
+                 for r in ("grpo", "dr_grpo")]
+        per_step = [a.mean() - b.mean() for a, b in zip(steps[0][1:], steps[1][1:]) if a.size and b.size]
+        diffs += [np.mean(per_step)] if per_step else []
+    assert paired["length_correct interval"]["n"] == len(diffs)
+    if diffs:
+        assert paired["length_correct interval"]["mean"] == pytest.approx(np.mean(diffs))
     assert png_shape(tmp_path / "lengths.png")[0] > 100
+
+
+
+
+
+def test_length_neutral_paired_differences_and_verdict():
+    """Hand-built curves: the paired value of a seed is the mean over steps 2..T (both defined) of
+    the recipe's length minus Dr. GRPO's; the verdict needs both intervals on the derived side of 0."""
+    exp = load_experiment("length_neutral")
+    nan = float("nan")
+
+    def curve(wrong, right):
+        return {"length_incorrect": [80.0, *wrong], "length_correct": [40.0, *right]}
+
+    dr = [curve((70, 60), (30, 20)), curve((75, nan), (35, 30)), curve((60, 50), (30, 30))]
+    grpo = [curve((74, 66), (10, 10)), curve((82, 70), (10, 5)), curve((66, 54), (10, 10))]
+    # seed 0: wrong (4 + 6) / 2 = 5, right (-20 - 10) / 2 = -15; seed 1: wrong 7 (step 3 undefined
+    # for Dr. GRPO), right (-25 - 25) / 2 = -25; seed 2: wrong 5, right -20.
+    (row,) = exp.paired_rows({"grpo": grpo, "dr_grpo": dr})
+    assert row["recipe"] == "grpo - dr_grpo"
+    wrong, right = row["length_incorrect interval"], row["length_correct interval"]
+    assert (wrong["mean"], right["mean"], wrong["n"]) == (pytest.approx(17 / 3), pytest.approx(-20.0), 3)
+    half = 4.302653 * np.std([5, 7, 5], ddof=1) / np.sqrt(3)  # t_{0.975, 2} s / sqrt(n)
+    assert (wrong["low"], wrong["high"]) == (pytest.approx(17 / 3 - half), pytest.approx(17 / 3 + half))
+    assert exp.verdict(row) == "reproduced"
+    grpo[0] = curve((40, 40), (10, 10))  # seed 0 wrong -25: the interval spans 0
+    assert exp.verdict(exp.paired_rows({"grpo": grpo, "dr_grpo": dr})[0]) == "inconclusive"
+    grpo[0] = curve((74, 66), (70, 70))  # wrong answers fine, correct +40, -25, -20: spans 0
+    assert exp.verdict(exp.paired_rows({"grpo": grpo, "dr_grpo": dr})[0]) == "inconclusive"
+    flipped = [curve((2 * b - a for a, b in zip(g["length_incorrect"][1:], d["length_incorrect"][1:])),
+                     d["length_correct"][1:]) for g, d in zip(grpo, dr)]  # wrong answers shorter than Dr. GRPO's
+    assert exp.verdict(exp.paired_rows({"grpo": flipped, "dr_grpo": dr})[0]) == "not reproduced"
 
 
 @pytest.mark.slow  # ~30 s; make test-all
