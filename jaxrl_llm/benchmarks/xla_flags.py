@@ -32,6 +32,9 @@ VARIANTS: dict[str, dict] = {
     "xnnpack": {"xla_cpu_use_xnnpack": True},
     "xnn-dot": {"xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "ynn-dot": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "ynn-dot-eltwise": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE"},
+    "ynn-dot-eltwise-reduce": {"xla_cpu_experimental_ynn_fusion_type":
+                               "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE,LIBRARY_FUSION_TYPE_REDUCE"},
     "onednn-dot": {"xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "eigen-1-thread": {"xla_cpu_multi_thread_eigen": False},
     "vector-256": {"xla_cpu_prefer_vector_width": 256},
@@ -94,8 +97,10 @@ def main(argv=None) -> None:
     print(f"  median s/step of {args.iters} interleaved rounds (load average now {os.getloadavg()[0]:.1f}):")
     for name, seconds in times.items():
         median = statistics.median(seconds)
-        print(f"  {name:<22} {median:7.3f} s  {rows * length / median:7.1f} tokens/s  speed vs default "
-              f"{base / median:5.2f}x  (rounds {' '.join(f'{s:.2f}' for s in seconds)})", flush=True)
+        paired = statistics.median(b / s for b, s in zip(times["default"], seconds))
+        print(f"  {name:<22} {median:7.3f} s  {rows * length / median:7.1f} tokens/s  speed vs default: "
+              f"{base / median:5.2f}x of medians, {paired:5.2f}x median of per-round ratios  "
+              f"(rounds {' '.join(f'{s:.2f}' for s in seconds)})", flush=True)
 
 
 if __name__ == "__main__":
