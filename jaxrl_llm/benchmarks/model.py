@@ -36,6 +36,7 @@ import numpy as np
 
 from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forward, lm_head_logits,
                               logprobs_from_logits, params_from_hf, token_logprobs)
+from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.decoder import jnp_dtype
 
 # SmolLM2-135M-Instruct's architecture (the values load_gguf reads from the GGUF).
@@ -72,11 +73,13 @@ def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: 
 
 
 def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict) -> Callable[[], None]:
-    """One jitted forward+backward of loss = -mean log pi (chunked log-probs)."""
+    """One jitted forward+backward of loss = -mean log pi (chunked log-probs), compiled with the
+    learner's XLA options (``models.compile_options``)."""
     def loss(params, tokens):
         return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
 
-    step = jax.jit(jax.value_and_grad(loss))
+    options = learner_compiler_options(cfg.compute_dtype, jax.default_backend())  # as the learner compiles
+    step = jax.jit(jax.value_and_grad(loss), compiler_options=options)
     tokens = jnp.asarray(tokens)
 
     def run():
