@@ -24,6 +24,7 @@ One run measures, side by side on the same batches of random tokens:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -72,15 +73,16 @@ def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: 
     return times
 
 
-def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict) -> Callable[[], None]:
+def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict, remat: bool = False) -> Callable[[], None]:
     """One jitted forward+backward of loss = -mean log pi (chunked log-probs), compiled with the
-    learner's XLA options (``models.compile_options``)."""
+    learner's XLA options (``models.compile_options``) ahead of time, so no timed call compiles.
+    ``remat``: recompute each layer in the backward pass (the learner's ``train.remat``)."""
     def loss(params, tokens):
-        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
+        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, remat=remat))
 
     options = learner_compiler_options(cfg.compute_dtype, jax.default_backend())  # as the learner compiles
-    step = jax.jit(jax.value_and_grad(loss), compiler_options=options)
     tokens = jnp.asarray(tokens)
+    step = jax.jit(jax.value_and_grad(loss), compiler_options=options).lower(params, tokens).compile()
 
     def run():
         value, grads = step(params, tokens)
@@ -200,9 +202,11 @@ def phase_steps(cfg, params, tokens: np.ndarray, chunk_size: int) -> dict[str, C
     def whole(params, tokens):
         return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
 
-    funcs = {"layers fwd": (jax.jit(layers), tokens), "layers fwd+bwd": (jax.jit(jax.grad(layers)), tokens),
-             "head+log-softmax fwd+bwd": (jax.jit(jax.grad(head, argnums=(0, 1))), hidden),
-             "whole step fwd+bwd": (jax.jit(jax.grad(whole)), tokens)}
+    jit = functools.partial(jax.jit, compiler_options=learner_compiler_options(cfg.compute_dtype,
+                                                                               jax.default_backend()))
+    funcs = {"layers fwd": (jit(layers), tokens), "layers fwd+bwd": (jit(jax.grad(layers)), tokens),
+             "head+log-softmax fwd+bwd": (jit(jax.grad(head, argnums=(0, 1))), hidden),
+             "whole step fwd+bwd": (jit(jax.grad(whole)), tokens)}
     return {name: (lambda f=f, x=x: jax.block_until_ready(f(params, x))) for name, (f, x) in funcs.items()}
 
 
@@ -210,14 +214,14 @@ def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[
     """tokens/s of jax and each torch thread count at one shape (interleaved rounds); prints a line each."""
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32)
     results: dict[str, dict] = {"jax": {}}
-    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"])}
+    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"], remat=args.remat)}
     for threads in ([] if args.skip_torch else args.torch_threads):
         results[f"torch-{threads}"] = {}
         steps[f"torch-{threads}"] = torch_step(torch_model, tokens, threads, results[f"torch-{threads}"])
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
-        label = "jax (jit, chunked logprobs)" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
+        label = f"jax (jit{', remat' if args.remat else ''})" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
         print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
               f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
     if args.profile:
@@ -234,6 +238,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--remat", action="store_true",
+                        help="JAX recomputes each layer in the backward pass (train.remat): less memory at long T")
     parser.add_argument("--profile", action="store_true", help="also time the phases of the JAX step")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--random-weights", action="store_true", help="random init instead of the GGUF weights")

@@ -24,7 +24,8 @@ def test_one_shape_times_both_engines_on_the_same_loss(dtype, tol, profile, caps
     model = hf_model("llama_tied")
     cfg, params = our_config_and_params(model)
     cfg, params, torch_model = bench.with_dtype(cfg, params, model.train(), dtype)
-    args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1], profile=profile)
+    args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1], profile=profile,
+                              remat=False)
     throughput = bench.bench_shape(cfg, params, torch_model, 2, 24, args)
     assert set(throughput) == {"jax", "torch-1"} and min(throughput.values()) > 0
     out = capsys.readouterr().out
