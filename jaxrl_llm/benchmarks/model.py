@@ -1,14 +1,16 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
     python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
-        [--warmup 1] [--iters 3] [--profile]
+        [--warmup 1] [--iters 3] [--remat] [--profile]
 
 One run measures, side by side on the same batches of random tokens:
 
 1. forward+backward tokens/s of loss = -mean_t log pi(y_t | y_<t) for every batch shape
    (rows x tokens) and dtype (params, activations and matmuls in it; log-softmax in float32):
    ours = jax.jit(jax.value_and_grad) over ``models.token_logprobs`` (chunked
-   log-softmax); reference = transformers ``LlamaForCausalLM`` with the same
+   log-softmax), compiled ahead of time with the learner's XLA options
+   (``--remat``: each layer recomputed in the backward pass, as ``train.remat``; without it
+   8x512 and 2x2048 need 11 and 24 GiB of saved activations); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster). The engines take turns every round, so drifting load
    hits both alike; medians are reported. Ends with the table of ratios
