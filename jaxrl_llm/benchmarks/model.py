@@ -1,7 +1,7 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
     python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
-        [--warmup 1] [--iters 3] [--remat] [--profile]
+        [--warmup 1] [--iters 3] [--remat auto|on|off] [--profile]
 
 One run measures, side by side on the same batches of random tokens:
 
@@ -9,8 +9,10 @@ One run measures, side by side on the same batches of random tokens:
    (rows x tokens) and dtype (params, activations and matmuls in it; log-softmax in float32):
    ours = jax.jit(jax.value_and_grad) over ``models.token_logprobs`` (chunked
    log-softmax), compiled ahead of time with the learner's XLA options
-   (``--remat``: each layer recomputed in the backward pass, as ``train.remat``; without it
-   8x512 and 2x2048 need 11 and 24 GiB of saved activations); reference = transformers ``LlamaForCausalLM`` with the same
+   (``--remat on``: each layer recomputed in the backward pass, as ``train.remat``; without
+   it 8x512 and 2x2048 need 11 and 24 GiB of saved activations; ``auto``, the default, turns
+   it on for a shape whose compiled temp memory exceeds a third of the machine's RAM, and
+   the row says so); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster). The engines take turns every round, so drifting load
    hits both alike; medians are reported. Ends with the table of ratios
@@ -75,16 +77,34 @@ def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: 
     return times
 
 
-def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict, remat: bool = False) -> Callable[[], None]:
+def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
+    """--remat auto: recompute when the saved activations would take over a third of the RAM
+    (the torch model and its activations share the process)."""
+    return temp_bytes > ram_bytes / 3
+
+
+def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
+             remat: str = "off") -> Callable[[], None]:
     """One jitted forward+backward of loss = -mean log pi (chunked log-probs), compiled with the
     learner's XLA options (``models.compile_options``) ahead of time, so no timed call compiles.
-    ``remat``: recompute each layer in the backward pass (the learner's ``train.remat``)."""
-    def loss(params, tokens):
-        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, remat=remat))
+    ``remat``: "on" recomputes each layer in the backward pass (the learner's ``train.remat``),
+    "auto" only where ``needs_remat``; ``result["remat"]`` says which ran."""
+    def compiled(remat_on: bool):
+        def loss(params, tokens):
+            return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, remat=remat_on))
 
-    options = learner_compiler_options(cfg.compute_dtype, jax.default_backend())  # as the learner compiles
+        options = learner_compiler_options(cfg.compute_dtype, jax.default_backend())  # as the learner compiles
+        return jax.jit(jax.value_and_grad(loss), compiler_options=options).lower(params, tokens).compile()
+
     tokens = jnp.asarray(tokens)
-    step = jax.jit(jax.value_and_grad(loss), compiler_options=options).lower(params, tokens).compile()
+    step = compiled(remat == "on")
+    if remat == "auto":
+        analysis = step.memory_analysis()
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if analysis is not None and needs_remat(int(analysis.temp_size_in_bytes), ram):
+            step = compiled(True)
+            remat = "on"
+    result["remat"] = remat == "on"
 
     def run():
         value, grads = step(params, tokens)
@@ -223,7 +243,8 @@ def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
-        label = f"jax (jit{', remat' if args.remat else ''})" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
+        remat = ", remat" if results["jax"]["remat"] else ""
+        label = f"jax (jit{remat})" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
         print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
               f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
     if args.profile:
@@ -240,8 +261,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=128)
-    parser.add_argument("--remat", action="store_true",
-                        help="JAX recomputes each layer in the backward pass (train.remat): less memory at long T")
+    parser.add_argument("--remat", choices=("auto", "on", "off"), default="auto",
+                        help="JAX recomputes each layer in the backward pass (train.remat); auto: where the "
+                             "saved activations would exceed a third of the RAM")
     parser.add_argument("--profile", action="store_true", help="also time the phases of the JAX step")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--random-weights", action="store_true", help="random init instead of the GGUF weights")
