@@ -1,14 +1,18 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
     python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
-        [--warmup 1] [--iters 3] [--profile]
+        [--warmup 1] [--iters 3] [--remat auto|on|off] [--profile]
 
 One run measures, side by side on the same batches of random tokens:
 
 1. forward+backward tokens/s of loss = -mean_t log pi(y_t | y_<t) for every batch shape
    (rows x tokens) and dtype (params, activations and matmuls in it; log-softmax in float32):
    ours = jax.jit(jax.value_and_grad) over ``models.token_logprobs`` (chunked
-   log-softmax); reference = transformers ``LlamaForCausalLM`` with the same
+   log-softmax), compiled ahead of time with the learner's XLA options
+   (``--remat on``: each layer recomputed in the backward pass, as ``train.remat``; without
+   it 8x512 and 2x2048 need 11 and 24 GiB of saved activations; ``auto``, the default, turns
+   it on for a shape whose compiled temp memory exceeds a third of the machine's RAM, and
+   the row says so); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster). The engines take turns every round, so drifting load
    hits both alike; medians are reported. Ends with the table of ratios
@@ -24,6 +28,7 @@ One run measures, side by side on the same batches of random tokens:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -36,6 +41,7 @@ import numpy as np
 
 from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forward, lm_head_logits,
                               logprobs_from_logits, params_from_hf, token_logprobs)
+from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.decoder import jnp_dtype
 
 # SmolLM2-135M-Instruct's architecture (the values load_gguf reads from the GGUF).
@@ -71,13 +77,34 @@ def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: 
     return times
 
 
-def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict) -> Callable[[], None]:
-    """One jitted forward+backward of loss = -mean log pi (chunked log-probs)."""
-    def loss(params, tokens):
-        return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
+def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
+    """--remat auto: recompute when the saved activations would take over a third of the RAM
+    (the torch model and its activations share the process)."""
+    return temp_bytes > ram_bytes / 3
 
-    step = jax.jit(jax.value_and_grad(loss))
+
+def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
+             remat: str = "off") -> Callable[[], None]:
+    """One jitted forward+backward of loss = -mean log pi (chunked log-probs), compiled with the
+    learner's XLA options (``models.compile_options``) ahead of time, so no timed call compiles.
+    ``remat``: "on" recomputes each layer in the backward pass (the learner's ``train.remat``),
+    "auto" only where ``needs_remat``; ``result["remat"]`` says which ran."""
+    def compiled(remat_on: bool):
+        def loss(params, tokens):
+            return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, remat=remat_on))
+
+        options = learner_compiler_options(cfg.compute_dtype, jax.default_backend())  # as the learner compiles
+        return jax.jit(jax.value_and_grad(loss), compiler_options=options).lower(params, tokens).compile()
+
     tokens = jnp.asarray(tokens)
+    step = compiled(remat == "on")
+    if remat == "auto":
+        analysis = step.memory_analysis()
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if analysis is not None and needs_remat(int(analysis.temp_size_in_bytes), ram):
+            step = compiled(True)
+            remat = "on"
+    result["remat"] = remat == "on"
 
     def run():
         value, grads = step(params, tokens)
@@ -197,9 +224,11 @@ def phase_steps(cfg, params, tokens: np.ndarray, chunk_size: int) -> dict[str, C
     def whole(params, tokens):
         return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size))
 
-    funcs = {"layers fwd": (jax.jit(layers), tokens), "layers fwd+bwd": (jax.jit(jax.grad(layers)), tokens),
-             "head+log-softmax fwd+bwd": (jax.jit(jax.grad(head, argnums=(0, 1))), hidden),
-             "whole step fwd+bwd": (jax.jit(jax.grad(whole)), tokens)}
+    jit = functools.partial(jax.jit, compiler_options=learner_compiler_options(cfg.compute_dtype,
+                                                                               jax.default_backend()))
+    funcs = {"layers fwd": (jit(layers), tokens), "layers fwd+bwd": (jit(jax.grad(layers)), tokens),
+             "head+log-softmax fwd+bwd": (jit(jax.grad(head, argnums=(0, 1))), hidden),
+             "whole step fwd+bwd": (jit(jax.grad(whole)), tokens)}
     return {name: (lambda f=f, x=x: jax.block_until_ready(f(params, x))) for name, (f, x) in funcs.items()}
 
 
@@ -207,14 +236,15 @@ def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[
     """tokens/s of jax and each torch thread count at one shape (interleaved rounds); prints a line each."""
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32)
     results: dict[str, dict] = {"jax": {}}
-    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"])}
+    steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"], remat=args.remat)}
     for threads in ([] if args.skip_torch else args.torch_threads):
         results[f"torch-{threads}"] = {}
         steps[f"torch-{threads}"] = torch_step(torch_model, tokens, threads, results[f"torch-{threads}"])
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
-        label = "jax (jit, chunked logprobs)" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
+        remat = ", remat" if results["jax"]["remat"] else ""
+        label = f"jax (jit{remat})" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
         print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
               f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
     if args.profile:
@@ -231,6 +261,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--remat", choices=("auto", "on", "off"), default="auto",
+                        help="JAX recomputes each layer in the backward pass (train.remat); auto: where the "
+                             "saved activations would exceed a third of the RAM")
     parser.add_argument("--profile", action="store_true", help="also time the phases of the JAX step")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--random-weights", action="store_true", help="random init instead of the GGUF weights")

@@ -45,6 +45,7 @@ import optax
 from jaxrl_llm import core
 from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_from_hidden, forward, lora,
                               param_shardings)
+from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.train import critic as critic_lib
 from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
@@ -174,11 +175,14 @@ class Learner:
         self.critic_cfg = critic_cfg
         self.critic_optimizer = critic_lib.make_critic_optimizer(critic_cfg) if self.needs_critic else None
         self._merge = jax.jit(self._full_params_impl)
+        options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches",
-                                                                       "with_reference"))
+                                                                       "with_reference"), compiler_options=options)
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
-        self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"))
-        self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"))
+        self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"),
+                               compiler_options=options)
+        self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"),
+                              compiler_options=options)
 
     # ----------------------------------------------------------------- state
     def init(self, params, *, seed: int = 0) -> LearnerState:

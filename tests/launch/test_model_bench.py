@@ -24,7 +24,8 @@ def test_one_shape_times_both_engines_on_the_same_loss(dtype, tol, profile, caps
     model = hf_model("llama_tied")
     cfg, params = our_config_and_params(model)
     cfg, params, torch_model = bench.with_dtype(cfg, params, model.train(), dtype)
-    args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1], profile=profile)
+    args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1], profile=profile,
+                              remat="auto")
     throughput = bench.bench_shape(cfg, params, torch_model, 2, 24, args)
     assert set(throughput) == {"jax", "torch-1"} and min(throughput.values()) > 0
     out = capsys.readouterr().out
@@ -32,3 +33,10 @@ def test_one_shape_times_both_engines_on_the_same_loss(dtype, tol, profile, caps
     assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], rel=tol)
     assert losses[0] == pytest.approx(np.log(cfg.vocab_size), rel=0.5)  # random tokens: near-uniform
     assert out.count("phase ") == (4 if profile else 0)
+
+
+def test_remat_auto_threshold():
+    gib = 2**30
+    assert not bench.needs_remat(1 * gib, 24 * gib)  # 4x128 float32: 1.1 GiB saved
+    assert bench.needs_remat(11 * gib, 24 * gib)  # 8x512: 11.3 GiB, the torch model beside it
+    assert not bench.needs_remat(11 * gib, 128 * gib)

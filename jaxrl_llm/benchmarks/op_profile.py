@@ -1,0 +1,85 @@
+"""Where one learner step's time goes, per XLA op.
+
+    python -m jaxrl_llm.benchmarks.op_profile [--layers 30] [--shape 4x128] [--default-options] [--top 30]
+
+Traces two forward+backward steps of loss = -mean log pi on a SmolLM2-135M-shaped model
+(random weights, float32) with ``jax.profiler``, reads the trace with
+``jax.profiler.ProfileData`` (no TensorBoard needed), sums every op's time over XLA:CPU's
+worker threads (CPU-seconds per step) and names it by its HLO metadata (forward or backward,
+the JAX operation, the output shape). ``--default-options`` compiles without the learner's
+XLA options (``models.compile_options``), for a before/after.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import re
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.benchmarks.model import SMOLLM2_HF_CONFIG, parse_shapes
+from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
+from jaxrl_llm.models.compile_options import learner_compiler_options
+
+
+def hlo_op_labels(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> "fwd|bwd <jax op name> -> <output shape>" from its metadata."""
+    labels = {}
+    for line in hlo_text.splitlines():
+        match = re.match(r'\s*(?:ROOT )?%([\w.\-]+) = (\S+) .*?metadata=\{[^}]*op_name="([^"]*)"', line)
+        if match:
+            name, shape, op = match.groups()
+            phase = "bwd" if "transpose(" in op else "fwd"
+            labels[name] = f"{phase} {re.sub(r'^jit[(][^)]*[)]/', '', op)[-100:]} -> {shape.split('{')[0]}"
+    return labels
+
+
+def op_seconds(trace_dir: str, steps: int) -> collections.Counter:
+    """CPU-seconds per step of every op event on XLA:CPU's threads (its worker pool, and the
+    client thread that runs small ops itself)."""
+    path = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0]
+    totals: collections.Counter = collections.Counter()
+    for plane in jax.profiler.ProfileData.from_file(path).planes:
+        for line in plane.lines:
+            if not line.name.startswith(("tf_XLAEigen", "tf_XLAPjRtCpuClient")):
+                continue
+            for event in line.events:
+                if not event.name.startswith(("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")):
+                    totals[event.name] += event.duration_ns / 1e9 / steps
+    return totals
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--shape", default="4x128")
+    parser.add_argument("--default-options", action="store_true", help="compile without the learner's XLA options")
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args(argv)
+    (rows, length), = parse_shapes(args.shape)
+    cfg = DecoderConfig.from_hf(dict(SMOLLM2_HF_CONFIG, num_hidden_layers=args.layers,
+                                     architectures=["LlamaForCausalLM"], model_type="llama"))
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32))
+    options = None if args.default_options else learner_compiler_options("float32", jax.default_backend())
+    step = jax.jit(jax.value_and_grad(lambda p, t: -jnp.mean(token_logprobs(p, cfg, t))), compiler_options=options)
+    labels = hlo_op_labels(step.lower(params, tokens).compile().as_text())
+    jax.block_until_ready(step(params, tokens))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(2):
+            jax.block_until_ready(step(params, tokens))
+        jax.profiler.stop_trace()
+        seconds = op_seconds(trace_dir, steps=2)
+    total = sum(seconds.values())
+    print(f"{args.layers} layers, {rows}x{length} float32, options {options}: {total:.3f} CPU-s in ops per step")
+    for name, value in seconds.most_common(args.top):
+        print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {name:<24} {labels.get(name, '?')}")
+
+
+if __name__ == "__main__":
+    main()
