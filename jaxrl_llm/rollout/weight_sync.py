@@ -199,9 +199,6 @@ class DiskWeightSync(WeightSync):
 
     def _push(self, params: Any, version: int, weights_dir: Path) -> WeightSyncReport:
         started = time.perf_counter()
-        # The learner's probe logprobs need only params: compute them while
-        # the export and reload run (JAX releases the GIL).
-        expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
         partial = self._stage_dir / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         if self._spare is not None:  # no server reads it: the export overwrites it in place
@@ -216,6 +213,10 @@ class DiskWeightSync(WeightSync):
         partial.rename(weights_dir)  # servers only ever see a complete directory
         exported = time.perf_counter()
 
+        # The learner's probe logprobs need only params: computed while the servers reload
+        # (this process only waits then), not during the export, whose writer threads they
+        # would slow down on a small CPU (JAX releases the GIL).
+        expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
         self.client.post_all("/collective_rpc", {"method": "reload_weights",
                                                  "kwargs": {"weights_path": str(weights_dir)}},
                              timeout_s=self.rpc_timeout_s)
