@@ -81,14 +81,14 @@ class SizeResult:
 def qwen25_config(name: str, dtype: str) -> DecoderConfig:
     return DecoderConfig(vocab_size=151936, family="qwen2", qkv_bias=True, tie_word_embeddings=True,
                          rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
-                         param_dtype=dtype, **QWEN25_SHAPES[name])
+                         param_dtype=dtype, compute_dtype=dtype, **QWEN25_SHAPES[name])
 
 
 def build_model(name: str, dtype: str) -> tuple[DecoderConfig, dict]:
-    """(config, params in `dtype`): SmolLM2's real weights, or random Qwen2.5-shaped ones."""
+    """(config, params; both dtypes `dtype`): SmolLM2's real weights, or random Qwen2.5-shaped ones."""
     if name == "smollm2-135m":
         cfg, params = load_hf_dir(smollm2_hf_dir(), dtype=dtype)
-        return cfg.with_dtypes(param_dtype=dtype), jax.tree.map(jnp.asarray, params)
+        return cfg.with_dtypes(dtype, dtype), jax.tree.map(jnp.asarray, params)
     if name not in QWEN25_SHAPES:
         raise ValueError(f"model {name!r}; valid: {list(MODELS)}")
     cfg = qwen25_config(name, dtype)
@@ -109,18 +109,20 @@ def fit_per_gb(gbs: list[float], seconds: list[float]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def bench_model(name: str, dtype: str, warmup: int, iters: int) -> SizeResult | str:
+def bench_model(name: str, dtype: str, warmup: int, iters: int, learner_dtype: str = "float32") -> SizeResult | str:
     """One server on `name`, its pushes timed; a string saying why when skipped for memory."""
     if name in QWEN25_SHAPES:
-        model_bytes = qwen25_config(name, dtype).num_params() * np.dtype(jnp.dtype(dtype)).itemsize
-        need = 4 * model_bytes + 5 * 2 ** 29  # learner + 2 staged + server copies; server overhead, KV cache
+        count = qwen25_config(name, dtype).num_params()
+        learner_bytes, model_bytes = (count * np.dtype(jnp.dtype(d)).itemsize for d in (learner_dtype, dtype))
+        need = learner_bytes + 3 * model_bytes + 3 * 2 ** 30  # + 2 staged + server copies, overhead, KV cache
         if mem_available_bytes() < need:
             return (f"{name}: skipped, needs ~{need / 2 ** 30:.1f} GiB, MemAvailable "
                     f"{mem_available_bytes() / 2 ** 30:.1f} GiB")
-    cfg, params_a = build_model(name, dtype)
+    cfg, params_a = build_model(name, learner_dtype)
     params_b = dict(params_a, final_norm=params_a["final_norm"] * 1.25)  # shares every other leaf
-    learner_cfg = cfg.with_dtypes(compute_dtype="float32")
-    score = jax.jit(lambda p, t: token_logprobs(p, learner_cfg, t))
+    # Computed in the learner's dtype: a float32 pass over bfloat16 params lets XLA hold a float32
+    # copy of every weight at once (9 GB for the 1.5B model), more than the sync itself needs.
+    score = jax.jit(lambda p, t: token_logprobs(p, cfg, t))
     tokens = jnp.asarray(np.asarray(PROBE_TOKENS, np.int32)[None])
     probe = LogprobProbe(PROBE_TOKENS, lambda p: np.asarray(score(p, tokens))[0], atol=PROBE_ATOL[dtype])
     probe.expected(params_a)  # compile outside the timings
@@ -179,8 +181,10 @@ def print_table(results: list[SizeResult], dtype: str, warmup: int, iters: int) 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {list(MODELS)}")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(PROBE_ATOL),
-                        help="learner params, staged files and server dtype")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(PROBE_ATOL), help="staged files and server dtype")
+    parser.add_argument("--learner-dtype", default="float32", choices=sorted(PROBE_ATOL),
+                        help="the learner's params and probe compute (training keeps float32 master weights; "
+                             "the export casts them on device)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
@@ -194,12 +198,11 @@ def main(argv=None) -> dict:
 
     results, skipped = [], []
     for name in names:
-        outcome = bench_model(name, args.dtype, args.warmup, args.iters)
+        outcome = bench_model(name, args.dtype, args.warmup, args.iters, args.learner_dtype)
         (skipped if isinstance(outcome, str) else results).append(outcome)
-        if isinstance(outcome, str):
-            print("  " + outcome)
+        print("  " + (outcome if isinstance(outcome, str) else f"{name}: {dataclasses.asdict(outcome)}"), flush=True)
     fits = print_table(results, args.dtype, args.warmup, args.iters)
-    out = {"dtype": args.dtype, "results": [dataclasses.asdict(r) for r in results], "skipped": skipped,
+    out = {"dtype": args.dtype, "learner_dtype": args.learner_dtype, "results": [dataclasses.asdict(r) for r in results], "skipped": skipped,
            "fit": fits}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
