@@ -84,6 +84,7 @@ bench-learner-gpu: venv
 
 bench-rollout: venv vllm-env
 	$(PY) -m jaxrl_llm.benchmarks.rollout
+	$(PY) -m jaxrl_llm.benchmarks.weight_sync
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs

@@ -2,9 +2,11 @@
 
 This runs on every RL step's weight sync, so it is built for speed: each params
 leaf is transposed to HF's [out, in] layout and cast by one jitted op on the
-device (XLA's tiled, multi-threaded transpose), fetched to the host while the
-next leaf converts, and its per-layer slices (contiguous views, no copies) are
-streamed into the file. Extra memory: about one leaf on device and two on host.
+device, fetched to the host while the next leaf converts, and its per-layer
+slices (views, no copies) are streamed into the file. The sync writer skips the
+device op for leaves that already sit in host memory in the stored dtype and
+transposes them while copying them into the file. Extra memory: about one leaf
+on device and two on host.
 """
 from __future__ import annotations
 
@@ -74,22 +76,36 @@ def _hf_specs(cfg: DecoderConfig, dtype: np.dtype) -> list[tuple[str, np.dtype, 
     return specs
 
 
-def _hf_arrays(params: Mapping[str, Any], cfg: DecoderConfig, dtype: np.dtype) -> Iterator[np.ndarray]:
-    """HF-layout host arrays, one per tensor; the next leaf converts on device while this one is written."""
+def _in_host_memory(leaf) -> bool:
+    """A numpy array, or a JAX array whose buffers are on the CPU (readable by numpy without a copy)."""
+    return not isinstance(leaf, jax.Array) or all(d.platform == "cpu" for d in leaf.devices())
+
+
+def _hf_arrays(params: Mapping[str, Any], cfg: DecoderConfig, dtype: np.dtype, *,
+               views: bool = False) -> Iterator[np.ndarray]:
+    """HF-layout host arrays, one per tensor; the next leaf converts on device while this one is written.
+
+    With ``views`` a leaf already in host memory and in ``dtype`` is not transposed on device:
+    its tensors come out as transposed views (``x.swapaxes(-1, -2)``), for a writer that lays
+    them out while copying them into the file (one pass over the data instead of two)."""
     def start(path, transposed):
         leaf = _leaf(params, path)
-        if not transposed and np.dtype(leaf.dtype) == dtype:
+        same_dtype = np.dtype(leaf.dtype) == dtype
+        if same_dtype and (not transposed or views and _in_host_memory(leaf)):
             return leaf  # nothing to do on device
         return _to_hf_layout(transposed, dtype.name)(leaf)  # async dispatch
 
     items = [(path, names, transposed) for path, (_, names, transposed) in hf_layout(cfg).items()]
     pending = start(items[0][0], items[0][2])
-    for index, (_, names, _) in enumerate(items):
-        host = np.ascontiguousarray(pending)  # waits for this leaf only; no copy when already contiguous
+    for index, (_, names, transposed) in enumerate(items):
+        as_view = transposed and pending is _leaf(params, items[index][0])
+        host = np.asarray(pending) if as_view else np.ascontiguousarray(pending)  # waits for this leaf only
+        if as_view:
+            host = host.swapaxes(-1, -2)
         if index + 1 < len(items):
             pending = start(items[index + 1][0], items[index + 1][2])
         if isinstance(names, list):
-            yield from (host[i] for i in range(len(names)))  # contiguous per-layer views
+            yield from (host[i] for i in range(len(names)))  # per-layer views
         else:
             yield host
 
@@ -150,8 +166,11 @@ def write_sync_dir(cfg: DecoderConfig, params: Mapping[str, Any], directory: str
 
     Unlike ``save_hf_dir`` nothing is atomic or fsynced (the caller publishes the directory
     by renaming it), and an existing directory holding an older copy of the same model is
-    rewritten in place: the tensors go straight into the old file's pages, by ``workers``
-    threads, while the next leaf is transposed on device (``write_safetensors_in_place``).
+    rewritten in place: the tensors go straight into the old file's mapped pages, by ``workers``
+    threads (``write_safetensors_in_place``). A leaf that must change dtype is transposed and
+    cast by one op on device while the previous one is copied; a leaf already in host memory
+    and in ``dtype`` is transposed by that copy itself (one pass instead of a transpose into a
+    temporary and a second copy: 1.55x faster for SmolLM2 float32 on CPU, see README).
     Returns the directory's absolute path.
     """
     dtype = canonical_dtype_name(dtype, "dtype")
@@ -167,7 +186,7 @@ def write_sync_dir(cfg: DecoderConfig, params: Mapping[str, Any], directory: str
         if stale.endswith(".safetensors") and stale != SINGLE_FILE or stale == INDEX_FILE:
             os.remove(os.path.join(directory, stale))
     write_safetensors_in_place(os.path.join(directory, SINGLE_FILE), _hf_specs(cfg, np_dtype),
-                               _hf_arrays(params, cfg, np_dtype), workers=workers)
+                               _hf_arrays(params, cfg, np_dtype, views=True), workers=workers)
     _write_json(os.path.join(directory, "config.json"), hf_config_dict(cfg, dtype))
     _write_json(os.path.join(directory, "generation_config.json"), generation_config_dict(cfg))
     return directory

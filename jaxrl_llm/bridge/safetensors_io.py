@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import mmap
 import os
 import struct
 from typing import Any, Iterable, Mapping, Sequence
@@ -221,46 +222,67 @@ def write_safetensors_stream(path: str | os.PathLike, specs: Sequence[tuple[str,
     return 8 + len(header_bytes) + written
 
 
-def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
-    """Write the array's raw bytes at ``offset`` (pwrite may write less than asked: loop)."""
-    view = memoryview(array.reshape(-1).view(np.uint8))
-    while view.nbytes:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+_SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _copy_bits(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src as raw bits (same item size): a plain integer copy, which numpy runs
+    without the GIL, also for dtypes such as bfloat16 whose own copy loop is slower."""
+    uint = _SAME_SIZE_UINT[src.dtype.itemsize]
+    np.copyto(dst.view(uint), src.view(uint), casting="no")
 
 
 def write_safetensors_in_place(path: str | os.PathLike, specs: Sequence[tuple[str, Any, Sequence[int]]],
                                arrays: Iterable[np.ndarray], metadata: Mapping[str, str] | None = None, *,
                                workers: int = 2) -> int:
     """``write_safetensors_stream`` for a staging copy that is rewritten every step: an existing
-    file at ``path`` is overwritten in place (not truncated to zero first), and the tensors are
-    written by ``workers`` threads at their offsets while ``arrays`` yields the next ones.
+    file at ``path`` is overwritten in place (not truncated to zero first), through a shared
+    writable memory map of the whole file, by ``workers`` threads while ``arrays`` yields the
+    next tensors.
 
-    On a RAM filesystem (/dev/shm) a new file costs a page allocation and zeroing per 4 KiB;
-    rewriting the pages of the previous copy skips both. ``pwrite`` releases the GIL, so the
-    writers run beside the producer of ``arrays``. No fsync. Returns the bytes written.
+    ``arrays`` may be strided views, e.g. ``x.swapaxes(-1, -2)`` of a host array: the copy into
+    the mapped file lays each out in C order, so a transpose costs no pass of its own. On a RAM
+    filesystem (/dev/shm) a new file costs a page allocation and zeroing per 4 KiB; rewriting
+    the pages of the previous copy skips both, and MAP_POPULATE maps them in one call instead
+    of one page fault each. numpy's copy releases the GIL, so the writers run beside the
+    producer of ``arrays``. No fsync. Returns the bytes written.
     """
-    header_bytes, offset = _header(specs, metadata)
+    header_bytes, size = _header(specs, metadata)
     data_start = 8 + len(header_bytes)
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = os.open(os.fspath(path), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        os.ftruncate(fd, data_start + offset)  # same size as the previous copy: keeps its pages
-        _pwrite_all(fd, np.frombuffer(struct.pack("<Q", len(header_bytes)) + header_bytes, np.uint8), 0)
-        pending: collections.deque = collections.deque()
-        begin = data_start  # tensors follow each other in `specs` order, as the header lays them out
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="safetensors-write") as pool:
-            for (name, dtype, shape), array in zip(specs, arrays, strict=True):
-                if array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
-                    raise ValueError(f"tensor {name!r} is {array.dtype}{list(array.shape)}, "
-                                     f"but its spec says {np.dtype(dtype)}{list(shape)}")
-                if not array.flags.c_contiguous:
-                    raise ValueError(f"tensor {name!r} is not C-contiguous; pass np.ascontiguousarray(...) explicitly")
-                pending.append(pool.submit(_pwrite_all, fd, array, begin))
-                begin += array.nbytes  # the spec's size: checked above
-                while len(pending) > 2 * workers:  # bounds the host arrays held alive
-                    pending.popleft().result()
-            for future in pending:
-                future.result()
+        os.ftruncate(fd, data_start + size)  # same size as the previous copy: keeps its pages
+        head = memoryview(struct.pack("<Q", len(header_bytes)) + header_bytes)
+        while head.nbytes:  # pwrite may write less than asked
+            head = head[os.pwrite(fd, head, data_start - head.nbytes):]
+        if size == 0:
+            return data_start
+        mapped = mmap.mmap(fd, data_start + size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
-        os.close(fd)
-    return data_start + offset
+        os.close(fd)  # the mapping keeps the file open
+    try:
+        _copy_into(np.frombuffer(mapped, np.uint8), data_start, specs, arrays, workers)
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # a failed copy's traceback still holds a view: unmapped when it is freed
+            pass
+    return data_start + size
+
+
+def _copy_into(file_bytes: np.ndarray, begin: int, specs, arrays, workers: int) -> None:
+    """Copy each array into its slot of the mapped file, tensors in `specs` order from ``begin``."""
+    pending: collections.deque = collections.deque()
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="safetensors-write") as pool:
+        for (name, dtype, shape), array in zip(specs, arrays, strict=True):
+            if array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
+                raise ValueError(f"tensor {name!r} is {array.dtype}{list(array.shape)}, "
+                                 f"but its spec says {np.dtype(dtype)}{list(shape)}")
+            slot = file_bytes[begin:begin + array.nbytes].view(array.dtype).reshape(array.shape)
+            pending.append(pool.submit(_copy_bits, slot, array))
+            begin += array.nbytes  # the spec's size: checked above
+            while len(pending) > 2 * workers:  # bounds the host arrays held alive
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()

@@ -6,8 +6,9 @@ shared filesystem):
 
   1. export: the learner writes HF-format safetensors (via the bridge) into
      a staging directory, on /dev/shm when it exists (RAM, no disk): the
-     directory of the push before last, rewritten in place (no new pages),
-     by several writer threads while the next tensor is transposed on device.
+     directory of the push before last, rewritten in place (no new pages)
+     through a memory map by several copy threads, which also transpose
+     host-resident leaves to HF's layout as they copy.
   2. reload: POST /collective_rpc {"method": "reload_weights",
      "kwargs": {"weights_path": DIR}} to every server. vLLM loads the
      checkpoint-format tensors in place (fusing q/k/v and gate/up itself).
@@ -18,7 +19,7 @@ shared filesystem):
      readable at GET /weight_info, so a server can be asked what it serves.
   5. verify (optional, `LogprobProbe`): score a fixed token sequence with
      prompt logprobs on every server and compare with the learner's
-     logprobs for the same params. Reloads that silently skip tensors (vLLM
+     logprobs for the same params (computed during step 2's reload). Reloads that silently skip tensors (vLLM
      only logs a warning for weights it did not find) fail here.
 
 GPU fast path (not implemented here; same seam): vLLM 0.32 has an NCCL
@@ -199,9 +200,6 @@ class DiskWeightSync(WeightSync):
 
     def _push(self, params: Any, version: int, weights_dir: Path) -> WeightSyncReport:
         started = time.perf_counter()
-        # The learner's probe logprobs need only params: compute them while
-        # the export and reload run (JAX releases the GIL).
-        expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
         partial = self._stage_dir / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         if self._spare is not None:  # no server reads it: the export overwrites it in place
@@ -216,6 +214,10 @@ class DiskWeightSync(WeightSync):
         partial.rename(weights_dir)  # servers only ever see a complete directory
         exported = time.perf_counter()
 
+        # The learner's probe logprobs need only params: computed while the servers reload
+        # (this process only waits then), not during the export, whose writer threads they
+        # would slow down on a small CPU (JAX releases the GIL).
+        expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
         self.client.post_all("/collective_rpc", {"method": "reload_weights",
                                                  "kwargs": {"weights_path": str(weights_dir)}},
                              timeout_s=self.rpc_timeout_s)

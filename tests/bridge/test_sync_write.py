@@ -66,3 +66,32 @@ def test_sync_writer_rejects_bad_arguments(tmp_path):
         write_sync_dir(cfg, params, tmp_path / "x", workers=0)
     with pytest.raises(ValueError, match=r"dtype='int8'"):
         write_sync_dir(cfg, params, tmp_path / "x", dtype="int8")
+
+
+def test_in_place_writer_lays_out_strided_views_in_c_order_and_keeps_the_file(tmp_path):
+    from safetensors.numpy import load_file  # the reference reader (float32 / int tensors)
+
+    from jaxrl_llm.bridge.safetensors_io import SafetensorsFile, write_safetensors_in_place
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    h = rng.standard_normal((4, 6)).astype(ml_dtypes.bfloat16)
+    arrays = {"w1.T": w[1].T, "stack.T": w.swapaxes(-1, -2), "h.T": h.T, "empty": np.zeros((0, 3), np.float32),
+              "ids": np.arange(5, dtype=np.int64)[::2]}  # views: transposed, stacked, bfloat16, strided
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(b"x" * 10_000)  # an older, larger copy
+    inode = os.stat(path).st_ino
+    specs = [(name, a.dtype, a.shape) for name, a in arrays.items()]
+    size = write_safetensors_in_place(path, specs, arrays.values(), workers=2)
+
+    assert os.stat(path).st_ino == inode and os.path.getsize(path) == size  # same file, cut to the new size
+    stored = SafetensorsFile(path)
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(stored.array(name).view(np.uint8), np.ascontiguousarray(a).view(np.uint8),
+                                      err_msg=name)
+    f32 = tmp_path / "f32.safetensors"  # for the reference reader: safetensors.numpy has no bfloat16
+    write_safetensors_in_place(f32, [(n, a.dtype, a.shape) for n, a in arrays.items() if n != "h.T"],
+                               [a for n, a in arrays.items() if n != "h.T"])
+    reference = load_file(str(f32))
+    np.testing.assert_array_equal(reference["stack.T"], np.ascontiguousarray(w.swapaxes(-1, -2)))
+    np.testing.assert_array_equal(reference["ids"], [0, 2, 4])

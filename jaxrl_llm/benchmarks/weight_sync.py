@@ -1,0 +1,214 @@
+"""Weight-sync cost against model size: export -> reload -> verify into a real vLLM CPU server.
+
+    python -m jaxrl_llm.benchmarks.weight_sync [--models smollm2-135m,qwen2.5-0.5b,qwen2.5-1.5b]
+                                               [--dtype bfloat16] [--warmup 2] [--iters 3] [--out FILE]
+
+For each model one vLLM CPU server is started on it and `DiskWeightSync` pushes
+alternating weight versions (the second differs in the final norm, so every
+push changes what the server computes): `--warmup` untimed pushes (the first
+two write new staging files; from the third on a push rewrites the copy of the
+push before last in place, the steady state of training), then `--iters` timed
+ones, split by phase as `WeightSyncReport` measures them:
+
+  export  the bridge writes HF safetensors to /dev/shm (`bridge_export`);
+  reload  vLLM's reload_weights RPC + prefix-cache reset + version label;
+  verify  the wait for the learner's probe logprobs (computed during the reload)
+          plus the probe request to the server and the comparison.
+
+SmolLM2-135M uses its real weights; the Qwen2.5 models are random weights in
+the published shapes (Qwen2: q/k/v biases, tied embeddings at these sizes,
+vocabulary 151,936), served with SmolLM2's tokenizer (the probe's token ids
+are below its vocabulary). Then a least-squares line over the models gives
+each phase's cost per GB of staged file, the basis of the README's projection
+for larger models. A model whose memory need (learner copy + two staged
+copies + the server's copy + 2 GB) exceeds MemAvailable is skipped, saying so.
+
+Numbers depend on load: the machine's cores are shared; the load average is
+printed beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.bridge import load_hf_dir, save_hf_dir, smollm2_hf_dir
+from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
+from jaxrl_llm.rollout import (DiskWeightSync, LogprobProbe, VLLMClient, VLLMServer, VLLMServerConfig,
+                               bridge_export)
+
+# Published shapes (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
+QWEN25_SHAPES = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
+                         head_dim=64),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12, num_kv_heads=2,
+                         head_dim=128),
+}
+MODELS = ("smollm2-135m", *QWEN25_SHAPES)
+# Per-token tolerance of the probe by server dtype (see benchmarks/rollout.py).
+PROBE_ATOL = {"float32": 2e-3, "bfloat16": 1.0}
+# Fixed token ids, below every vocabulary here (SmolLM2's tokenizer has 49,152).
+PROBE_TOKENS = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411)
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeResult:
+    model: str
+    params: int
+    file_bytes: int
+    startup_s: float
+    first_push: dict  # phases of the first push (a new staging file)
+    export_s: float  # medians of the timed pushes
+    reload_s: float
+    verify_s: float
+    total_s: float
+    learner_probe_s: float  # the learner's probe logprobs alone
+    probe_max_abs_diff: float
+    load_before: float
+    load_after: float
+
+
+def qwen25_config(name: str, dtype: str) -> DecoderConfig:
+    return DecoderConfig(vocab_size=151936, family="qwen2", qkv_bias=True, tie_word_embeddings=True,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                         param_dtype=dtype, compute_dtype=dtype, **QWEN25_SHAPES[name])
+
+
+def build_model(name: str, dtype: str) -> tuple[DecoderConfig, dict]:
+    """(config, params; both dtypes `dtype`): SmolLM2's real weights, or random Qwen2.5-shaped ones."""
+    if name == "smollm2-135m":
+        cfg, params = load_hf_dir(smollm2_hf_dir(), dtype=dtype)
+        return cfg.with_dtypes(dtype, dtype), jax.tree.map(jnp.asarray, params)
+    if name not in QWEN25_SHAPES:
+        raise ValueError(f"model {name!r}; valid: {list(MODELS)}")
+    cfg = qwen25_config(name, dtype)
+    return cfg, init_params(cfg, jax.random.PRNGKey(0))
+
+
+def mem_available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def fit_per_gb(gbs: list[float], seconds: list[float]) -> tuple[float, float]:
+    """(intercept s, slope s/GB) of the least-squares line through (GB, seconds)."""
+    slope, intercept = np.polyfit(np.asarray(gbs), np.asarray(seconds), 1)
+    return float(intercept), float(slope)
+
+
+def bench_model(name: str, dtype: str, warmup: int, iters: int, learner_dtype: str = "float32") -> SizeResult | str:
+    """One server on `name`, its pushes timed; a string saying why when skipped for memory."""
+    if name in QWEN25_SHAPES:
+        count = qwen25_config(name, dtype).num_params()
+        learner_bytes, model_bytes = (count * np.dtype(jnp.dtype(d)).itemsize for d in (learner_dtype, dtype))
+        need = learner_bytes + 3 * model_bytes + 3 * 2 ** 30  # + 2 staged + server copies, overhead, KV cache
+        if mem_available_bytes() < need:
+            return (f"{name}: skipped, needs ~{need / 2 ** 30:.1f} GiB, MemAvailable "
+                    f"{mem_available_bytes() / 2 ** 30:.1f} GiB")
+    cfg, params_a = build_model(name, learner_dtype)
+    params_b = dict(params_a, final_norm=params_a["final_norm"] * 1.25)  # shares every other leaf
+    # Computed in the learner's dtype: a float32 pass over bfloat16 params lets XLA hold a float32
+    # copy of every weight at once (9 GB for the 1.5B model), more than the sync itself needs.
+    score = jax.jit(lambda p, t: token_logprobs(p, cfg, t))
+    tokens = jnp.asarray(np.asarray(PROBE_TOKENS, np.int32)[None])
+    probe = LogprobProbe(PROBE_TOKENS, lambda p: np.asarray(score(p, tokens))[0], atol=PROBE_ATOL[dtype])
+    probe.expected(params_a)  # compile outside the timings
+    start = time.perf_counter()
+    probe.expected(params_b)
+    learner_probe_s = time.perf_counter() - start
+
+    root = Path(tempfile.mkdtemp(prefix=f"jaxrl-sync-bench-{name}-"))  # the server's initial copy: on disk
+    try:
+        model_dir = save_hf_dir(cfg, params_a, root / "model", dtype=dtype, tokenizer_dir=smollm2_hf_dir(),
+                                fsync=False)
+        file_bytes = os.path.getsize(Path(model_dir) / "model.safetensors")
+        config = VLLMServerConfig(model_dir=model_dir, dtype=dtype, max_model_len=128, kv_cache_gib=1,
+                                  enforce_eager=True)
+        start = time.perf_counter()
+        with VLLMServer(config) as server:
+            startup_s = time.perf_counter() - start
+            load_before = os.getloadavg()[0]
+            with DiskWeightSync(VLLMClient([server.url]), bridge_export(cfg, dtype), probe=probe) as sync:
+                reports = [sync.push(params_b if v % 2 else params_a, v) for v in range(1, warmup + iters + 1)]
+            load_after = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    timed = reports[warmup:]
+    first = reports[0]
+
+    def median(field: str) -> float:
+        return statistics.median(getattr(r, field) for r in timed)
+
+    return SizeResult(name, cfg.num_params(), file_bytes, startup_s,
+                      {"export_s": first.export_s, "reload_s": first.reload_s, "verify_s": first.verify_s},
+                      median("export_s"), median("reload_s"), median("verify_s"), median("total_s"),
+                      learner_probe_s, max(r.probe_max_abs_diff for r in reports), load_before, load_after)
+
+
+def print_table(results: list[SizeResult], dtype: str, warmup: int, iters: int) -> dict:
+    print(f"weight sync against model size: vLLM CPU {dtype} server, {dtype} files on /dev/shm, median of "
+          f"{iters} pushes after {warmup} warm-up pushes (in-place rewrites)")
+    print(f"  {'model':<14} {'params':>7} {'file MiB':>9} {'export s':>9} {'reload s':>9} {'verify s':>9} "
+          f"{'total s':>8} {'learner probe s':>16} {'first push s':>13} {'server start s':>15} {'load':>10}")
+    for r in results:
+        first = sum(r.first_push.values())
+        print(f"  {r.model:<14} {r.params / 1e9:6.2f}B {r.file_bytes / 2 ** 20:9.0f} {r.export_s:9.2f} "
+              f"{r.reload_s:9.2f} {r.verify_s:9.2f} {r.total_s:8.2f} {r.learner_probe_s:16.2f} {first:13.2f} "
+              f"{r.startup_s:15.1f} {r.load_before:4.1f}->{r.load_after:<4.1f}")
+    fits = {}
+    if len(results) >= 2:
+        gbs = [r.file_bytes / 1e9 for r in results]
+        for phase in ("export_s", "reload_s", "verify_s", "total_s"):
+            fits[phase] = fit_per_gb(gbs, [getattr(r, phase) for r in results])
+        print("  linear fit over these models, seconds = a + b * GB of staged file:  " + ";  ".join(
+            f"{phase[:-2]} {a:+.2f} + {b:.2f}/GB" for phase, (a, b) in fits.items()))
+    return {phase: {"intercept_s": a, "s_per_gb": b} for phase, (a, b) in fits.items()}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {list(MODELS)}")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(PROBE_ATOL), help="staged files and server dtype")
+    parser.add_argument("--learner-dtype", default="float32", choices=sorted(PROBE_ATOL),
+                        help="the learner's params and probe compute (training keeps float32 master weights; "
+                             "the export casts them on device)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.warmup < 0 or args.iters < 1:
+        parser.error(f"--warmup {args.warmup} must be >= 0 and --iters {args.iters} >= 1")
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; valid: {list(MODELS)}")
+
+    results, skipped = [], []
+    for name in names:
+        outcome = bench_model(name, args.dtype, args.warmup, args.iters, args.learner_dtype)
+        (skipped if isinstance(outcome, str) else results).append(outcome)
+        print("  " + (outcome if isinstance(outcome, str) else f"{name}: {dataclasses.asdict(outcome)}"), flush=True)
+    fits = print_table(results, args.dtype, args.warmup, args.iters)
+    out = {"dtype": args.dtype, "learner_dtype": args.learner_dtype, "results": [dataclasses.asdict(r) for r in results], "skipped": skipped,
+           "fit": fits}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
