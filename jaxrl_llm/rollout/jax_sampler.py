@@ -59,7 +59,41 @@ def filtered_logprobs(logits: jax.Array, temperature: jax.Array, top_k: int | No
         keep_sorted = mass_before < top_p
         threshold = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
         logp = jnp.where(logp >= threshold, logp, _NEG_INF)
+    if top_k is None and not use_top_p:  # nothing removed: already normalised, as the learner computes it
+        return logp
     return jax.nn.log_softmax(logp, axis=-1)
+
+
+def inverse_cdf_choice(logp: jax.Array, uniform: jax.Array, block: int = 256) -> jax.Array:
+    """Token drawn from exp(logp) [B, V] by inversion with one uniform [B] in [0, 1) per row.
+
+    Returns for each row the first index whose cumulative mass exceeds ``uniform * total``:
+    token i is chosen for a fraction p_i / total of the uniform's range, so the draw
+    follows the (renormalised) distribution, and a token of probability 0 is never chosen
+    (its cumulative mass equals its predecessor's). The cumulative sum runs in two levels,
+    within blocks of ``block`` tokens and over the block totals, so the work is O(V) and
+    the search reads one block per row. Float32: the interval of each token is exact up to
+    float32 rounding of the running sums (relative ~1e-7)."""
+    batch, vocab = logp.shape
+    padded = -(-vocab // block) * block
+    probs = jnp.exp(logp.astype(jnp.float32))
+    probs = jnp.pad(probs, ((0, 0), (0, padded - vocab))).reshape(batch, padded // block, block)
+    within = jnp.cumsum(probs, axis=-1)  # [B, nb, block] inclusive, inside each block
+    block_end = jnp.cumsum(within[..., -1], axis=-1)  # [B, nb] inclusive, over blocks
+    target = uniform * block_end[:, -1]
+    positive_blocks = within[..., -1] > 0
+    last_block = (positive_blocks.shape[-1] - 1 - jnp.argmax(positive_blocks[:, ::-1], axis=-1)).astype(jnp.int32)
+    chosen_block = jnp.sum(block_end <= target[:, None], axis=-1, dtype=jnp.int32)
+    chosen_block = jnp.minimum(chosen_block, last_block)  # target rounded up to the total: last non-empty block
+    block_begin = jnp.pad(block_end[:, :-1], ((0, 0), (1, 0)))  # exclusive: the same sums the choice compared
+    block_start = jnp.take_along_axis(block_begin, chosen_block[:, None], axis=-1)[:, 0]
+    rows = jnp.arange(batch)
+    in_block = within[rows, chosen_block]  # [B, block]
+    in_probs = probs[rows, chosen_block]
+    offset = jnp.sum(in_block <= (target - block_start)[:, None], axis=-1, dtype=jnp.int32)
+    last_positive = (block - 1 - jnp.argmax(in_probs[:, ::-1] > 0, axis=-1)).astype(jnp.int32)
+    offset = jnp.minimum(offset, last_positive)  # rounding past the block's sum: its last token of mass > 0
+    return chosen_block * block + offset
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row"))
@@ -74,11 +108,10 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
 
     def sample(logits, step):
         logp = filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
-        # Rows first_row.. of a [first_row + B, V] draw: with JAX's partitionable threefry an
-        # element's noise depends on its index only, so a split batch draws the noise of one call.
-        shape = (first_row + logp.shape[0], logp.shape[1])
-        gumbel = jax.random.gumbel(jax.random.fold_in(key, step), shape, jnp.float32)[first_row:]
-        token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
+        # Rows first_row.. of a [first_row + B] draw: with JAX's partitionable threefry an
+        # element's value depends on its index only, so a split batch draws the numbers of one call.
+        uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + logp.shape[0],))[first_row:]
+        token = inverse_cdf_choice(logp, uniform)
         return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
     def cond(state):
