@@ -220,7 +220,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--table-batches", default="8,64,256",
                         help="sequences per call of the JAX / vLLM ratio table (multiples of 8)")
     parser.add_argument("--table-lengths", default="32,256", help="new tokens per sequence of the ratio table")
-    parser.add_argument("--table-kv-gib", type=float, default=2.0, help="vLLM KV cache of the ratio table's server")
+    parser.add_argument("--table-kv-gib", type=int, default=2, help="vLLM KV cache of the ratio table's server")
     parser.add_argument("--no-table", action="store_true", help="skip the JAX / vLLM ratio table")
     parser.add_argument("--only-table", action="store_true", help="run the ratio table alone")
     args = parser.parse_args(argv)
