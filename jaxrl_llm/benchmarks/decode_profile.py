@@ -120,6 +120,25 @@ def inverse_cdf_sampler(part: str):
 SAMPLERS = {"baseline": gumbel_sampler, "current": inverse_cdf_sampler}
 
 
+def paired_compaction(cfg, params, prompts, batch: int, max_tokens: int, rounds: int) -> dict[str, float]:
+    """Median seconds of the current decode program with and without dropping finished rows,
+    interleaved, with the chat EOS (id 2) as stop token so rows finish at their own lengths."""
+    from jaxrl_llm.benchmarks.model import interleaved_times
+    from jaxrl_llm.rollout.jax_sampler import _generate
+
+    args = _decode_args(cfg, params, prompts, batch)[:-1] + (jnp.asarray([2], jnp.int32),)
+    kwargs = dict(max_tokens=max_tokens, top_k=None, use_top_p=False)
+    outs = {c: _generate(*args, **kwargs, compact=c) for c in (False, True)}
+    lengths = [np.asarray(o[2]) for o in outs.values()]
+    print(f"  completion lengths: mean {lengths[0].mean():.1f}, max {lengths[0].max()}; "
+          f"rows with equal tokens: {np.mean(np.all(np.asarray(outs[False][0]) == np.asarray(outs[True][0]), 1)):.2f}",
+          flush=True)
+    steps = {"all rows": lambda: jax.block_until_ready(_generate(*args, **kwargs, compact=False)),
+             "compacted": lambda: jax.block_until_ready(_generate(*args, **kwargs, compact=True))}
+    times = interleaved_times(steps, 0, rounds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def paired_generate(cfg, params, prompts, batch: int, max_tokens: int, rounds: int) -> dict[str, float]:
     """Median seconds of the whole decode program, before (`sampler_baseline`) and now
     (`jax_sampler._generate`), called alternately on the same inputs (no stop token, so
@@ -128,19 +147,57 @@ def paired_generate(cfg, params, prompts, batch: int, max_tokens: int, rounds: i
     from jaxrl_llm.benchmarks.sampler_baseline import generate_baseline
     from jaxrl_llm.rollout.jax_sampler import _generate
 
+    args = _decode_args(cfg, params, prompts, batch)
+    kwargs = dict(max_tokens=max_tokens, top_k=None, use_top_p=False)
+    steps = {"before": lambda: jax.block_until_ready(generate_baseline(*args, **kwargs)),
+             "after": lambda: jax.block_until_ready(_generate(*args, **kwargs))}
+    times = interleaved_times(steps, 1, rounds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+XLA_VARIANTS: dict[str, dict] = {
+    "default": {},
+    "onednn": {"xla_cpu_use_onednn": True},
+    "xnn-dot": {"xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "onednn-dot": {"xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "eigen-1-thread": {"xla_cpu_multi_thread_eigen": False},
+}
+
+
+def xla_variants(cfg, params, prompts, batch: int, max_tokens: int, rounds: int, names) -> dict[str, float]:
+    """Median seconds of the current decode program compiled with each XLA:CPU option set
+    (``compile(compiler_options=...)``), interleaved; tokens must equal the default build's."""
+    from jaxrl_llm.benchmarks.model import interleaved_times
+    from jaxrl_llm.rollout.jax_sampler import _generate
+
+    args = _decode_args(cfg, params, prompts, batch)
+    lowered = _generate.lower(*args, max_tokens=max_tokens, top_k=None, use_top_p=False)
+    dynamic = (args[0],) + args[2:]  # cfg is static
+    compiled, steps = {}, {}
+    for name in names:
+        try:
+            compiled[name] = lowered.compile(compiler_options=XLA_VARIANTS[name])
+        except Exception as error:  # an option this jaxlib does not take: say so, go on
+            print(f"  {name}: not compiled: {str(error).splitlines()[0][:160]}", flush=True)
+            continue
+        steps[name] = lambda c=compiled[name]: jax.block_until_ready(c(*dynamic))
+    reference = np.asarray(compiled["default"](*dynamic)[0])
+    for name, c in compiled.items():
+        same = np.array_equal(np.asarray(c(*dynamic)[0]), reference)
+        print(f"  {name}: tokens equal to default: {same}", flush=True)
+    times = interleaved_times(steps, 1, rounds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _decode_args(cfg, params, prompts, batch: int):
     width = -(-max(len(p) for p in prompts) // 16) * 16
     tokens = np.zeros((batch, width), np.int32)
     mask = np.zeros((batch, width), bool)
     for i in range(batch):
         p = prompts[i % len(prompts)]
         tokens[i, width - len(p):], mask[i, width - len(p):] = p, True
-    args = (params, cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0), jnp.float32(1.0),
+    return (params, cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0), jnp.float32(1.0),
             jnp.float32(1.0), jnp.asarray([-1], jnp.int32))
-    kwargs = dict(max_tokens=max_tokens, top_k=None, use_top_p=False)
-    steps = {"before": lambda: jax.block_until_ready(generate_baseline(*args, **kwargs)),
-             "after": lambda: jax.block_until_ready(_generate(*args, **kwargs))}
-    times = interleaved_times(steps, 1, rounds)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def in_loop_step_seconds(cfg, params, prompts, batch: int, max_tokens: int, rounds: int) -> float:
@@ -187,6 +244,10 @@ def main(argv=None) -> dict:
                         help="which per-step draw the sampling phases time")
     parser.add_argument("--paired", action="store_true",
                         help="instead: time the whole decode program before vs after, interleaved")
+    parser.add_argument("--compaction", action="store_true",
+                        help="instead: time the decode program with vs without dropping finished rows")
+    parser.add_argument("--xla-variants", default=None,
+                        help=f"instead: time the decode program per XLA:CPU option set, of {','.join(XLA_VARIANTS)}")
     args = parser.parse_args(argv)
     from jaxrl_llm.benchmarks.rollout import chat_prompts
     from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
@@ -197,6 +258,18 @@ def main(argv=None) -> dict:
     cache_len = args.prompt_len + args.max_tokens
     results = {}
     for batch in (int(b) for b in args.batches.split(",")):
+        if args.xla_variants:
+            names = ["default"] + [n for n in args.xla_variants.split(",") if n != "default"]
+            r = results[batch] = xla_variants(cfg, params, prompts, batch, args.max_tokens, args.rounds, names)
+            print(f"batch {batch}, {args.max_tokens} tokens (load {os.getloadavg()[0]:.1f}): "
+                  + ", ".join(f"{k} {v:.2f} s ({r['default'] / v:.2f}x)" for k, v in r.items()), flush=True)
+            continue
+        if args.compaction:
+            r = results[batch] = paired_compaction(cfg, params, prompts, batch, args.max_tokens, args.rounds)
+            print(f"batch {batch}, <= {args.max_tokens} tokens (load {os.getloadavg()[0]:.1f}): all rows "
+                  f"{r['all rows']:.2f} s, compacted {r['compacted']:.2f} s, "
+                  f"speed-up {r['all rows'] / r['compacted']:.2f}x", flush=True)
+            continue
         if args.paired:
             r = results[batch] = paired_generate(cfg, params, prompts, batch, args.max_tokens, args.rounds)
             print(f"batch {batch}, {args.max_tokens} tokens (load {os.getloadavg()[0]:.1f}): before "

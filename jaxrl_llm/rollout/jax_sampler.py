@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -96,45 +96,89 @@ def inverse_cdf_choice(logp: jax.Array, uniform: jax.Array, block: int = 256) ->
     return chosen_block * block + offset
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row"))
+class _Decode(NamedTuple):
+    """State of the decode loop. ``rows`` [b] maps the b rows still computed to their
+    row in the outputs (b shrinks when finished rows are dropped); out_* are [B, ...]."""
+    step: jax.Array
+    cache: dict
+    logits: jax.Array
+    rows: jax.Array
+    done: jax.Array
+    out_tokens: jax.Array
+    out_logprobs: jax.Array
+    out_lengths: jax.Array
+    out_stopped: jax.Array
+
+
+def compaction_sizes(batch: int, smallest: int = 8, stages: int = 4) -> tuple[int, ...]:
+    """Row counts the decode loop runs at: the batch, then halves while even and >= smallest,
+    at most ``stages`` sizes (each is one more decode program to compile)."""
+    sizes = [batch]
+    while len(sizes) < stages and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= smallest:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
+def _keep_unfinished(state: _Decode, size: int) -> _Decode:
+    """The first ``size`` rows after a stable sort putting unfinished rows first (the
+    caller guarantees at most ``size`` are unfinished); the cache rows go with them."""
+    keep = jnp.argsort(state.done, stable=True)[:size]
+    cache = dict(state.cache, k=state.cache["k"][:, keep], v=state.cache["v"][:, keep],
+                 mask=state.cache["mask"][keep], next_pos=state.cache["next_pos"][keep])
+    return state._replace(cache=cache, logits=state.logits[keep], rows=state.rows[keep], done=state.done[keep])
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids, *,
-              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0):
+              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0, compact: bool = True):
     """prompt_tokens/prompt_mask [B, Lp] left-padded -> (tokens [B, max_tokens],
-    logprobs [B, max_tokens], lengths [B], stopped [B])."""
+    logprobs [B, max_tokens], lengths [B], stopped [B]).
+
+    With ``compact``, finished rows stop being computed: the loop runs at B rows while
+    more than B/2 are unfinished, then moves the unfinished rows (and their cache) into
+    a B/2-row loop, and so on down to B/8 or 8 rows (`compaction_sizes`). A row's numbers do
+    not depend on which rows share its batch (its uniform is indexed by its output row),
+    so compaction changes the work, not the samples (up to matmul rounding)."""
     batch, prompt_len = prompt_tokens.shape
     cache = init_cache(cfg, batch, prompt_len + max_tokens)
     hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True)
     last_logits = lm_head_logits(hidden[:, -1], params, cfg)
 
-    def sample(logits, step):
+    def sample(logits, rows, step):
         logp = filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
         # Rows first_row.. of a [first_row + B] draw: with JAX's partitionable threefry an
         # element's value depends on its index only, so a split batch draws the numbers of one call.
-        uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + logp.shape[0],))[first_row:]
-        token = inverse_cdf_choice(logp, uniform)
+        uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + batch,))[first_row:]
+        token = inverse_cdf_choice(logp, uniform[rows])
         return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
-    def cond(state):
-        step, _, _, _, done, _, _ = state
-        return (step < max_tokens) & ~jnp.all(done)
-
-    def body(state):
-        step, cache, logits, lengths, done, tokens, logprobs = state
-        token, logp = sample(logits, step)
-        active = ~done
-        tokens = tokens.at[:, step].set(jnp.where(active, token, 0))
-        logprobs = logprobs.at[:, step].set(jnp.where(active, logp, 0.0))
-        lengths = lengths + active.astype(jnp.int32)
-        done = done | (active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1))
-        hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=cache,
+    def body(s: _Decode) -> _Decode:
+        token, logp = sample(s.logits, s.rows, s.step)
+        active = ~s.done
+        out_row = jnp.where(active, s.rows, batch)  # finished rows write nowhere (dropped)
+        stopped = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=s.cache,
                                 return_hidden=True)
-        return step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), lengths, done, tokens, logprobs
+        return _Decode(s.step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), s.rows, s.done | stopped,
+                       s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
+                       s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
+                       s.out_lengths.at[out_row].add(1, mode="drop"),
+                       s.out_stopped.at[out_row].set(stopped, mode="drop"))
 
-    state = (jnp.zeros((), jnp.int32), cache, last_logits, jnp.zeros((batch,), jnp.int32),
-             jnp.zeros((batch,), bool), jnp.zeros((batch, max_tokens), jnp.int32),
-             jnp.zeros((batch, max_tokens), jnp.float32))
-    _, _, _, lengths, done, tokens, logprobs = jax.lax.while_loop(cond, body, state)
-    return tokens, logprobs, lengths, done
+    state = _Decode(jnp.zeros((), jnp.int32), cache, last_logits, jnp.arange(batch, dtype=jnp.int32),
+                    jnp.zeros((batch,), bool), jnp.zeros((batch, max_tokens), jnp.int32),
+                    jnp.zeros((batch, max_tokens), jnp.float32), jnp.zeros((batch,), jnp.int32),
+                    jnp.zeros((batch,), bool))
+    sizes = compaction_sizes(batch) if compact else (batch,)
+    for size, next_size in zip(sizes, sizes[1:] + (0,)):
+        if size != batch:
+            state = _keep_unfinished(state, size)
+
+        def cond(s: _Decode, next_size=next_size) -> jax.Array:
+            return (s.step < max_tokens) & (jnp.sum(~s.done) > next_size)
+
+        state = jax.lax.while_loop(cond, body, state)
+    return state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
 
 
 class JaxSampler:
