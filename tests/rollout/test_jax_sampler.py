@@ -187,3 +187,23 @@ def test_inverse_cdf_choice_with_one_token_of_mass():
     # 1.0 stands for a target rounded up to the total mass: the last token of mass > 0 is taken
     got = inverse_cdf_choice(logp, jnp.asarray([0.0, 0.5, np.float32(1 - 2**-24), 1.0]))
     np.testing.assert_array_equal(np.asarray(got), [257, 257, 257, 257])
+
+
+def test_dropping_finished_rows_changes_no_sample(tiny):
+    """The decode loop with finished rows compacted away (32 -> 16 -> 8 rows) against the
+    loop computing every row to the end: same tokens, logprobs, lengths and stop flags."""
+    from jaxrl_llm.rollout.jax_sampler import _generate, compaction_sizes
+
+    _, cfg, params = tiny
+    assert compaction_sizes(32) == (32, 16, 8)
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (32, 5)), jnp.int32)
+    stop = jnp.arange(0, cfg.vocab_size, 4, dtype=jnp.int32)  # a quarter of the vocab stops: lengths spread
+    args = (params, cfg, prompts, jnp.ones((32, 5), bool), jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
+            stop)
+    full = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=False)
+    compacted = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=True)
+    lengths = np.asarray(full[2])
+    assert (lengths <= 4).sum() >= 24 and lengths.max() > 4  # the 8-row stage is reached and used
+    for a, b in zip(full, compacted):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
