@@ -6,8 +6,9 @@ the vLLM client, so the learner cannot tell the two apart.
 Sampling distribution and the logprobs it reports. For each step the logits
 are divided by the temperature, optionally restricted to the top-k tokens and
 then to the smallest nucleus of mass >= top_p (Holtzman et al. 2020), and
-renormalised; the token is drawn from that distribution with the Gumbel-max
-trick and its log-probability *under that same distribution* is recorded.
+renormalised; the token is drawn from that distribution by inversion (one
+uniform number per row against the cumulative probabilities,
+`inverse_cdf_choice`) and its log-probability *under that same distribution* is recorded.
 With top_p = 1 and top_k off (the RL default; docs/objectives.md#sampler-support) this is
 log_softmax(logits / T), i.e. vLLM's ``processed_logprobs``, and the learner's
 recomputed logprobs at the same temperature should match it up to numerics.
@@ -20,7 +21,12 @@ run compiles a handful of programs, not one per step.
 Determinism: with ``SamplingParams.seed`` set, the same prompts, params and
 seed give the same samples (the key for step t is fold_in(seed_key, t)), and
 ``SamplingParams.first_row`` lets a batch split over calls or processes draw
-the samples of one call (the noise of a row depends on its global index).
+the samples of one call (the uniform of a row depends on its global index).
+
+Work: the decode is one jitted ``lax.while_loop`` that exits when every row
+has stopped, and rows that have stopped leave the loop's batch (halving steps,
+`compaction_sizes`), so a batch whose completions end at different lengths is
+not computed at full width to the longest one.
 """
 from __future__ import annotations
 
