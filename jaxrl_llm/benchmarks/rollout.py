@@ -3,6 +3,11 @@ side with references taken in the same run.
 
     python -m jaxrl_llm.benchmarks.rollout [--dtypes float32,bfloat16] [--prompts 8] [--n 8]
                                            [--max-tokens 64] [--sync-iters 3] [--no-jax] [--compile]
+                                           [--table-batches 8,64,256] [--table-lengths 32,256] [--no-table]
+
+First, the ratio table: JAX sampler tokens/s / vLLM-CPU (float32) tokens/s at
+each batch size and completion length, both engines timed back to back per
+cell on one server (`bench_ratio_table`).
 
 For each server dtype, one real vLLM server is started and measured:
 
@@ -167,6 +172,41 @@ def bench_jax_sampler(cfg, params, prompts, args) -> dict:
             "tokens_per_s": tokens / seconds}
 
 
+def bench_ratio_table(hf_dir: str, cfg, params, args) -> list[dict]:
+    """Generation throughput of the JAX sampler and of one float32 vLLM server, cell by cell:
+    every batch size (8 prompts x batch/8 samples) at every completion length, same prompts,
+    temperature 1, seed 0, EOS stop, float32 both; each cell times the two engines back to
+    back (the JAX program is compiled by an untimed first call) and records the load."""
+    from jaxrl_llm.rollout.jax_sampler import JaxSampler
+
+    prompts = chat_prompts(hf_dir, 8)
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    config = VLLMServerConfig(model_dir=hf_dir, dtype="float32", max_model_len=512, kv_cache_gib=args.table_kv_gib,
+                              enforce_eager=not args.compile)
+    cells = []
+    with VLLMServer(config) as server:
+        engine = VLLMEngine(VLLMClient([server.url]), None, servers=[server])
+        engine.generate(prompts[:1], 1, SamplingParams(max_tokens=4))  # first-request warm-up
+        print(f"  JAX sampler / vLLM float32, tokens/s ({len(prompts)} prompts x batch/{len(prompts)} samples, "
+              f"temperature 1, EOS stop):", flush=True)
+        print("    batch  new tokens |   JAX tok/s   vLLM tok/s |  JAX / vLLM | load", flush=True)
+        for max_tokens in (int(x) for x in args.table_lengths.split(",")):
+            for batch in (int(x) for x in args.table_batches.split(",")):
+                n = max(1, batch // len(prompts))
+                sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0)
+                sampler.generate(prompts, n, sampling)  # compiles this shape
+                _, jax_s, jax_tokens = timed_generate(sampler, prompts, n, sampling)
+                _, vllm_s, vllm_tokens = timed_generate(engine, prompts, n, sampling)
+                cell = {"batch": len(prompts) * n, "max_tokens": max_tokens, "load": os.getloadavg()[0],
+                        "jax_tokens_per_s": jax_tokens / jax_s, "vllm_tokens_per_s": vllm_tokens / vllm_s,
+                        "jax_tokens": jax_tokens, "vllm_tokens": vllm_tokens}
+                cell["ratio"] = cell["jax_tokens_per_s"] / cell["vllm_tokens_per_s"]
+                cells.append(cell)
+                print(f"    {cell['batch']:5d}  {max_tokens:10d} | {cell['jax_tokens_per_s']:11.1f} "
+                      f"{cell['vllm_tokens_per_s']:12.1f} | {cell['ratio']:10.2f}x | {cell['load']:.1f}", flush=True)
+    return cells
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -177,6 +217,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-jax", action="store_true", help="skip the JAX sampler reference")
     parser.add_argument("--compile", action="store_true", help="torch.compile the server (slow start)")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--table-batches", default="8,64,256",
+                        help="sequences per call of the JAX / vLLM ratio table (multiples of 8)")
+    parser.add_argument("--table-lengths", default="32,256", help="new tokens per sequence of the ratio table")
+    parser.add_argument("--table-kv-gib", type=int, default=2, help="vLLM KV cache of the ratio table's server")
+    parser.add_argument("--no-table", action="store_true", help="skip the JAX / vLLM ratio table")
+    parser.add_argument("--only-table", action="store_true", help="run the ratio table alone")
     args = parser.parse_args(argv)
 
     hf_dir = smollm2_hf_dir()
@@ -184,6 +230,13 @@ def main(argv=None) -> dict:
     prompts = chat_prompts(hf_dir, args.prompts)
     learner = make_learner_logprobs(cfg)
     results = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "servers": []}
+    if not args.no_table:
+        results["ratio_table"] = bench_ratio_table(hf_dir, cfg, params, args)
+        if args.only_table:
+            if args.out:
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(json.dumps(results, indent=2))
+            return results
     print(f"SmolLM2-135M, {args.prompts} prompts x {args.n} samples, <= {args.max_tokens} tokens, temperature 1")
     print(f"  weight-sync export to {default_stage_root()} (median of {args.sync_iters}, interleaved; "
           f"load average {os.getloadavg()[0]:.1f}):")

@@ -6,8 +6,9 @@ the vLLM client, so the learner cannot tell the two apart.
 Sampling distribution and the logprobs it reports. For each step the logits
 are divided by the temperature, optionally restricted to the top-k tokens and
 then to the smallest nucleus of mass >= top_p (Holtzman et al. 2020), and
-renormalised; the token is drawn from that distribution with the Gumbel-max
-trick and its log-probability *under that same distribution* is recorded.
+renormalised; the token is drawn from that distribution by inversion (one
+uniform number per row against the cumulative probabilities,
+`inverse_cdf_choice`) and its log-probability *under that same distribution* is recorded.
 With top_p = 1 and top_k off (the RL default; docs/objectives.md#sampler-support) this is
 log_softmax(logits / T), i.e. vLLM's ``processed_logprobs``, and the learner's
 recomputed logprobs at the same temperature should match it up to numerics.
@@ -20,13 +21,18 @@ run compiles a handful of programs, not one per step.
 Determinism: with ``SamplingParams.seed`` set, the same prompts, params and
 seed give the same samples (the key for step t is fold_in(seed_key, t)), and
 ``SamplingParams.first_row`` lets a batch split over calls or processes draw
-the samples of one call (the noise of a row depends on its global index).
+the samples of one call (the uniform of a row depends on its global index).
+
+Work: the decode is one jitted ``lax.while_loop`` that exits when every row
+has stopped, and rows that have stopped leave the loop's batch (halving steps,
+`compaction_sizes`), so a batch whose completions end at different lengths is
+not computed at full width to the longest one.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -59,49 +65,126 @@ def filtered_logprobs(logits: jax.Array, temperature: jax.Array, top_k: int | No
         keep_sorted = mass_before < top_p
         threshold = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
         logp = jnp.where(logp >= threshold, logp, _NEG_INF)
+    if top_k is None and not use_top_p:  # nothing removed: already normalised, as the learner computes it
+        return logp
     return jax.nn.log_softmax(logp, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row"))
+def inverse_cdf_choice(logp: jax.Array, uniform: jax.Array, block: int = 256) -> jax.Array:
+    """Token drawn from exp(logp) [B, V] by inversion with one uniform [B] in [0, 1) per row.
+
+    Returns for each row the first index whose cumulative mass exceeds ``uniform * total``:
+    token i is chosen for a fraction p_i / total of the uniform's range, so the draw
+    follows the (renormalised) distribution, and a token of probability 0 is never chosen
+    (its cumulative mass equals its predecessor's). The cumulative sum runs in two levels,
+    within blocks of ``block`` tokens and over the block totals, so the work is O(V) and
+    the search reads one block per row. Float32: the interval of each token is exact up to
+    float32 rounding of the running sums (relative ~1e-7)."""
+    batch, vocab = logp.shape
+    padded = -(-vocab // block) * block
+    probs = jnp.exp(logp.astype(jnp.float32))
+    probs = jnp.pad(probs, ((0, 0), (0, padded - vocab))).reshape(batch, padded // block, block)
+    within = jnp.cumsum(probs, axis=-1)  # [B, nb, block] inclusive, inside each block
+    block_end = jnp.cumsum(within[..., -1], axis=-1)  # [B, nb] inclusive, over blocks
+    target = uniform * block_end[:, -1]
+    positive_blocks = within[..., -1] > 0
+    last_block = (positive_blocks.shape[-1] - 1 - jnp.argmax(positive_blocks[:, ::-1], axis=-1)).astype(jnp.int32)
+    chosen_block = jnp.sum(block_end <= target[:, None], axis=-1, dtype=jnp.int32)
+    chosen_block = jnp.minimum(chosen_block, last_block)  # target rounded up to the total: last non-empty block
+    block_begin = jnp.pad(block_end[:, :-1], ((0, 0), (1, 0)))  # exclusive: the same sums the choice compared
+    block_start = jnp.take_along_axis(block_begin, chosen_block[:, None], axis=-1)[:, 0]
+    rows = jnp.arange(batch)
+    in_block = within[rows, chosen_block]  # [B, block]
+    in_probs = probs[rows, chosen_block]
+    offset = jnp.sum(in_block <= (target - block_start)[:, None], axis=-1, dtype=jnp.int32)
+    last_positive = (block - 1 - jnp.argmax(in_probs[:, ::-1] > 0, axis=-1)).astype(jnp.int32)
+    offset = jnp.minimum(offset, last_positive)  # rounding past the block's sum: its last token of mass > 0
+    return chosen_block * block + offset
+
+
+class _Decode(NamedTuple):
+    """State of the decode loop. ``rows`` [b] maps the b rows still computed to their
+    row in the outputs (b shrinks when finished rows are dropped); out_* are [B, ...]."""
+    step: jax.Array
+    cache: dict
+    logits: jax.Array
+    rows: jax.Array
+    done: jax.Array
+    out_tokens: jax.Array
+    out_logprobs: jax.Array
+    out_lengths: jax.Array
+    out_stopped: jax.Array
+
+
+def compaction_sizes(batch: int, smallest: int = 8, stages: int = 4) -> tuple[int, ...]:
+    """Row counts the decode loop runs at: the batch, then halves while even and >= smallest,
+    at most ``stages`` sizes (each is one more decode program to compile)."""
+    sizes = [batch]
+    while len(sizes) < stages and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= smallest:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
+def _keep_unfinished(state: _Decode, size: int) -> _Decode:
+    """The first ``size`` rows after a stable sort putting unfinished rows first (the
+    caller guarantees at most ``size`` are unfinished); the cache rows go with them."""
+    keep = jnp.argsort(state.done, stable=True)[:size]
+    cache = dict(state.cache, k=state.cache["k"][:, keep], v=state.cache["v"][:, keep],
+                 mask=state.cache["mask"][keep], next_pos=state.cache["next_pos"][keep])
+    return state._replace(cache=cache, logits=state.logits[keep], rows=state.rows[keep], done=state.done[keep])
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids, *,
-              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0):
+              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0, compact: bool = True):
     """prompt_tokens/prompt_mask [B, Lp] left-padded -> (tokens [B, max_tokens],
-    logprobs [B, max_tokens], lengths [B], stopped [B])."""
+    logprobs [B, max_tokens], lengths [B], stopped [B]).
+
+    With ``compact``, finished rows stop being computed: the loop runs at B rows while
+    more than B/2 are unfinished, then moves the unfinished rows (and their cache) into
+    a B/2-row loop, and so on down to B/8 or 8 rows (`compaction_sizes`). A row's numbers do
+    not depend on which rows share its batch (its uniform is indexed by its output row),
+    so compaction changes the work, not the samples (up to matmul rounding)."""
     batch, prompt_len = prompt_tokens.shape
     cache = init_cache(cfg, batch, prompt_len + max_tokens)
     hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True)
     last_logits = lm_head_logits(hidden[:, -1], params, cfg)
 
-    def sample(logits, step):
+    def sample(logits, rows, step):
         logp = filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
-        # Rows first_row.. of a [first_row + B, V] draw: with JAX's partitionable threefry an
-        # element's noise depends on its index only, so a split batch draws the noise of one call.
-        shape = (first_row + logp.shape[0], logp.shape[1])
-        gumbel = jax.random.gumbel(jax.random.fold_in(key, step), shape, jnp.float32)[first_row:]
-        token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
+        # Rows first_row.. of a [first_row + B] draw: with JAX's partitionable threefry an
+        # element's value depends on its index only, so a split batch draws the numbers of one call.
+        uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + batch,))[first_row:]
+        token = inverse_cdf_choice(logp, uniform[rows])
         return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
-    def cond(state):
-        step, _, _, _, done, _, _ = state
-        return (step < max_tokens) & ~jnp.all(done)
-
-    def body(state):
-        step, cache, logits, lengths, done, tokens, logprobs = state
-        token, logp = sample(logits, step)
-        active = ~done
-        tokens = tokens.at[:, step].set(jnp.where(active, token, 0))
-        logprobs = logprobs.at[:, step].set(jnp.where(active, logp, 0.0))
-        lengths = lengths + active.astype(jnp.int32)
-        done = done | (active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1))
-        hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=cache,
+    def body(s: _Decode) -> _Decode:
+        token, logp = sample(s.logits, s.rows, s.step)
+        active = ~s.done
+        out_row = jnp.where(active, s.rows, batch)  # finished rows write nowhere (dropped)
+        stopped = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=s.cache,
                                 return_hidden=True)
-        return step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), lengths, done, tokens, logprobs
+        return _Decode(s.step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), s.rows, s.done | stopped,
+                       s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
+                       s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
+                       s.out_lengths.at[out_row].add(1, mode="drop"),
+                       s.out_stopped.at[out_row].set(stopped, mode="drop"))
 
-    state = (jnp.zeros((), jnp.int32), cache, last_logits, jnp.zeros((batch,), jnp.int32),
-             jnp.zeros((batch,), bool), jnp.zeros((batch, max_tokens), jnp.int32),
-             jnp.zeros((batch, max_tokens), jnp.float32))
-    _, _, _, lengths, done, tokens, logprobs = jax.lax.while_loop(cond, body, state)
-    return tokens, logprobs, lengths, done
+    state = _Decode(jnp.zeros((), jnp.int32), cache, last_logits, jnp.arange(batch, dtype=jnp.int32),
+                    jnp.zeros((batch,), bool), jnp.zeros((batch, max_tokens), jnp.int32),
+                    jnp.zeros((batch, max_tokens), jnp.float32), jnp.zeros((batch,), jnp.int32),
+                    jnp.zeros((batch,), bool))
+    sizes = compaction_sizes(batch) if compact else (batch,)
+    for size, next_size in zip(sizes, sizes[1:] + (0,)):
+        if size != batch:
+            state = _keep_unfinished(state, size)
+
+        def cond(s: _Decode, next_size=next_size) -> jax.Array:
+            return (s.step < max_tokens) & (jnp.sum(~s.done) > next_size)
+
+        state = jax.lax.while_loop(cond, body, state)
+    return state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
 
 
 class JaxSampler:

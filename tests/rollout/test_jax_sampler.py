@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.models import token_logprobs
-from jaxrl_llm.rollout.jax_sampler import JaxSampler, filtered_logprobs
+from jaxrl_llm.rollout.jax_sampler import JaxSampler, filtered_logprobs, inverse_cdf_choice
 from jaxrl_llm.rollout.types import SamplingParams
 from tests.models.hf_reference import hf_model, our_config_and_params, torch
 
@@ -158,3 +158,52 @@ def test_bad_input_is_named(tiny):
         sampler.generate(PROMPTS, n=1, params=SamplingParams(max_tokens=10**6))
     with pytest.raises(ValueError, match="eos_token_ids"):
         JaxSampler(cfg, params, eos_token_ids=[])
+
+
+def test_inverse_cdf_choice_equals_float64_inversion_and_skips_zero_mass():
+    """The per-row draw against an independent float64 inversion (searchsorted on the
+    cumulative sum): same token for all but boundary-rounding cases; tokens filtered
+    to probability 0 never come out, also for uniforms at the ends of [0, 1)."""
+    rng = np.random.default_rng(0)
+    vocab = 1000  # not a multiple of the block: the padded tail has zero mass
+    logits = jnp.asarray(rng.normal(size=(1, vocab)) * 2, jnp.float32)
+    logp = filtered_logprobs(logits, jnp.float32(1.0), None, jnp.float32(0.9), True)  # nucleus: zeros inside
+    probs = np.exp(np.asarray(logp, np.float64))[0]
+    assert (probs == 0).sum() > 100
+    draws = 20000
+    uniform = np.concatenate([rng.random(draws - 3), [0.0, np.float32(1 - 2**-24), 0.5]]).astype(np.float32)
+    choose = jax.jit(lambda lp, u: inverse_cdf_choice(jnp.broadcast_to(lp, (u.shape[0], vocab)), u, block=64))
+    got = np.asarray(choose(logp, jnp.asarray(uniform)))
+    cdf = np.cumsum(probs)
+    expected = np.searchsorted(cdf, uniform.astype(np.float64) * cdf[-1], side="right")
+    assert (got != expected).sum() <= 5, (got != expected).sum()
+    assert probs[got].min() > 0
+    counts = np.bincount(got, minlength=vocab) / draws
+    assert 0.5 * np.abs(counts - probs).sum() < 0.04  # total variation of 20000 draws over ~90 tokens
+
+
+def test_inverse_cdf_choice_with_one_token_of_mass():
+    logp = jnp.full((4, 300), -jnp.inf).at[:, 257].set(0.0)  # top_k=1 style: all mass in the second block
+    # 1.0 stands for a target rounded up to the total mass: the last token of mass > 0 is taken
+    got = inverse_cdf_choice(logp, jnp.asarray([0.0, 0.5, np.float32(1 - 2**-24), 1.0]))
+    np.testing.assert_array_equal(np.asarray(got), [257, 257, 257, 257])
+
+
+def test_dropping_finished_rows_changes_no_sample(tiny):
+    """The decode loop with finished rows compacted away (32 -> 16 -> 8 rows) against the
+    loop computing every row to the end: same tokens, logprobs, lengths and stop flags."""
+    from jaxrl_llm.rollout.jax_sampler import _generate, compaction_sizes
+
+    _, cfg, params = tiny
+    assert compaction_sizes(32) == (32, 16, 8)
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (32, 5)), jnp.int32)
+    stop = jnp.arange(0, cfg.vocab_size, 4, dtype=jnp.int32)  # a quarter of the vocab stops: lengths spread
+    args = (params, cfg, prompts, jnp.ones((32, 5), bool), jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
+            stop)
+    full = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=False)
+    compacted = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=True)
+    lengths = np.asarray(full[2])
+    assert (lengths <= 4).sum() >= 24 and lengths.max() > 4  # the 8-row stage is reached and used
+    for a, b in zip(full, compacted):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
