@@ -135,16 +135,18 @@ def pack(padded: dict[str, np.ndarray], seq_len: int) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------- steps
-def make_step(cfg: DecoderConfig, dtype: str, packed: bool, lr: float = 1e-5):
+def make_step(cfg: DecoderConfig, dtype: str, packed: bool, lr: float = 1e-5, remat: bool = True):
     """jit(fwd+bwd+AdamW) of loss = -sum_t mask_t log pi(y_t): fp32 master params, forward
-    in `dtype`. Returns (step(params, opt_state, batch) -> (params, opt_state, loss), optimizer)."""
+    in `dtype`, each layer recomputed in the backward pass when `remat` (without it XLA keeps
+    every layer's [B, H, T, T] float32 attention scores: 180 GB at 16 x 2048 for the 0.5B shape).
+    Returns (step(params, opt_state, batch) -> (params, opt_state, loss), optimizer)."""
     compute_cfg = cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
     optimizer = optax.adamw(lr)
 
     def loss_fn(params, batch):
         cast = jax.tree.map(lambda x: x.astype(dtype), params)
         layout = {"segment_ids": batch["segment_ids"]} if packed else {"attention_mask": batch["attention_mask"]}
-        logp = token_logprobs(cast, compute_cfg, batch["tokens"], **layout)
+        logp = token_logprobs(cast, compute_cfg, batch["tokens"], remat=remat, **layout)
         return -jnp.sum(logp * batch["loss_mask"])
 
     @jax.jit
@@ -190,7 +192,7 @@ def matmul_ceiling(dtype: str, n: int, steps: int) -> float:
 
 
 def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, peak_tflops: float | None,
-        matmul_n: int, micro_batch: int) -> list[dict[str, Any]]:
+        matmul_n: int, micro_batch: int, remat: bool = True) -> list[dict[str, Any]]:
     dtype = DTYPES[dtype_name]
     cfg = model_config(model, seq_len)
     params = jax.tree.map(lambda x: x.astype(jnp.float32), init_params(cfg, jax.random.key(0), dtype="float32"))
@@ -210,7 +212,7 @@ def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, pe
                      "mfu": None if peak_tflops is None else achieved / (peak_tflops * 1e12), "loss": loss})
 
     for variant, data, packed_layout in (("padded", padded, False), ("packed", packed, True)):
-        step, optimizer = make_step(cfg, dtype, packed_layout)
+        step, optimizer = make_step(cfg, dtype, packed_layout, remat=remat)
         state = {"params": params, "opt": optimizer.init(params)}
         device_batch = {k: jnp.asarray(v) for k, v in data.items()}
         loss = float(step(params, state["opt"], device_batch)[2])  # loss at the initial params
@@ -222,7 +224,8 @@ def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, pe
         record(variant, timed(one, steps), data["tokens"].shape[0], loss)
 
     prompt_width = max(1, seq_len // 8)
-    train_cfg = dataclasses.replace(TrainConfig(), precision=dtype_name, micro_batch_size=micro_batch, lr=1e-5)
+    train_cfg = dataclasses.replace(TrainConfig(), precision=dtype_name, micro_batch_size=micro_batch, lr=1e-5,
+                                    remat=remat)
     recipe, seq, step_batch = learner_inputs(padded, seq_len, prompt_width)
     learner = Learner(cfg, recipe, train_cfg, total_steps=steps + 2)
     holder = {"state": learner.init(params)}
@@ -246,6 +249,8 @@ def main(argv=None) -> int:
     parser.add_argument("--matmul-n", type=int, default=8192)
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="datasheet dense peak of the dtype (default: PEAK_TFLOPS by device kind)")
+    parser.add_argument("--no-remat", dest="remat", action="store_false",
+                        help="keep every layer's activations (default: recompute each layer in the backward pass)")
     parser.add_argument("--tiny", action="store_true", help="CPU-sized model and batch (shapes/correctness only)")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
@@ -263,7 +268,7 @@ def main(argv=None) -> int:
         for dtype_name in args.dtypes.split(","):
             for row in run(model, dtype_name, batch=args.batch, seq_len=args.seq_len, steps=args.steps,
                            peak_tflops=args.peak_tflops or datasheet_peak(jax.devices()[0].device_kind, dtype_name),
-                           matmul_n=args.matmul_n, micro_batch=args.micro_batch):
+                           matmul_n=args.matmul_n, micro_batch=args.micro_batch, remat=args.remat):
                 rows.append(row)
                 mfu = "" if row["mfu"] is None else f"  MFU {row['mfu']:.1%}"
                 print(f"{row['model']:>13} {row['dtype']} {row['variant']:>7}: {row['rows']:3d} rows, "
