@@ -21,7 +21,7 @@ k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
 
     python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
     python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
-    python experiments/diversity.py --seeds 0,1,2,3,4,5,6,7 --out runs/experiments/diversity/decisive \
+    python experiments/diversity.py --seeds 0,1,2,3,4,5,6,7 --out runs/experiments/diversity/decisive \\
         rollout.max_tokens=2 train.lr=1e-2 total_steps=200 task.eval_every=50
                                                 # the decisive run (experiments/README.md section 8)
 
