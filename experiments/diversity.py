@@ -21,6 +21,9 @@ k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
 
     python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
     python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
+    python experiments/diversity.py --seeds 0,1,2,3,4,5,6,7 --out runs/experiments/diversity/decisive \\
+        rollout.max_tokens=2 train.lr=1e-2 total_steps=200 task.eval_every=50
+                                                # the decisive run (experiments/README.md section 8)
 
 Writes to runs/experiments/diversity/<quick|full>/: <variant>_s<seed>/ (runs), model/ (the
 digit decoder), pass_at_k.png (final pass@k curve, mean and 95% band over seeds, seeds as
@@ -37,15 +40,8 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_llm.reports import stats
-from jaxrl_llm.reports.runs import (
-    chosen_seeds,
-    experiment_parser,
-    output_dir,
-    train_or_resume,
-    variant_config,
-    window_mean,
-    write_summary,
-)
+from jaxrl_llm.reports.runs import experiment_parser, interval_row, output_dir, run_seeded_experiment, window_mean, \
+    write_summary
 from jaxrl_llm.train.config import Config, ConfigError, config_from_dict
 
 NAME = "diversity"
@@ -53,7 +49,6 @@ VARIANTS = {"grpo": [], "darling": ["shaping.darling=answer"]}
 SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 QUICK = ("total_steps=20", "task.eval_every=10")
 EVAL_SAMPLES = 16
-CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
 EOS_ID = 2  # SmolLM2's <|im_end|>
 DIGIT_WEIGHT, EOS_WEIGHT = 2.2, 2.55  # lm_head rows along the shared direction: logits ~12.4 and ~14.4
 
@@ -167,31 +162,14 @@ def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: s
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
-    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
-    import jax
-
-    # the 2 x seeds runs share every compiled program: compile once, reuse from disk
-    before = {k: getattr(jax.config, k) for k in CACHE_SETTINGS}
-    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    try:
-        return run_experiment(args, seeds, out)
-    finally:
-        for k, v in before.items():
-            jax.config.update(k, v)
-
-
-def run_experiment(args, seeds: Sequence[int], out: Path) -> int:
     from jaxrl_llm.reports.seed_curves import plot_seed_bands
     from jaxrl_llm.train.metrics import read_metrics
-    from jaxrl_llm.train.policy import load_policy
 
     model_dir = digit_model(out / "model")
-    configs = {(v, s): variant_config(get_config(v, s, model_dir), out, f"{v}_s{s}", QUICK, args.overrides,
-                                      quick_on=args.quick) for s in seeds for v in VARIANTS}
-    policy = load_policy(model_dir)
-    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    done = run_seeded_experiment(args, out, tuple(VARIANTS), lambda v, s: get_config(v, s, model_dir), QUICK,
+                                 model_source=model_dir)
+    seeds, runs = done.seeds, done.runs
     metrics = {key: read_metrics(run) for key, run in runs.items()}
     evals = {key: read_eval(run) for key, run in runs.items()}
     per_seed = {key: seed_row(metrics[key], evals[key]) for key in runs}
@@ -204,21 +182,17 @@ def run_experiment(args, seeds: Sequence[int], out: Path) -> int:
                     ("distinct_correct", "pass_rate"), out / "seeds.png",
                     title=f"Diversity: training distinct correct answers per group and pass rate ({len(seeds)} seed(s))")
     columns = ["variant", "seeds", *seed_row([], []).keys()]
+    keys = columns[2:]
     rows = []
     for v in VARIANTS:
-        row = {"variant": v, "seeds": len(seeds)}
-        for key in columns[2:]:
-            iv = stats.interval([per_seed[(v, s)][key] for s in seeds])
-            row[key], row[f"{key} interval"] = stats.format_interval(iv), iv.to_dict()
+        row = interval_row({"variant": v, "seeds": len(seeds)}, {s: per_seed[(v, s)] for s in seeds}, keys)
         row["final pass@k (mean over seeds)"] = np.mean([evals[(v, s)][-1]["pass_at_k"] for s in seeds],
                                                         axis=0).tolist()
-        row["per seed"] = {s: per_seed[(v, s)] for s in seeds}
         rows.append(row)
-    diffs = {key: stats.interval([per_seed[("darling", s)][key] - per_seed[("grpo", s)][key] for s in seeds])
-             for key in columns[2:]}
-    diff_row = {"variant": "darling - grpo (paired)", "seeds": len(seeds),
-                **{k: stats.format_interval(iv, signed=True) for k, iv in diffs.items()},
-                **{f"{k} interval": iv.to_dict() for k, iv in diffs.items()}}
+    paired = {s: {k: per_seed[("darling", s)][k] - per_seed[("grpo", s)][k] for k in keys} for s in seeds}
+    diff_row = interval_row({"variant": "darling - grpo (paired)", "seeds": len(seeds)}, paired, keys,
+                            signed=lambda key: True)
+    diffs = {k: stats.Interval(**diff_row[f"{k} interval"]) for k in keys}
     rows.append(diff_row)
     reading = verdict(diffs["pass@1"], diffs["pass@16"])
     diff_row["verdict"] = reading
@@ -228,7 +202,7 @@ def run_experiment(args, seeds: Sequence[int], out: Path) -> int:
                          "pass@k: unbiased estimator over 16 samples per held-out prompt (16 prompts) at the "
                          "final step; distinct correct: distinct extracted answers among the correct samples."],
                   config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
-                          "variants": {f"{v}_s{s}": c.to_dict() for (v, s), c in configs.items()}})
+                          "variants": {f"{v}_s{s}": c.to_dict() for (v, s), c in done.configs.items()}})
     print(f"wrote {out}/pass_at_k.png, seeds.png, summary.md")
     return 0
 

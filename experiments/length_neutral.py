@@ -41,8 +41,8 @@ import numpy as np
 from base_configs import addition_config
 from jaxrl_llm.reports import stats
 from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
-from jaxrl_llm.reports.runs import (chosen_seeds, experiment_parser, markdown_table, output_dir, train_or_resume,
-                                    variant_config, write_summary)
+from jaxrl_llm.reports.runs import (experiment_parser, interval_row, markdown_table, output_dir,
+                                    run_seeded_experiment, write_summary)
 from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_neutral"
@@ -50,7 +50,6 @@ RECIPES = ("grpo", "dr_grpo", "dapo")
 SEEDS = (0, 1, 2)
 QUICK_SEEDS = (0,)
 QUICK = ()  # --quick: the full size with seed 0 only
-CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
 # Temperature 0.7: at 1.0 SmolLM2 rambles (step 0, 8 prompts x 4 samples, 128 tokens: 4/32 right,
 # 56% truncated); at 0.7 9/32 right, 31% truncated, half the groups mixed (experiments/README.md).
 TEMPERATURE = 0.7
@@ -120,45 +119,18 @@ def verdict(paired: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
-    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
-    import jax
-
-    # 3 x seeds runs of the same shapes: compile once, load the programs from disk after that
-    before = {k: getattr(jax.config, k) for k in CACHE_SETTINGS}
-    jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    try:
-        return run_experiment(args, seeds, out)
-    finally:
-        for k, v in before.items():
-            jax.config.update(k, v)
-
-
-def run_experiment(args, seeds: Sequence[int], out) -> int:
-    import jax
     from jaxrl_llm.train.metrics import read_groups, read_metrics
-    from jaxrl_llm.train.policy import load_policy
 
-    # Seed by seed, every recipe: a run cut short still leaves whole seeds to compare.
-    configs = {(r, s): variant_config(get_config(f"{r},{s}"), out, f"{r}_s{s}", QUICK, args.overrides,
-                                      quick_on=args.quick) for s in seeds for r in RECIPES}
-    policy = load_policy(next(iter(configs.values())).model.source)
-    runs = {}
-    for key, cfg in configs.items():
-        runs[key] = train_or_resume(cfg, policy=policy)
-        jax.clear_caches()  # one run's compiled programs at a time in memory
-    curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
-    per_seed = {r: [seed_row(c, read_metrics(runs[(r, s)])) for c, s in zip(curves[r], seeds)] for r in RECIPES}
-    rows = []
-    for r in RECIPES:
-        row = {"recipe": r}
-        for key in ("d length_incorrect", "d length_correct", "reward first", "reward last", "truncated"):
-            iv = stats.interval([p[key] for p in per_seed[r]])
-            row[key] = stats.format_interval(iv, signed=key.startswith("d "))
-            row[f"{key} interval"] = iv.to_dict()
-        row["per seed"] = per_seed[r]
-        rows.append(row)
+    # 3 x seeds runs of the same shapes share the compiled programs (from disk); one run's in memory
+    done = run_seeded_experiment(args, out, RECIPES, lambda r, s: get_config(f"{r},{s}"), QUICK, clear_caches=True)
+    seeds = done.seeds
+    curves = done.per_variant(lambda run: per_step_lengths(read_groups(run)))
+    per_seed = {r: {s: seed_row(c, read_metrics(done.runs[(r, s)])) for c, s in zip(curves[r], seeds)}
+                for r in RECIPES}
+    rows = [interval_row({"recipe": r}, per_seed[r], ("d length_incorrect", "d length_correct", "reward first",
+                                                      "reward last", "truncated"),
+                         signed=lambda key: key.startswith("d ")) for r in RECIPES]
     paired = paired_rows(curves)
     found = verdict(paired[0])
     notes = [stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
@@ -177,7 +149,7 @@ def run_experiment(args, seeds: Sequence[int], out) -> int:
                   title=f"Length-neutral length bias ({'quick' if args.quick else 'full'})",
                   notes=notes, config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
                                        "overrides": list(args.overrides), "verdict": found,
-                                       "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
+                                       "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in done.configs.items()}})
     plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png",
                     title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
     print(f"wrote {out}/lengths.png, {out}/summary.md")

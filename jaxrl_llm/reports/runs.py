@@ -11,12 +11,13 @@ finished ones, so an interrupted experiment loses at most
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 
@@ -79,12 +80,15 @@ def _stored(config: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def train_or_resume(cfg: Config, *, policy=None) -> Path:
+def train_or_resume(cfg: Config, *, policy=None, trainer: Callable[..., Any] | None = None) -> Path:
     """Trains `cfg` into cfg.run_path. A run that stopped part-way resumes from
     its latest checkpoint; a finished one is kept. A directory holding a run
-    of another config is an error (use another --out or --fresh)."""
-    from jaxrl_llm.train.loop import train
+    of another config is an error (use another --out or --fresh). `trainer`
+    (default: train.loop.train) is called as trainer(cfg, resume=..., policy=...)."""
     from jaxrl_llm.train.checkpoint import Checkpointer
+
+    if trainer is None:
+        from jaxrl_llm.train.loop import train as trainer
 
     run = cfg.run_path
     info = read_run_info(run) if run.exists() else None
@@ -102,8 +106,73 @@ def train_or_resume(cfg: Config, *, policy=None) -> Path:
         shutil.rmtree(run / "tb", ignore_errors=True)
     else:
         print(f"[experiment] {run}: resuming from step {latest}")
-    train(cfg, resume=latest is not None, policy=policy)
+    trainer(cfg, resume=latest is not None, policy=policy)
     return run
+
+
+# ------------------------------------------------------- runs over seeds
+RunKey = tuple[str, int]  # (variant, seed)
+T = TypeVar("T")
+COMPILE_CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+
+
+class SeededRuns(NamedTuple):
+    """One experiment's runs: every variant at every seed, keyed (variant, seed), in the
+    order trained (seed by seed, every variant of a seed)."""
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+    configs: dict[RunKey, Config]
+    runs: dict[RunKey, Path]
+
+    def per_variant(self, read: Callable[[Path], T]) -> dict[str, list[T]]:
+        """{variant: [read(run directory) for each seed, in seed order]}: a summary's inputs."""
+        return {v: [read(self.runs[(v, s)]) for s in self.seeds] for v in self.variants}
+
+
+@contextlib.contextmanager
+def compile_cache(directory: Path) -> Iterator[None]:
+    """JAX's persistent compilation cache in `directory` while inside (programs taking
+    >= 0.5 s to compile); the earlier settings are restored on leaving. Runs of the same
+    shapes then compile once and load the programs from disk after that."""
+    import jax
+
+    before = {k: getattr(jax.config, k) for k in COMPILE_CACHE_SETTINGS}
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def run_seeded_experiment(args: argparse.Namespace, out: Path, variants: Sequence[str],
+                          make_config: Callable[[str, int], Config], quick: Sequence[str], *,
+                          model_source: str | None = None, clear_caches: bool = False,
+                          train: Callable[..., Path] = train_or_resume,
+                          load_policy: Callable[[str], Any] | None = None) -> SeededRuns:
+    """Trains `make_config(variant, seed)` (+ the --quick overrides when args.quick, + the
+    user's overrides) into <out>/<variant>_s<seed> for every variant at every seed of
+    `chosen_seeds(args)`, seed by seed (a run cut short still leaves whole seeds to compare).
+    Through `train` (default `train_or_resume`): a finished run is kept, a part-trained one
+    resumed. All runs share one policy loaded from `model_source` (default: the first
+    config's model.source) and a persistent compilation cache in <out>/jax_cache;
+    `clear_caches` drops each run's compiled programs after it (one run's in memory)."""
+    import jax
+
+    if load_policy is None:
+        from jaxrl_llm.train.policy import load_policy
+    seeds = chosen_seeds(args)
+    configs = {(v, s): variant_config(make_config(v, s), out, f"{v}_s{s}", quick, args.overrides,
+                                      quick_on=args.quick) for s in seeds for v in variants}
+    policy = load_policy(model_source or next(iter(configs.values())).model.source)
+    runs = {}
+    with compile_cache(out / "jax_cache"):
+        for key, cfg in configs.items():
+            runs[key] = train(cfg, policy=policy)
+            if clear_caches:
+                jax.clear_caches()
+    return SeededRuns(tuple(variants), seeds, configs, runs)
 
 
 # -------------------------------------------------------------- summaries
@@ -117,6 +186,20 @@ def window_mean(records: Sequence[Mapping[str, Any]], key: str, *, first: int | 
     """Mean of `key` over the first or last k records, ignoring NaN (undefined steps)."""
     rows = records[:first] if first is not None else records[-last:] if last is not None else records
     return finite_mean([r.get(key, float("nan")) for r in rows])
+
+
+def interval_row(label: Mapping[str, Any], per_seed: Mapping[int, Mapping[str, float]], keys: Sequence[str], *,
+                 signed: Callable[[str], bool] = lambda key: False) -> dict[str, Any]:
+    """A summary row: `label`'s cells, then for each of `keys` the mean and 95% interval over
+    the seeds of `per_seed` ({seed: {key: value}}) as a table cell (signed when `signed(key)`)
+    and as numbers under "<key> interval", and the per-seed values under "per seed"."""
+    row = dict(label)
+    for key in keys:
+        iv = stats.interval([values[key] for values in per_seed.values()])
+        row[key] = stats.format_interval(iv, signed=signed(key))
+        row[f"{key} interval"] = iv.to_dict()
+    row["per seed"] = {s: dict(values) for s, values in per_seed.items()}
+    return row
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
