@@ -13,8 +13,9 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   evaluation   pass@k, avg@k
   vineppo      VinePPO chunk starts, Monte-Carlo values, chunk advantages
   recipe_overrides  ADVANTAGES by name and customize_recipe (parts of a recipe by name)
-  recipes      named compositions (grpo, dr_grpo, dapo, ...) and the two
-               functions the learner calls: prepare_step_batch, recipe_loss
+  recipes      named compositions (grpo, dr_grpo, dapo, ...): Recipe, RECIPES, get_recipe
+  step_batch   the two functions the learner calls with a recipe: prepare_step_batch,
+               recipe_loss; the StepBatch between them and micro_batches
 
 Conventions: N = P prompts x G samples, rows prompt-major (row i = prompt
 i // G); token arrays and masks [N, T]; rewards [P, G].
@@ -95,12 +96,9 @@ from jaxrl_llm.core.recipes import (
     MonteCarloAdvantage,
     OverlongPenalty,
     Recipe,
-    StepBatch,
     TokenAdvantage,
     TokenAdvantages,
     get_recipe,
-    micro_batches,
-    prepare_step_batch,
-    recipe_loss,
 )
+from jaxrl_llm.core.step_batch import StepBatch, micro_batches, prepare_step_batch, recipe_loss
 from jaxrl_llm.core.vineppo import chunk_advantages, chunk_starts, mc_values

@@ -16,7 +16,7 @@ Defined edge cases (never NaN):
     calls). Under jit the rewards are tracers and the check cannot run there:
     a non-finite reward then turns its own group's advantages into NaN (other
     groups are unaffected). Call `validate_rewards` on the host before the
-    jitted step (`recipes.prepare_step_batch` does when called eagerly).
+    jitted step (`step_batch.prepare_step_batch` does when called eagerly).
 """
 from __future__ import annotations
 

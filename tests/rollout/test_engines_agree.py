@@ -1,7 +1,8 @@
 """Greedy decoding agrees across vLLM (CPU, float32), the JAX sampler and
 transformers on real SmolLM2 weights; any divergence must sit at a near-tie
 of the learner's own next-token distribution. Also the JAX sampler's float32
-sampler/learner mismatch through core.mismatch_metrics."""
+sampler/learner mismatch through core.mismatch_metrics. The learner scores all rows
+of a batch in one padded forward pass (the `learner_logprobs` fixture)."""
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -10,7 +11,6 @@ import pytest
 from tokenizers import Tokenizer
 
 from jaxrl_llm import core
-from jaxrl_llm.models import token_logprobs
 from jaxrl_llm.rollout import VLLMClient, VLLMEngine
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
@@ -44,26 +44,24 @@ def transformers_greedy(hf_dir, prompts):
     return out
 
 
-def tie_margin(smollm2, prefix, a, b) -> float:
-    """|log pi(a | prefix) - log pi(b | prefix)| under the learner in float32."""
-    scores = []
-    for token in (a, b):
-        seq = jnp.asarray([list(prefix) + [token]])
-        scores.append(float(token_logprobs(smollm2.params, smollm2.cfg, seq)[0, -1]))
-    return abs(scores[0] - scores[1])
+def tie_margin(score, prefix, a, b) -> float:
+    """|log pi(a | prefix) - log pi(b | prefix)| under the learner in float32 (both
+    continuations scored in one forward pass)."""
+    with_a, with_b = score([list(prefix) + [a], list(prefix) + [b]])
+    return abs(float(with_a[-1]) - float(with_b[-1]))
 
 
-def assert_agree_up_to_ties(smollm2, prompt, x, y, names):
+def assert_agree_up_to_ties(score, prompt, x, y, names):
     x, y = list(x), list(y)
     for t in range(min(len(x), len(y))):
         if x[t] != y[t]:
-            margin = tie_margin(smollm2, prompt + x[:t], x[t], y[t])
+            margin = tie_margin(score, prompt + x[:t], x[t], y[t])
             assert margin < TIE_MARGIN, f"{names} diverge at token {t} with margin {margin:.2e} (not a tie)"
             return
     assert len(x) == len(y) or EOS not in x + y or min(len(x), len(y)) == MAX_TOKENS, (names, x, y)
 
 
-def test_greedy_decoding_agrees_across_vllm_jax_and_transformers(vllm_server, smollm2, prompts):
+def test_greedy_decoding_agrees_across_vllm_jax_and_transformers(vllm_server, smollm2, prompts, learner_logprobs):
     greedy = SamplingParams(top_k=1, max_tokens=MAX_TOKENS, seed=0)
     server = vllm_server.get()
     from_vllm = [r.completion_token_ids.tolist()
@@ -71,24 +69,24 @@ def test_greedy_decoding_agrees_across_vllm_jax_and_transformers(vllm_server, sm
     from_jax = [r.completion_token_ids.tolist()
                 for r in JaxSampler(smollm2.cfg, smollm2.params, eos_token_ids=[EOS]).generate(prompts, 1, greedy)]
     from_hf = transformers_greedy(smollm2.hf_dir, prompts)
+    score = lambda sequences: learner_logprobs(smollm2.params, sequences)  # noqa: E731
     exact = 0
     for p, v, j, h in zip(prompts, from_vllm, from_jax, from_hf):
-        assert_agree_up_to_ties(smollm2, p, j, h, "jax/transformers")
-        assert_agree_up_to_ties(smollm2, p, v, h, "vllm/transformers")
+        assert_agree_up_to_ties(score, p, j, h, "jax/transformers")
+        assert_agree_up_to_ties(score, p, v, h, "vllm/transformers")
         exact += v == j == h
     assert exact >= len(prompts) - 1  # at most one prompt may hit a near-tie
     assert all(len(x) > 0 for x in from_jax)
 
 
-def test_jax_sampler_float32_mismatch_is_numerical_noise(smollm2, prompts):
+def test_jax_sampler_float32_mismatch_is_numerical_noise(smollm2, prompts, learner_logprobs):
     sampler = JaxSampler(smollm2.cfg, smollm2.params, eos_token_ids=[EOS])
     batch = sampler.generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=3))
-    rows = []
-    for r in batch:
-        seq = jnp.asarray([np.concatenate([r.prompt_token_ids, r.completion_token_ids])])
-        rows.append(np.asarray(token_logprobs(smollm2.params, smollm2.cfg, seq)[0, len(r.prompt_token_ids) - 1:]))
+    full = learner_logprobs(smollm2.params, [np.concatenate([r.prompt_token_ids, r.completion_token_ids])
+                                             for r in batch])
+    rows = [logp[len(r.prompt_token_ids) - 1:] for r, logp in zip(batch, full)]
     tokens, sampler_logp, mask = batch.padded_completions()
-    learner = np.zeros_like(sampler_logp)
+    learner = np.zeros(sampler_logp.shape, np.float32)
     for i, row in enumerate(rows):
         learner[i, :row.size] = row
     metrics = core.mismatch_metrics(jnp.asarray(learner), jnp.asarray(sampler_logp), jnp.asarray(mask))

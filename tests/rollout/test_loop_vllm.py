@@ -1,6 +1,10 @@
 """Two RL steps through the real vLLM CPU server, run as a user runs them (`jaxrl train`
 in its own process, one CPU device): rollouts, grading, a learner step and the weight
-sync after each step. The shared server is restored to the base weights afterwards."""
+sync after each step. The shared server is restored to the base weights afterwards.
+
+Both tests are slow (`make test-all`): `make test` keeps their RL-step checks through
+test_weight_check_vllm.py, whose `jaxrl train --resume` step samples from the synced
+weight version 1, grades every sample and reports the sync's cost."""
 import os
 import subprocess
 import sys
@@ -15,6 +19,7 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~70 s on 2 cores; its checks run in make test through test_weight_check_vllm.py
 def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smollm2, tmp_path):
     server = vllm_server.get()
     run_dir = tmp_path / "run"

@@ -32,6 +32,14 @@ from tests.rollout.batch_checks import assert_complete_batch, assert_same_sample
 pytestmark = pytest.mark.vllm
 
 FP32_ATOL = 2e-3  # float32 server vs float32 JAX decoder: same math, different kernels
+CHECKED_ROWS, CHECK_SEED = 16, 0  # rows of the 128 the learner recomputes, and their seed
+
+
+def checked_rows(num_rows: int) -> list[int]:
+    """CHECKED_ROWS distinct row indices in [0, num_rows), sorted: a seeded uniform draw,
+    so the same rows are checked on every run and any row may be among them."""
+    rng = np.random.default_rng(CHECK_SEED)
+    return sorted(rng.choice(num_rows, size=CHECKED_ROWS, replace=False).tolist())
 
 
 def test_seeded_batch_beyond_the_token_budget_is_served_reproducibly(vllm_server, chat_prompts, smollm2,
@@ -55,10 +63,15 @@ def test_seeded_batch_beyond_the_token_budget_is_served_reproducibly(vllm_server
     groups = [completion_ids(first)[p * n:(p + 1) * n] for p in range(len(prompts))]
     assert any(len({tuple(ids) for ids in group}) > 1 for group in groups)  # a seed per sample, not per prompt
     # Unsplit prefills compute the right distribution: the learner's own
-    # decoder gives the same log-probabilities for the sampled tokens.
-    sequences = [np.concatenate([r.prompt_token_ids, r.completion_token_ids]) for r in first]
-    learner = [lp[len(r.prompt_token_ids) - 1:] for lp, r in zip(learner_logprobs(smollm2.params, sequences), first)]
-    diff = max(np.abs(r.sampler_logprobs - lp).max() for r, lp in zip(first, learner))
+    # decoder gives the same log-probabilities for the sampled tokens. It scores
+    # CHECKED_ROWS rows drawn without replacement by np.random.default_rng(CHECK_SEED)
+    # from all 128 (one padded forward pass): rows 1, 4, 8, 21, 31, 36, 58, 62, 72, 76,
+    # 79, 93, 96, 99, 113, 123, i.e. 11 of the 16 prompts, early and late in the batch.
+    rows = checked_rows(len(first))
+    records = [first.records[i] for i in rows]
+    sequences = [np.concatenate([r.prompt_token_ids, r.completion_token_ids]) for r in records]
+    learner = [lp[len(r.prompt_token_ids) - 1:] for lp, r in zip(learner_logprobs(smollm2.params, sequences), records)]
+    diff = max(np.abs(r.sampler_logprobs - lp).max() for r, lp in zip(records, learner))
     assert diff < FP32_ATOL, diff
 
 
