@@ -20,6 +20,10 @@ alternating between rounds), each followed by the "next step", a generate of
   wait    overlapped only: how long the next generate, after sampling, still
           waited for the probe (`VLLMEngine.last_verify_wait_s`).
 
+Columns are medians over pushes (a total is the median of the pushes' totals, not
+the sum of the phase medians); push + step is the end-to-end cost a synchronous
+loop pays, so a probe that slows the generate beside it shows there.
+
 The critical path of a push is what the loop waits for before it can use the
 next batch: export + reload + verify in line, export + reload + wait overlapped
 (`VLLMEngine(overlap_verify=True)`, the probe running beside the next generate).
@@ -90,6 +94,8 @@ class SizeResult:
     step_inline_s: float  # median next generate after an in-line push
     step_overlapped_s: float  # ... after an overlapped push (includes its wait)
     step_tokens: float  # median completion tokens of a next step
+    cycle_inline_s: float  # median push + next step, in line
+    cycle_overlapped_s: float  # ... overlapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +237,8 @@ def bench_model(name: str, dtype: str, warmup: int, iters: int, learner_dtype: s
          "verify_s": median(overlapped, lambda r: r.report.verify_s),
          "wait_s": median(overlapped, lambda r: r.wait_s), "critical_s": median(overlapped, lambda r: r.critical_s)},
         median(inline, lambda r: r.step_s), median(overlapped, lambda r: r.step_s),
-        median(rounds, lambda r: r.step_tokens))
+        median(rounds, lambda r: r.step_tokens), median(inline, lambda r: r.cycle_s),
+        median(overlapped, lambda r: r.cycle_s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +256,12 @@ class PushAndStep:
         """What the loop waits for before it has the next batch, beyond the generate's own sampling."""
         r = self.report
         return r.export_s + r.reload_s + (self.wait_s if self.overlapped else r.verify_s)
+
+    @property
+    def cycle_s(self) -> float:
+        """Push + next step, end to end: what a synchronous loop pays (the step includes the wait)."""
+        r = self.report
+        return r.export_s + r.reload_s + (0.0 if self.overlapped else r.verify_s) + self.step_s
 
 
 def push_and_step(engine: VLLMEngine, params, overlap: bool, prompts, sampling) -> PushAndStep:
@@ -279,12 +292,13 @@ def print_table(results: list[SizeResult], dtype: str, warmup: int, iters: int) 
           "of the tokens shown")
     print(f"  {'model':<14} {'in line: exp':>12} {'reload':>7} {'verify':>7} {'critical':>9} | "
           f"{'overlapped: exp':>15} {'reload':>7} {'verify*':>8} {'wait':>6} {'critical':>9} | "
-          f"{'next step in line':>17} {'overlapped':>10} {'tokens':>6}")
+          f"{'next step in line':>17} {'overlapped':>10} {'tokens':>6} | {'push+step in line':>17} {'overlapped':>10}")
     for r in results:
         o = r.overlapped
         print(f"  {r.model:<14} {r.export_s:12.2f} {r.reload_s:7.2f} {r.verify_s:7.2f} {r.total_s:9.2f} | "
               f"{o['export_s']:15.2f} {o['reload_s']:7.2f} {o['verify_s']:8.2f} {o['wait_s']:6.2f} "
-              f"{o['critical_s']:9.2f} | {r.step_inline_s:17.2f} {r.step_overlapped_s:10.2f} {r.step_tokens:6.0f}")
+              f"{o['critical_s']:9.2f} | {r.step_inline_s:17.2f} {r.step_overlapped_s:10.2f} {r.step_tokens:6.0f} | "
+              f"{r.cycle_inline_s:17.2f} {r.cycle_overlapped_s:10.2f}")
     print("  (* overlapped verify: the probe's own time, beside the next generate)")
     fits = {}
     if len(results) >= 2:

@@ -54,3 +54,4 @@ def test_critical_path_is_verify_in_line_and_the_wait_when_overlapped():
     inline = weight_sync.PushAndStep(False, report, wait_s=0.0, step_s=2.0, step_tokens=10)
     overlapped = weight_sync.PushAndStep(True, report, wait_s=0.0625, step_s=2.0, step_tokens=10)
     assert inline.critical_s == 0.875 and overlapped.critical_s == 0.8125
+    assert inline.cycle_s == 2.875 and overlapped.cycle_s == 2.75  # the step's 2 s already holds the wait
