@@ -21,12 +21,13 @@ from jaxrl_llm.rollout.vllm_client import (
     VLLMResponseError,
     VLLMUnavailableError,
 )
-from jaxrl_llm.rollout.vllm_engine import VLLMEngine
+from jaxrl_llm.rollout.vllm_engine import UnverifiedWeightsError, VLLMEngine
 from jaxrl_llm.rollout.vllm_env import VLLMEnvNotFoundError, vllm_env_dir, vllm_env_is_built, vllm_python
 from jaxrl_llm.rollout.vllm_server import PortInUseError, VLLMServer, VLLMServerConfig, VLLMServerError
 from jaxrl_llm.rollout.weight_sync import (
     DiskWeightSync,
     LogprobProbe,
+    PendingPush,
     WeightSync,
     WeightSyncError,
     WeightSyncReport,
@@ -36,7 +37,7 @@ from jaxrl_llm.rollout.weight_sync import (
 __all__ = [
     "RolloutBatch", "RolloutEngine", "RolloutRecord", "SamplingParams",
     "CompletionSample", "PromptTooLongError", "VLLMClient", "VLLMClientError", "VLLMRequestError", "VLLMResponseError",
-    "VLLMUnavailableError", "VLLMEngine", "VLLMEnvNotFoundError", "vllm_env_dir", "vllm_env_is_built",
-    "vllm_python", "PortInUseError", "VLLMServer", "VLLMServerConfig", "VLLMServerError",
-    "DiskWeightSync", "LogprobProbe", "WeightSync", "WeightSyncError", "WeightSyncReport", "bridge_export",
+    "VLLMUnavailableError", "UnverifiedWeightsError", "VLLMEngine", "VLLMEnvNotFoundError", "vllm_env_dir",
+    "vllm_env_is_built", "vllm_python", "PortInUseError", "VLLMServer", "VLLMServerConfig", "VLLMServerError",
+    "DiskWeightSync", "LogprobProbe", "WeightSync", "WeightSyncError", "PendingPush", "WeightSyncReport", "bridge_export",
 ]

@@ -22,6 +22,13 @@ shared filesystem):
      logprobs for the same params (computed during step 2's reload). Reloads that silently skip tensors (vLLM
      only logs a warning for weights it did not find) fail here.
 
+`push` runs the five steps in line. `push_overlapped` returns after step 4 with a
+`PendingPush` whose probe runs on a background thread, so the caller can start the
+next rollout while it runs; `PendingPush.result()` waits for it and raises on a
+mismatch. Whoever overlaps must not hand on anything the servers produced before
+`result()` returned (`VLLMEngine(overlap_verify=True)` holds each batch back until
+then). `push(p, v)` is `push_overlapped(p, v).result()`.
+
 GPU fast path (not implemented here; same seam): vLLM 0.32 has an NCCL
 weight-transfer API (server flag --weight-transfer-config '{"backend":
 "nccl"}'). The trainer and the server workers form one NCCL group (trainer
@@ -72,6 +79,45 @@ class WeightSyncReport:
     @property
     def total_s(self) -> float:
         return self.export_s + self.reload_s + self.verify_s
+
+
+class PendingPush:
+    """A push whose export and reload are done and whose verification may still run.
+
+    The servers already serve version `version` (unverified until `result()` returns).
+    `result()` waits for the probe and returns the push's WeightSyncReport, or raises the
+    WeightSyncError of a mismatch (or whatever else stopped the probe, e.g. a server that
+    died); every call returns or raises the same. `verify_s` of the report is the probe's
+    own time after the reload, however long the caller took to ask.
+    """
+
+    def __init__(self, version: int, weights_dir: str, export_s: float, reload_s: float,
+                 verified: concurrent.futures.Future):
+        self.version = version
+        self.weights_dir = weights_dir
+        self.export_s = export_s
+        self.reload_s = reload_s
+        self._verified = verified  # -> (probe_max_abs_diff or None, verify_s)
+        self.collected = False  # result() was called: its outcome reached a caller
+
+    def done(self) -> bool:
+        """Whether the probe has finished (result() will not wait)."""
+        return self._verified.done()
+
+    def wait(self) -> None:
+        """Wait for the probe to finish, without raising its outcome."""
+        concurrent.futures.wait([self._verified])
+
+    def result(self, timeout_s: float | None = None) -> WeightSyncReport:
+        self.collected = True
+        diff, verify_s = self._verified.result(timeout_s)
+        return WeightSyncReport(self.version, self.weights_dir, self.export_s, self.reload_s, verify_s, diff)
+
+
+def _finished(value: Any) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(value)
+    return future
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +175,13 @@ class WeightSync(abc.ABC):
         """Install params as weight version `version` on every server; raise
         WeightSyncError if that cannot be confirmed."""
 
+    def push_overlapped(self, params: Any, version: int) -> PendingPush:
+        """`push`, with whatever verification it does left running after the servers serve
+        `params` (a strategy that cannot split its push verifies in line: the default)."""
+        report = self.push(params, version)
+        return PendingPush(version, report.weights_dir, report.export_s, report.reload_s,
+                           _finished((report.probe_max_abs_diff, report.verify_s)))
+
 
 def default_stage_root() -> Path:
     """/dev/shm (RAM-backed) when present, else the system temp dir."""
@@ -177,28 +230,45 @@ class DiskWeightSync(WeightSync):
         self._current: Path | None = None
         self._spare: Path | None = None  # an older push's directory, rewritten by the next export
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-sync-probe")
+        self._pending: PendingPush | None = None  # the newest push, its probe perhaps still running
         # Staged weights are ~0.5 GB of RAM per copy on /dev/shm: removed on
         # close(), and at garbage collection or interpreter exit otherwise.
         self._remove_stage = weakref.finalize(self, shutil.rmtree, str(self._stage_dir), ignore_errors=True)
 
     def push(self, params: Any, version: int) -> WeightSyncReport:
+        return self.push_overlapped(params, version).result()
+
+    def push_overlapped(self, params: Any, version: int) -> PendingPush:
+        """Export and reload in line (the servers serve `params` when this returns); the
+        probe runs on a background thread: `result()` of the returned PendingPush waits
+        for it and raises on a mismatch. The previous push's probe is waited for first
+        (its request must not meet this reload), and raised here if it failed and its
+        result() was never called."""
+        previous = self._pending
+        if previous is not None:
+            previous.wait()
+            if not previous.collected:
+                previous.result()  # raises a failure nobody has seen
         weights_dir = self._stage_dir / f"v{version}"
         try:
-            report = self._push(params, version, weights_dir)
+            pending = self._export_and_reload(params, version, weights_dir)
         except BaseException:
             if weights_dir != self._current:  # failed pushes must not pile up 0.5 GB copies
                 shutil.rmtree(weights_dir, ignore_errors=True)
             shutil.rmtree(self._stage_dir / f".v{version}.partial", ignore_errors=True)
             raise
-        previous, self._current = self._current, weights_dir
-        if previous is not None and previous != weights_dir:
+        # The servers now read weights_dir whatever the probe says: the directory before it
+        # becomes the spare that the next export rewrites.
+        previous_dir, self._current = self._current, weights_dir
+        if previous_dir is not None and previous_dir != weights_dir:
             if self.reuse_staging:
-                self._spare = previous
+                self._spare = previous_dir
             else:
-                shutil.rmtree(previous, ignore_errors=True)
-        return report
+                shutil.rmtree(previous_dir, ignore_errors=True)
+        self._pending = pending
+        return pending
 
-    def _push(self, params: Any, version: int, weights_dir: Path) -> WeightSyncReport:
+    def _export_and_reload(self, params: Any, version: int, weights_dir: Path) -> PendingPush:
         started = time.perf_counter()
         partial = self._stage_dir / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -224,18 +294,22 @@ class DiskWeightSync(WeightSync):
         self.client.post_all("/reset_prefix_cache")
         self.client.post_all("/update_weight_version", {"new_version": str(version)})
         reloaded = time.perf_counter()
+        if expected is None:
+            verified = _finished((None, 0.0))
+        else:  # the pool's one thread runs `expected` first, then this
+            verified = self._pool.submit(self._verify, expected, version, weights_dir, reloaded)
+        return PendingPush(version, str(weights_dir), exported - started, reloaded - exported, verified)
 
-        diff = None
-        if self.probe is not None:
-            diff = self.probe.max_abs_diff(self.client, expected.result())
-            if not diff <= self.probe.atol:
-                raise WeightSyncError(
-                    f"after reloading version {version} from {weights_dir}, the servers' probe logprobs "
-                    f"differ from the learner's by up to {diff:.4g} (allowed {self.probe.atol}); the "
-                    "export is incomplete, misnamed, or in a different dtype than expected")
-        verified = time.perf_counter()  # verify_s: the wait for the probe after the reload
-        return WeightSyncReport(version, str(weights_dir), exported - started, reloaded - exported,
-                                verified - reloaded, diff)
+    def _verify(self, expected: concurrent.futures.Future, version: int, weights_dir: Path,
+                reloaded: float) -> tuple[float, float]:
+        """(max |served - learner|, seconds from the reload's end): the probe after a reload."""
+        diff = self.probe.max_abs_diff(self.client, expected.result())
+        if not diff <= self.probe.atol:
+            raise WeightSyncError(
+                f"after reloading version {version} from {weights_dir}, the servers' probe logprobs "
+                f"differ from the learner's by up to {diff:.4g} (allowed {self.probe.atol}); the "
+                "export is incomplete, misnamed, or in a different dtype than expected")
+        return diff, time.perf_counter() - reloaded
 
     def close(self) -> None:
         """Delete every staged directory (the servers keep serving the loaded weights)."""

@@ -78,6 +78,10 @@ class RolloutConfig(Section):
     server_dtype: Dtype = "bfloat16"
     # Running vLLM servers; empty: the launcher starts one on 127.0.0.1.
     server_urls: tuple[str, ...] = ()
+    # vLLM: a weight push returns after export + reload and its logprob probe runs while the
+    # next batch is sampled; that batch is held back until the probe passes (a failed probe
+    # stops the run as an in-line one does). False: the probe runs inside the push.
+    overlap_verify: bool = True
     # Asynchronous rollouts: the batch of step k may be sampled by weights up to max_lag
     # versions old while the learner trains (0: synchronous). Staleness is corrected with
     # token TIS min(pi_old/mu, recipe.correction_cap or 2) unless the recipe has a correction.

@@ -80,7 +80,9 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
     client = VLLMClient(urls)
     # Every push is verified: one prompt-logprobs request per server (train/weight_check.py).
     sync = DiskWeightSync(client, bridge_export(policy.cfg), probe=logprob_probe(policy, cfg.rollout.server_dtype))
-    engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0))
+    engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0,
+                                            overlap_verify=cfg.rollout.overlap_verify))
     if initial_version:  # resumed: the servers hold the base weights
         engine.update_weights(params)
+        engine.wait_verified()
     return engine

@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 # Step metrics that depend on the wall clock, not on the computation: left out
 # when two runs are compared for exactness.
 TIMING_METRICS = ("time_rollout_s", "time_reward_s", "time_wait_s", "time_learn_s", "time_sync_s",
-                  "time_step_s", "tokens_per_s", "reward_wall_s", "time_verify_s")
+                  "time_step_s", "tokens_per_s", "reward_wall_s", "time_verify_s", "time_verify_wait_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +158,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                                  initial_version=start.weight_version, stack=stack)
         elif start.step:  # resumed: the caller's engine serves the base weights
             engine.update_weights(engine_params(cfg, host_params(learner.full_params(state.params))))
+            weight_check.wait_verified(engine)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
         producer = _producer(cfg, engine, policy, task, pool, first_step=start.step + 1,
                              replay=sampled_ahead.from_metadata(start.metadata, engine.weight_version))
@@ -172,10 +173,13 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             for step in range(start.step + 1, cfg.total_steps + 1):
                 try:
                     metrics, state, step_groups = run_step(cfg, producer, recipe, learner, state, task)
+                    with weight_check.keeping_state(state, version=engine.weight_version):
+                        metrics.update(weight_check.wait_verified(engine))  # overlap_verify: this step's push
                 except weight_check.PushFailedWithState as failed:  # the servers are wrong, the learner is not
+                    version = engine.weight_version + 1 if failed.version is None else failed.version
                     raise step_failure.checkpoint_then_fail(
                         ckpt, failed_step=step, saved_step=step, metadata=ckpt_metadata, err=failed.error,
-                        checkpoint=checkpoint_state(failed.state, step, engine.weight_version + 1)) from failed.error
+                        checkpoint=checkpoint_state(failed.state, step, version)) from failed.error
                 except Exception as err:  # e.g. a dead server: keep the last finished step, say how to go on
                     if jax.process_count() > 1:
                         raise

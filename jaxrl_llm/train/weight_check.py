@@ -7,7 +7,12 @@ one prompt-logprobs request per server scores a fixed token sequence, and the se
 logprobs must match the learner's for the pushed params within a tolerance set by the
 server dtype. Its cost is reported per step (`time_verify_s`, `weight_probe_diff`).
 
-A mismatch raises `WeightSyncError` in the publish; `keeping_state` hands the step's
+With `rollout.overlap_verify` the probe runs while the next batch is sampled (the engine
+holds that batch back until it passes) and the loop waits for it after the step
+(`wait_verified`, which costs no time there: sampling goes on meanwhile); its waiting
+inside the generate is `time_verify_wait_s`.
+
+A mismatch raises `WeightSyncError` in the publish (or in `wait_verified`); `keeping_state` hands the step's
 learner state (good: only the servers are wrong) to the loop, which checkpoints it and
 stops with `step_failure.StepFailed`, naming the step, the checkpoint and --resume (which
 pushes the restored weights again at startup, verified the same way).
@@ -54,18 +59,32 @@ def push_metrics(engine) -> dict[str, float]:
     return {"time_verify_s": float(report.verify_s), "weight_probe_diff": float(report.probe_max_abs_diff)}
 
 
-class PushFailedWithState(Exception):
-    """Carries the learner state of a step whose weight push failed, up to the loop."""
+def wait_verified(engine) -> dict[str, float]:
+    """For an engine that verifies pushes in the background (`overlap_verify`): wait for the
+    newest push's probe, raising its WeightSyncError, and return its metrics; {} otherwise."""
+    if not getattr(engine, "overlap_verify", False):
+        return {}
+    report = engine.wait_verified()
+    metrics = {"time_verify_wait_s": float(engine.last_verify_wait_s)}
+    if report is not None and report.probe_max_abs_diff is not None:
+        metrics.update(time_verify_s=float(report.verify_s), weight_probe_diff=float(report.probe_max_abs_diff))
+    return metrics
 
-    def __init__(self, state, error: BaseException):
+
+class PushFailedWithState(Exception):
+    """Carries the learner state of a step whose weight push failed, up to the loop, and the
+    weight version that push installed (None: the push did not advance the engine's version)."""
+
+    def __init__(self, state, error: BaseException, version: int | None = None):
         super().__init__(str(error))
-        self.state, self.error = state, error
+        self.state, self.error, self.version = state, error, version
 
 
 @contextlib.contextmanager
-def keeping_state(state):
-    """Around a publish: a `WeightSyncError` comes out with the step's learner `state` attached."""
+def keeping_state(state, version: int | None = None):
+    """Around a publish (or the wait for its verification, then with the `version` it
+    installed): a `WeightSyncError` comes out with the step's learner `state` attached."""
     try:
         yield
     except WeightSyncError as err:
-        raise PushFailedWithState(state, err) from err
+        raise PushFailedWithState(state, err, version) from err
