@@ -271,7 +271,8 @@ def in_loop_step_seconds(cfg, params, prompts, batch: int, max_tokens: int, roun
 
 
 def profile(cfg, params, prompts, batch: int, cache_len: int, max_tokens: int, rounds: int,
-            sampler_fn=inverse_cdf_sampler, fills=(0.5,), variants=("windowed",)) -> dict[str, float]:
+            sampler_fn=inverse_cdf_sampler, fills=(0.5,), variants=("windowed",), loop: bool = True
+            ) -> dict[str, float]:
     """Median seconds per phase; with several fills / variants the cache-dependent phases
     (``layers``, ``attention``) are named ``layers [variant, fill]``, the others timed once."""
     from jaxrl_llm.benchmarks.model import interleaved_times
@@ -289,7 +290,7 @@ def profile(cfg, params, prompts, batch: int, cache_len: int, max_tokens: int, r
                 calls[name] = lambda f=f, a=a: jax.block_until_ready(f(*[params if x == "params" else x for x in a]))
     times = interleaved_times(calls, 1, rounds)
     result = {name: statistics.median(t) for name, t in times.items()}
-    for variant in variants:
+    for variant in variants if loop else ():
         name = f"step (in loop) [{variant}]" if len(variants) > 1 else "step (in loop)"
         result[name] = in_loop_step_seconds(cfg, params, prompts, batch, max_tokens, max(2, rounds // 2),
                                             CACHE_WINDOWS[variant])
@@ -311,6 +312,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--fills", default="0.5", help="fractions of the KV cache filled for the phase profile")
     parser.add_argument("--variants", default="windowed",
                         help=f"cache reads to profile, of {','.join(CACHE_WINDOWS)} (comma-separated)")
+    parser.add_argument("--no-loop", action="store_true", help="skip the in-loop step (slow at long lengths)")
     parser.add_argument("--lever", choices=sorted(LEVERS), default=None,
                         help="instead: time the decode program without / with one change, interleaved")
     parser.add_argument("--xla-variants", default=None,
@@ -352,7 +354,7 @@ def main(argv=None) -> dict:
             continue
         r = results[batch] = profile(cfg, params, prompts, batch, cache_len, args.max_tokens, args.rounds,
                                      SAMPLERS[args.sampler], tuple(float(f) for f in args.fills.split(",")),
-                                     tuple(v.strip() for v in args.variants.split(",")))
+                                     tuple(v.strip() for v in args.variants.split(",")), not args.no_loop)
         print(f"batch {batch}, cache {cache_len} (load {os.getloadavg()[0]:.1f}): "
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.items()), flush=True)
     return results
