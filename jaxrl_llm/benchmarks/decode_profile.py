@@ -24,7 +24,7 @@ phases are timed: ``full`` reads all max_len slots each step (before),
 
 The sum of the separate phases next to the in-loop step shows what the loop adds.
 
-``--lever window|one-row|compactions`` instead times the whole decode program (real
+``--lever window|one-row|compactions|all`` instead times the whole decode program (real
 prompts, EOS stop) with and without one change, interleaved (`LEVERS`).
 """
 from __future__ import annotations
@@ -221,6 +221,8 @@ LEVERS: dict[str, tuple[dict, dict]] = {
     "window": (dict(cache_window=None, min_rows=1), dict(cache_window=32, min_rows=1)),
     "one-row": (dict(cache_window=32, min_rows=8), dict(cache_window=32, min_rows=1)),
     "compactions": (dict(cache_window=32, min_rows=1, compactions=3), dict(cache_window=32, min_rows=1)),
+    # the three together: main before this change (whole cache, 3 halvings down to 8 rows) vs now
+    "all": (dict(cache_window=None, min_rows=8, compactions=3), dict(cache_window=32, min_rows=1, compactions=6)),
 }
 
 
