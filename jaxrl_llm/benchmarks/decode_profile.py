@@ -1,11 +1,15 @@
 """Where one decode step of the JAX sampler spends its time, by phase.
 
     python -m jaxrl_llm.benchmarks.decode_profile [--batches 8,64] [--prompt-len 32] [--max-tokens 32]
+                                                  [--fills 0.5] [--variants full,windowed]
 
 Each phase of a decode step is jitted on its own and timed on SmolLM2-135M
 (float32) with the KV cache of a `--prompt-len` prompt + `--max-tokens`
-generation, half filled; the phases run interleaved (one call each per round,
-median over rounds) so all see the same load:
+generation, filled to each of `--fills` (fractions; default half); the phases
+run interleaved (one call each per round, median over rounds) so all see the
+same load. `--variants` names the cache reads whose ``layers`` / ``attention``
+phases are timed: ``full`` reads all max_len slots each step (before),
+``windowed`` only the filled 32-slot windows (``cache_window=32``, after):
 
 * ``layers``: the 30 decoder layers for one token (matmuls + attention + cache write),
 * ``matmuls``: the layers' projections alone (q/k/v/o, gate/up/down),
@@ -15,9 +19,13 @@ median over rounds) so all see the same load:
 * ``rng``: the sampler's per-step random draw,
 * ``sampling``: log-softmax + draw + choice (what the sampler runs per step),
 * ``step (in loop)``: measured in the real sampler: (time of `max_tokens` tokens - time of
-  1 token) / (max_tokens - 1), no stop token, so it includes loop and cache-update costs.
+  1 token) / (max_tokens - 1), no stop token, so it includes loop and cache-update costs
+  (an average over fills; with ``--variants``, per variant).
 
 The sum of the separate phases next to the in-loop step shows what the loop adds.
+
+``--lever window|one-row|compactions|all`` instead times the whole decode program (real
+prompts, EOS stop) with and without one change, interleaved (`LEVERS`).
 """
 from __future__ import annotations
 
@@ -31,24 +39,29 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def phase_fns(cfg, batch: int, cache_len: int, sampler_fn):
-    """name -> (jitted fn, args): the phases of a decode step at ``batch`` rows."""
+CACHE_WINDOWS = {"full": None, "windowed": 32}
+
+
+def phase_fns(cfg, batch: int, cache_len: int, sampler_fn, fill: float = 0.5, cache_window: int | None = None):
+    """name -> (jitted fn, args): the phases of a decode step at ``batch`` rows, the cache
+    filled to ``fill`` of its ``cache_len`` slots, attention reading it per ``cache_window``."""
     from jaxrl_llm.models import forward, init_cache, lm_head_logits
-    from jaxrl_llm.models.decoder import grouped_attention
+    from jaxrl_llm.models.decoder import grouped_attention, windowed_cache_attention
 
     rng = np.random.default_rng(0)
+    filled = min(cache_len - 1, max(1, int(round(cache_len * fill))))
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 1)), jnp.int32)
     cache = init_cache(cfg, batch, cache_len)
-    cache = dict(cache, end=jnp.int32(cache_len // 2), mask=cache["mask"].at[:, : cache_len // 2].set(True),
-                 next_pos=jnp.full((batch,), cache_len // 2, jnp.int32))
+    cache = dict(cache, end=jnp.int32(filled), mask=cache["mask"].at[:, :filled].set(True),
+                 next_pos=jnp.full((batch,), filled, jnp.int32))
     hidden = jnp.asarray(rng.normal(size=(batch, cfg.hidden_size)), jnp.float32)
     logits = jnp.asarray(rng.normal(size=(batch, cfg.vocab_size)) * 3, jnp.float32)
     q = jnp.asarray(rng.normal(size=(batch, 1, cfg.num_heads, cfg.head_dim)), jnp.float32)
-    kv = jnp.asarray(rng.normal(size=(2, batch, cache_len, cfg.num_kv_heads, cfg.head_dim)), jnp.float32)
-    visible = jnp.asarray(np.arange(cache_len)[None, None, :] < cache_len // 2 + 1).repeat(batch, 0)
+    kv = jnp.asarray(rng.normal(size=(2, 1, batch, cache_len, cfg.num_kv_heads, cfg.head_dim)), jnp.float32)
+    visible = jnp.asarray(np.arange(cache_len)[None, None, :] < filled + 1).repeat(batch, 0)
 
     def layers(params, tokens, cache):
-        out, new_cache = forward(params, cfg, tokens, cache=cache, return_hidden=True)
+        out, new_cache = forward(params, cfg, tokens, cache=cache, return_hidden=True, cache_window=cache_window)
         return out, new_cache["k"][0, 0, 0, 0, 0]
 
     def matmuls(params, hidden):
@@ -66,7 +79,10 @@ def phase_fns(cfg, batch: int, cache_len: int, sampler_fn):
 
     def attention(q, kv, visible):
         def one(acc, _):
-            return acc + grouped_attention(q, kv[0], kv[1], visible), None
+            if cache_window is None:
+                return acc + grouped_attention(q, kv[0, 0], kv[1, 0], visible), None
+            layer_kv = {"k": kv[0], "v": kv[1]}
+            return acc + windowed_cache_attention(q, layer_kv, jnp.int32(0), visible, filled + 1, cache_window), None
 
         return jax.lax.scan(one, jnp.zeros_like(q), None, length=cfg.num_layers)[0]
 
@@ -200,12 +216,47 @@ def _decode_args(cfg, params, prompts, batch: int):
             jnp.float32(1.0), jnp.asarray([-1], jnp.int32))
 
 
-def in_loop_step_seconds(cfg, params, prompts, batch: int, max_tokens: int, rounds: int) -> float:
+# lever -> (kwargs of _generate before, after): one change each, the rest as the sampler runs it
+LEVERS: dict[str, tuple[dict, dict]] = {
+    "window": (dict(cache_window=None, min_rows=1), dict(cache_window=32, min_rows=1)),
+    "one-row": (dict(cache_window=32, min_rows=8), dict(cache_window=32, min_rows=1)),
+    "compactions": (dict(cache_window=32, min_rows=1, compactions=3), dict(cache_window=32, min_rows=1)),
+    # the three together: main before this change (whole cache, 3 halvings down to 8 rows) vs now
+    "all": (dict(cache_window=None, min_rows=8, compactions=3), dict(cache_window=32, min_rows=1, compactions=6)),
+}
+
+
+def paired_lever(cfg, params, prompts, batch: int, max_tokens: int, rounds: int, lever: str) -> dict[str, float]:
+    """Median seconds of the decode program before / after one lever (`LEVERS`), interleaved, on
+    the real prompts with the chat EOS (id 2) as stop token; also the compile+first-call seconds."""
+    from jaxrl_llm.benchmarks.model import interleaved_times
+    from jaxrl_llm.rollout.jax_sampler import _generate
+
+    args = _decode_args(cfg, params, prompts, batch)[:-1] + (jnp.asarray([2], jnp.int32),)
+    common = dict(max_tokens=max_tokens, top_k=None, use_top_p=False)
+    result, outs = {}, {}
+    for name, kwargs in zip(("before", "after"), LEVERS[lever]):
+        start = time.perf_counter()
+        outs[name] = jax.device_get(_generate(*args, **common, **kwargs))
+        result[f"{name} compile+first"] = time.perf_counter() - start
+    same = np.mean(np.all(outs["before"][0] == outs["after"][0], axis=1))
+    print(f"  {lever}: completion tokens {outs['before'][2].sum()} / {outs['after'][2].sum()}, "
+          f"rows with equal tokens {same:.2f}, max |dlogp| "
+          f"{np.max(np.abs(outs['before'][1] - outs['after'][1])):.1e}", flush=True)
+    steps = {name: (lambda kw=kwargs: jax.block_until_ready(_generate(*args, **common, **kw)))
+             for name, kwargs in zip(("before", "after"), LEVERS[lever])}
+    times = interleaved_times(steps, 0, rounds)
+    result.update({name: statistics.median(t) for name, t in times.items()})
+    return result
+
+
+def in_loop_step_seconds(cfg, params, prompts, batch: int, max_tokens: int, rounds: int,
+                         cache_window: int | None = 32) -> float:
     """Per-token seconds of the real sampler's decode loop (no stop token)."""
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.types import SamplingParams
 
-    sampler = JaxSampler(cfg, params, eos_token_ids=[-1])
+    sampler = JaxSampler(cfg, params, eos_token_ids=[-1], cache_window=cache_window)
     rows = [prompts[i % len(prompts)] for i in range(batch)]
     short, long = (SamplingParams(temperature=1.0, max_tokens=m, seed=0) for m in (1, max_tokens))
     for sp in (short, long):
@@ -222,15 +273,29 @@ def in_loop_step_seconds(cfg, params, prompts, batch: int, max_tokens: int, roun
 
 
 def profile(cfg, params, prompts, batch: int, cache_len: int, max_tokens: int, rounds: int,
-            sampler_fn=inverse_cdf_sampler) -> dict[str, float]:
-    fns = phase_fns(cfg, batch, cache_len, sampler_fn)
-    calls = {name: (lambda f=f, a=a: jax.block_until_ready(f(*[params if x == "params" else x for x in a])))
-             for name, (f, a) in fns.items()}
+            sampler_fn=inverse_cdf_sampler, fills=(0.5,), variants=("windowed",), loop: bool = True
+            ) -> dict[str, float]:
+    """Median seconds per phase; with several fills / variants the cache-dependent phases
+    (``layers``, ``attention``) are named ``layers [variant, fill]``, the others timed once."""
     from jaxrl_llm.benchmarks.model import interleaved_times
 
+    calls = {}
+    several = len(fills) > 1 or len(variants) > 1
+    for variant in variants:
+        for fill in fills:
+            fns = phase_fns(cfg, batch, cache_len, sampler_fn, fill, CACHE_WINDOWS[variant])
+            for name, (f, a) in fns.items():
+                if several and name in ("layers", "attention"):
+                    name = f"{name} [{variant}, {fill:g}]"
+                elif name in calls:
+                    continue
+                calls[name] = lambda f=f, a=a: jax.block_until_ready(f(*[params if x == "params" else x for x in a]))
     times = interleaved_times(calls, 1, rounds)
     result = {name: statistics.median(t) for name, t in times.items()}
-    result["step (in loop)"] = in_loop_step_seconds(cfg, params, prompts, batch, max_tokens, max(2, rounds // 2))
+    for variant in variants if loop else ():
+        name = f"step (in loop) [{variant}]" if len(variants) > 1 else "step (in loop)"
+        result[name] = in_loop_step_seconds(cfg, params, prompts, batch, max_tokens, max(2, rounds // 2),
+                                            CACHE_WINDOWS[variant])
     return result
 
 
@@ -246,6 +311,12 @@ def main(argv=None) -> dict:
                         help="instead: time the whole decode program before vs after, interleaved")
     parser.add_argument("--compaction", action="store_true",
                         help="instead: time the decode program with vs without dropping finished rows")
+    parser.add_argument("--fills", default="0.5", help="fractions of the KV cache filled for the phase profile")
+    parser.add_argument("--variants", default="windowed",
+                        help=f"cache reads to profile, of {','.join(CACHE_WINDOWS)} (comma-separated)")
+    parser.add_argument("--no-loop", action="store_true", help="skip the in-loop step (slow at long lengths)")
+    parser.add_argument("--lever", choices=sorted(LEVERS), default=None,
+                        help="instead: time the decode program without / with one change, interleaved")
     parser.add_argument("--xla-variants", default=None,
                         help=f"instead: time the decode program per XLA:CPU option set, of {','.join(XLA_VARIANTS)}")
     args = parser.parse_args(argv)
@@ -258,6 +329,13 @@ def main(argv=None) -> dict:
     cache_len = args.prompt_len + args.max_tokens
     results = {}
     for batch in (int(b) for b in args.batches.split(",")):
+        if args.lever:
+            r = results[batch] = paired_lever(cfg, params, prompts, batch, args.max_tokens, args.rounds, args.lever)
+            print(f"batch {batch}, <= {args.max_tokens} tokens, lever {args.lever} (load "
+                  f"{os.getloadavg()[0]:.1f}): before {r['before']:.2f} s, after {r['after']:.2f} s, speed-up "
+                  f"{r['before'] / r['after']:.2f}x; compile+first call {r['before compile+first']:.1f} s -> "
+                  f"{r['after compile+first']:.1f} s", flush=True)
+            continue
         if args.xla_variants:
             names = ["default"] + [n for n in args.xla_variants.split(",") if n != "default"]
             r = results[batch] = xla_variants(cfg, params, prompts, batch, args.max_tokens, args.rounds, names)
@@ -277,7 +355,8 @@ def main(argv=None) -> dict:
                   flush=True)
             continue
         r = results[batch] = profile(cfg, params, prompts, batch, cache_len, args.max_tokens, args.rounds,
-                                     SAMPLERS[args.sampler])
+                                     SAMPLERS[args.sampler], tuple(float(f) for f in args.fills.split(",")),
+                                     tuple(v.strip() for v in args.variants.split(",")), not args.no_loop)
         print(f"batch {batch}, cache {cache_len} (load {os.getloadavg()[0]:.1f}): "
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.items()), flush=True)
     return results

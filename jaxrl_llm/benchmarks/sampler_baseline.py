@@ -11,28 +11,19 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models import DecoderConfig, forward, init_cache, lm_head_logits
-
-_NEG_INF = -jnp.inf
+from jaxrl_llm.rollout import jax_sampler
 
 
 def filtered_logprobs(logits: jax.Array, temperature: jax.Array, top_k: int | None, top_p: jax.Array,
                       use_top_p: bool) -> jax.Array:
-    """log of the sampling distribution: softmax(logits / T) restricted to top-k and
-    the top-p nucleus, renormalised; excluded tokens get -inf. Float32 throughout."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(logp, top_k)[0][..., -1:]
-        logp = jnp.where(logp >= kth, logp, _NEG_INF)
-    if use_top_p:
-        sorted_logp = jnp.sort(logp, axis=-1)[..., ::-1]
-        probs = jnp.exp(sorted_logp)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # Keep a token while the mass strictly before it is < top_p: the smallest
-        # nucleus with mass >= top_p (the most likely token is always kept).
-        keep_sorted = mass_before < top_p
-        threshold = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
-        logp = jnp.where(logp >= threshold, logp, _NEG_INF)
-    return jax.nn.log_softmax(logp, axis=-1)
+    """The old sampling distribution: today's `jax_sampler.filtered_logprobs`, renormalised
+    once more when no filter is active (today's skips that redundant log-softmax; with a
+    filter both renormalise once). The same operations, so the same program: the lowered
+    `generate_baseline` text was checked equal to that of the frozen copy it replaces."""
+    logp = jax_sampler.filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
+    if top_k is None and not use_top_p:
+        return jax.nn.log_softmax(logp, axis=-1)
+    return logp
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row"))

@@ -117,6 +117,35 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arr
     return out.astype(dtype)
 
 
+def cache_window_sizes(max_len: int, window: int) -> tuple[int, ...]:
+    """Cache prefixes a windowed decode step can attend over: window, 2 window, ..., max_len."""
+    if window <= 0:
+        raise ValueError(f"cache_window must be a positive number of slots, got {window}")
+    return tuple(min(max_len, (i + 1) * window) for i in range(-(-max_len // window)))
+
+
+def windowed_cache_attention(q: jax.Array, kv: dict, layer_index: jax.Array, visible: jax.Array,
+                             filled: jax.Array, window: int) -> jax.Array:
+    """`grouped_attention` of q [B, T, Hq, hd] over layer ``layer_index`` of the cache
+    kv {"k", "v": [nL, B, S, Hkv, hd]}, reading only the first n * ``window`` slots, n the
+    fewest windows holding the ``filled`` slots written so far (`lax.switch` over the
+    prefix sizes). Slots at or past ``filled`` are invisible anyway, so the result is the
+    full-cache attention's, at a cost growing with the filled length instead of S."""
+    _, batch, max_len, heads, head_dim = kv["k"].shape
+    sizes = cache_window_sizes(max_len, window)
+
+    def attend(size: int):
+        def branch(q, kv, layer_index, visible):
+            start = (layer_index, 0, 0, 0, 0)
+            k = jax.lax.dynamic_slice(kv["k"], start, (1, batch, size, heads, head_dim))[0].astype(q.dtype)
+            v = jax.lax.dynamic_slice(kv["v"], start, (1, batch, size, heads, head_dim))[0].astype(q.dtype)
+            return grouped_attention(q, k, v, visible[:, :, :size])
+        return branch
+
+    index = jnp.clip((filled - 1) // window, 0, len(sizes) - 1)
+    return jax.lax.switch(index, [attend(size) for size in sizes], q, kv, layer_index, visible)
+
+
 def lm_head_logits(hidden: jax.Array, params: Params, cfg: DecoderConfig) -> jax.Array:
     """Logits [..., V] in float32 from final-normed hidden [..., D] (tied: embed^T)."""
     hidden = hidden.astype(jnp_dtype(cfg.compute_dtype))
@@ -133,9 +162,12 @@ class DecoderLayer(nn.Module):
 
     carry = (hidden [B, T, D], kv) with kv None or the whole cache {"k", "v": [nL, B, S, Hkv, hd]};
     the layer writes its keys/values at slot ``write_at`` of row ``layer_index`` in place.
+    ``cache_window`` (slots, None: off): attend over the filled prefix of the cache only,
+    in whole windows (`windowed_cache_attention`).
     """
 
     cfg: DecoderConfig
+    cache_window: int | None = None
 
     def _param(self, name, shape, init):
         return self.param(name, init, shape, jnp_dtype(self.cfg.param_dtype))
@@ -169,14 +201,18 @@ class DecoderLayer(nn.Module):
         inv_freq = rope_inverse_frequencies(cfg)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
 
-        if kv is not None:  # write this step's keys/values, attend over the whole cache row
+        if kv is not None:  # write this step's keys/values, attend over the cache row
             start = (layer_index, 0, write_at, 0, 0)
             kv = {"k": jax.lax.dynamic_update_slice(kv["k"], k[None].astype(kv["k"].dtype), start),
                   "v": jax.lax.dynamic_update_slice(kv["v"], v[None].astype(kv["v"].dtype), start)}
-            k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(dtype)
-            v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(dtype)
-
-        attended = grouped_attention(q, k, v, visible).reshape(batch, length, cfg.q_dim)
+        if kv is not None and self.cache_window is not None:
+            attended = windowed_cache_attention(q, kv, layer_index, visible, write_at + length, self.cache_window)
+        else:
+            if kv is not None:
+                k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(dtype)
+                v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(dtype)
+            attended = grouped_attention(q, k, v, visible)
+        attended = attended.reshape(batch, length, cfg.q_dim)
         attn_out = linear(attended, "o_proj", (cfg.q_dim, d))
         if cfg.o_bias:
             attn_out = attn_out + self._param("o_bias", (d,), nn.initializers.zeros).astype(dtype)
@@ -199,6 +235,7 @@ class Decoder(nn.Module):
 
     cfg: DecoderConfig
     remat: bool = False
+    cache_window: int | None = None
 
     @nn.compact
     def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False):
@@ -214,7 +251,7 @@ class Decoder(nn.Module):
             split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
-        )(cfg, name="layers")
+        )(cfg, self.cache_window, name="layers")
         (hidden, kv), _ = layers((hidden, kv), jnp.arange(cfg.num_layers), positions, visible, write_at)
 
         final_norm = self.param("final_norm", nn.initializers.ones, (cfg.hidden_size,), param_dtype)
@@ -271,7 +308,8 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-            cache: dict | None = None, return_hidden: bool = False, remat: bool = False):
+            cache: dict | None = None, return_hidden: bool = False, remat: bool = False,
+            cache_window: int | None = None):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
 
     Without a cache: causal attention within the row, restricted to equal non-zero
@@ -280,12 +318,18 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     1 for a decode step) and attend to every earlier real slot; ``attention_mask``
     marks left padding in a prefill. ``new_cache`` is None when ``cache`` is None.
     ``remat`` recomputes each layer in the backward pass (less memory for training).
+    ``cache_window`` (with a cache; slots): attention reads only the filled prefix of the
+    cache, rounded up to whole windows, instead of all max_len slots (same result; the
+    cost of a decode step then grows with the filled length; `windowed_cache_attention`).
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    if cache_window is not None and cache_window <= 0:
+        raise ValueError(f"cache_window must be a positive number of slots or None, got {cache_window}")
     batch, length = tokens.shape
     if cache is not None:
-        return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden)
+        return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
+                               cache_window)
     if segment_ids is None:
         segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask
         segment_ids = segment_ids.astype(jnp.int32)
@@ -308,7 +352,8 @@ def _concrete_int(x) -> int | None:
         return None
 
 
-def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden):
+def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
+                    cache_window=None):
     if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache; use attention_mask")
     batch, length = tokens.shape
@@ -328,8 +373,8 @@ def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids,
     causal = jnp.arange(max_len)[None, :] <= query_slot[:, None]  # [T, S]
     visible = causal[None] & slot_mask[:, None, :]
     kv = {"k": cache["k"], "v": cache["v"]}
-    out, kv = Decoder(cfg).apply({"params": params}, tokens, positions, visible, kv, end,
-                                 return_hidden=return_hidden)
+    decoder = Decoder(cfg, cache_window=cache_window)
+    out, kv = decoder.apply({"params": params}, tokens, positions, visible, kv, end, return_hidden=return_hidden)
     new_cache = {"k": kv["k"], "v": kv["v"], "mask": slot_mask, "end": end + length,
                  "next_pos": cache["next_pos"] + jnp.sum(mask, axis=1, dtype=jnp.int32)}
     return out, new_cache

@@ -25,8 +25,11 @@ the samples of one call (the uniform of a row depends on its global index).
 
 Work: the decode is one jitted ``lax.while_loop`` that exits when every row
 has stopped, and rows that have stopped leave the loop's batch (halving steps,
-`compaction_sizes`), so a batch whose completions end at different lengths is
-not computed at full width to the longest one.
+`compaction_sizes`; for long generations down to one row), so a batch whose
+completions end at different lengths is not computed at full width to the
+longest one. Each step's attention reads only the filled part of the KV cache,
+in windows of ``cache_window`` slots (`jaxrl_llm.models.decoder.windowed_cache_attention`),
+so a step costs what the sequence so far needs, not what max_tokens reserves.
 """
 from __future__ import annotations
 
@@ -116,11 +119,13 @@ class _Decode(NamedTuple):
     out_stopped: jax.Array
 
 
-def compaction_sizes(batch: int, smallest: int = 8, stages: int = 4) -> tuple[int, ...]:
+def compaction_sizes(batch: int, smallest: int = 8, compactions: int = 6) -> tuple[int, ...]:
     """Row counts the decode loop runs at: the batch, then halves while even and >= smallest,
-    at most ``stages`` sizes (each is one more decode program to compile)."""
+    at most ``compactions`` halvings (each size is one more decode loop to compile)."""
+    if smallest < 1 or compactions < 0:
+        raise ValueError(f"smallest ({smallest}) must be >= 1 and compactions ({compactions}) >= 0")
     sizes = [batch]
-    while len(sizes) < stages and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= smallest:
+    while len(sizes) <= compactions and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= smallest:
         sizes.append(sizes[-1] // 2)
     return tuple(sizes)
 
@@ -134,17 +139,21 @@ def _keep_unfinished(state: _Decode, size: int) -> _Decode:
     return state._replace(cache=cache, logits=state.logits[keep], rows=state.rows[keep], done=state.done[keep])
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact"))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact",
+                                             "min_rows", "compactions", "cache_window"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids, *,
-              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0, compact: bool = True):
+              max_tokens: int, top_k: int | None, use_top_p: bool, first_row: int = 0, compact: bool = True,
+              min_rows: int = 8, compactions: int = 6, cache_window: int | None = None):
     """prompt_tokens/prompt_mask [B, Lp] left-padded -> (tokens [B, max_tokens],
     logprobs [B, max_tokens], lengths [B], stopped [B]).
 
     With ``compact``, finished rows stop being computed: the loop runs at B rows while
     more than B/2 are unfinished, then moves the unfinished rows (and their cache) into
-    a B/2-row loop, and so on down to B/8 or 8 rows (`compaction_sizes`). A row's numbers do
-    not depend on which rows share its batch (its uniform is indexed by its output row),
-    so compaction changes the work, not the samples (up to matmul rounding)."""
+    a B/2-row loop, and so on, at most ``compactions`` times and not below ``min_rows``
+    rows (`compaction_sizes`). A row's numbers do not depend on which rows share its batch
+    (its uniform is indexed by its output row), so compaction changes the work, not the
+    samples (up to matmul rounding). ``cache_window`` (slots; None: the whole cache):
+    decode steps attend over the filled windows of the cache only (same numbers)."""
     batch, prompt_len = prompt_tokens.shape
     cache = init_cache(cfg, batch, prompt_len + max_tokens)
     hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True)
@@ -164,7 +173,7 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
         out_row = jnp.where(active, s.rows, batch)  # finished rows write nowhere (dropped)
         stopped = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
         hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=s.cache,
-                                return_hidden=True)
+                                return_hidden=True, cache_window=cache_window)
         return _Decode(s.step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), s.rows, s.done | stopped,
                        s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
                        s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
@@ -175,7 +184,7 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
                     jnp.zeros((batch,), bool), jnp.zeros((batch, max_tokens), jnp.int32),
                     jnp.zeros((batch, max_tokens), jnp.float32), jnp.zeros((batch,), jnp.int32),
                     jnp.zeros((batch,), bool))
-    sizes = compaction_sizes(batch) if compact else (batch,)
+    sizes = compaction_sizes(batch, min_rows, compactions) if compact else (batch,)
     for size, next_size in zip(sizes, sizes[1:] + (0,)):
         if size != batch:
             state = _keep_unfinished(state, size)
@@ -198,12 +207,25 @@ class JaxSampler:
       prompt_bucket, batch_bucket: widths and batch sizes are rounded up to
         multiples of these, so few programs are compiled.
       initial_version: version of `params` (a resumed run passes its own).
+      cache_window: decode steps attend over the filled prefix of the KV cache in windows
+        of this many slots (None: always the whole cache; same samples either way).
+      long_generation: from this many max_tokens on, finished rows are compacted away down
+        to a single row (below it, down to 8 rows: fewer loops to compile for short calls).
+      compactions: at most this many halvings of the decode batch (`compaction_sizes`).
     """
 
     def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
-                 prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0):
+                 prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0,
+                 cache_window: int | None = 32, long_generation: int = 128, compactions: int = 6):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one stop token id")
+        if cache_window is not None and cache_window < 1:
+            raise ValueError(f"cache_window must be >= 1 slot or None, got {cache_window}")
+        if long_generation < 1 or compactions < 0:
+            raise ValueError(f"long_generation ({long_generation}) must be >= 1 and compactions ({compactions}) >= 0")
+        self.cache_window = cache_window
+        self.long_generation = int(long_generation)
+        self.compactions = int(compactions)
         self.cfg = cfg
         self.params = params
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -251,7 +273,8 @@ class JaxSampler:
         out = _generate(self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                         jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
                         max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0,
-                        first_row=int(params.first_row))
+                        first_row=int(params.first_row), compactions=self.compactions, cache_window=self.cache_window,
+                        min_rows=1 if params.max_tokens >= self.long_generation else 8)
         out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
         records = []
         for i, prompt in enumerate(rows):

@@ -190,20 +190,49 @@ def test_inverse_cdf_choice_with_one_token_of_mass():
 
 
 def test_dropping_finished_rows_changes_no_sample(tiny):
-    """The decode loop with finished rows compacted away (32 -> 16 -> 8 rows) against the
-    loop computing every row to the end: same tokens, logprobs, lengths and stop flags."""
+    """The decode loop with finished rows compacted away down to one row (8 -> 4 -> 2 -> 1, as
+    the sampler runs long generations, cache read in windows) against the loop computing every
+    row to the end over the whole cache: same tokens, logprobs, lengths and stop flags."""
     from jaxrl_llm.rollout.jax_sampler import _generate, compaction_sizes
 
     _, cfg, params = tiny
-    assert compaction_sizes(32) == (32, 16, 8)
+    assert compaction_sizes(32) == (32, 16, 8)  # short generations: not below 8 rows
+    assert compaction_sizes(32, smallest=1) == (32, 16, 8, 4, 2, 1)
+    assert compaction_sizes(256, smallest=1) == (256, 128, 64, 32, 16, 8, 4)  # at most 6 halvings
+    assert compaction_sizes(24, smallest=1, compactions=2) == (24, 12, 6)
     rng = np.random.default_rng(0)
-    prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (32, 5)), jnp.int32)
+    prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (8, 5)), jnp.int32)
     stop = jnp.arange(0, cfg.vocab_size, 4, dtype=jnp.int32)  # a quarter of the vocab stops: lengths spread
-    args = (params, cfg, prompts, jnp.ones((32, 5), bool), jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
+    args = (params, cfg, prompts, jnp.ones((8, 5), bool), jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
             stop)
     full = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=False)
-    compacted = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=True)
-    lengths = np.asarray(full[2])
-    assert (lengths <= 4).sum() >= 24 and lengths.max() > 4  # the 8-row stage is reached and used
+    compacted = _generate(*args, max_tokens=12, top_k=None, use_top_p=False, compact=True, min_rows=1,
+                          cache_window=8)
+    lengths = np.sort(np.asarray(full[2]))
+    # every stage is entered (the 2-row one exits at once here) and the 1-row stage runs steps alone
+    assert lengths[-5] < lengths[-2] < lengths[-1], lengths
     for a, b in zip(full, compacted):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_reading_the_cache_in_windows_changes_no_sample(tiny):
+    """Decode steps that attend over the filled 32-slot windows of the KV cache only, against
+    steps reading all 105 slots: bit-identical tokens and logprobs over 100 steps (4 window
+    sizes: 32, 64, 96, 105). Exact because the masked slots add exact zeros and XLA:CPU picks the
+    same dot kernels at these shapes (at some small shapes it does not, then equal up to rounding)."""
+    from jaxrl_llm.models.decoder import cache_window_sizes
+    from jaxrl_llm.rollout.jax_sampler import _generate
+
+    _, cfg, params = tiny
+    assert cache_window_sizes(105, 32) == (32, 64, 96, 105)
+    assert cache_window_sizes(64, 32) == (32, 64)
+    rng = np.random.default_rng(1)
+    prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (32, 5)), jnp.int32)
+    args = (params, cfg, prompts, jnp.ones((32, 5), bool), jax.random.key(5), jnp.float32(1.0), jnp.float32(1.0),
+            jnp.asarray([-1], jnp.int32))  # no stop: every row runs through all windows
+    kwargs = dict(max_tokens=100, top_k=None, use_top_p=False, compact=False)
+    whole = jax.device_get(_generate(*args, **kwargs))
+    windowed = jax.device_get(_generate(*args, **kwargs, cache_window=32))
+    assert (whole[2] == 100).all()
+    for a, b in zip(whole, windowed):
+        np.testing.assert_array_equal(a, b)
