@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
+from jaxrl_llm.models.remat import remat_mode, remat_policy
 
 Params = dict[str, Any]
 
@@ -198,7 +199,7 @@ class Decoder(nn.Module):
     """
 
     cfg: DecoderConfig
-    remat: bool = False
+    remat: bool | str = False  # models.remat: "off", "dots", "full" (True = "full")
 
     @nn.compact
     def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False):
@@ -207,7 +208,10 @@ class Decoder(nn.Module):
         embed = self.param("embed", nn.initializers.normal(0.02), (cfg.vocab_size, cfg.hidden_size), param_dtype)
         hidden = jnp.take(embed, tokens, axis=0).astype(dtype)
 
-        layer_cls = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
+        mode = remat_mode(self.remat)
+        layer_cls = DecoderLayer
+        if mode != "off":
+            layer_cls = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(mode))
         layers = nn.scan(
             layer_cls,
             variable_axes={"params": 0},
@@ -271,7 +275,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-            cache: dict | None = None, return_hidden: bool = False, remat: bool = False):
+            cache: dict | None = None, return_hidden: bool = False, remat: bool | str = False):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
 
     Without a cache: causal attention within the row, restricted to equal non-zero
@@ -279,11 +283,13 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     tokens are written at slots cache["end"] .. +T-1 (T = prompt length for a prefill,
     1 for a decode step) and attend to every earlier real slot; ``attention_mask``
     marks left padding in a prefill. ``new_cache`` is None when ``cache`` is None.
-    ``remat`` recomputes each layer in the backward pass (less memory for training).
+    ``remat`` ("off", "dots", "full"; True = "full"): what each layer keeps for the backward pass
+    and what it recomputes (``models.remat``; less memory for training).
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     batch, length = tokens.shape
+    remat_mode(remat)  # a bad name fails here, not inside a trace
     if cache is not None:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden)
     if segment_ids is None:
