@@ -142,8 +142,8 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     # What each layer keeps for the backward pass (models/remat.py): "off" keeps all activations;
     # "dots" keeps only the projections' matmul outputs and recomputes norms, rotary, SiLU and
-    # attention (on a 2-core CPU also the fastest); "full" recomputes each whole layer (least
-    # memory, ~1/3 more compute).
+    # attention (a quarter of off's memory at 8 x 512); "full" recomputes each whole layer
+    # (least memory, ~1/3 more layer compute).
     remat: Literal["off", "dots", "full"] = "off"
     # LoRA (Hu et al. 2021) on the projections: 0 trains all weights; r >= 1 trains only
     # rank-r adapters (update scale lora_alpha / r), the base weights stay frozen.
