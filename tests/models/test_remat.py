@@ -3,6 +3,7 @@ the residuals each mode keeps, counted by hand from the layer's matmuls."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 
@@ -22,6 +23,7 @@ CFG = DecoderConfig.from_hf(dict(vocab_size=97, hidden_size=32, intermediate_siz
 BATCH, LENGTH = 3, 5  # distinct from every width above, so a residual's shape says what it is
 
 
+@functools.lru_cache(maxsize=1)
 def _params_and_tokens():
     params = init_params(CFG, jax.random.PRNGKey(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (BATCH, LENGTH)), jnp.int32)
