@@ -45,7 +45,7 @@ def gpu_scale(cfg: Config, *, name: str) -> Config:
         "rollout.engine": "vllm", "rollout.prompts_per_step": 128, "rollout.samples_per_prompt": 8,
         "rollout.max_tokens": 3000, "rollout.server_dtype": "bfloat16",
         "train.lr": 1e-6, "train.warmup_steps": 0, "train.micro_batch_size": 8, "train.precision": "bf16",
-        "train.minibatches_per_batch": 1, "train.remat": True,
+        "train.minibatches_per_batch": 1, "train.remat": "full",
         "task.name": "jsonl", "task.eval_size": 500,  # MATH levels 3-5: task.jsonl_path=FILE
         "task.eval_samples": 4, "task.reward_workers": 8,
         "checkpoint.every_steps": 25, "metrics.progress_every": 1,

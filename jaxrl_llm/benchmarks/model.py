@@ -1,7 +1,7 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
     python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
-        [--warmup 1] [--iters 3] [--remat auto|on|off] [--profile]
+        [--warmup 1] [--iters 3] [--remat auto|off|dots|full] [--profile]
 
 One run measures, side by side on the same batches of random tokens:
 
@@ -9,10 +9,10 @@ One run measures, side by side on the same batches of random tokens:
    (rows x tokens) and dtype (params, activations and matmuls in it; log-softmax in float32):
    ours = jax.jit(jax.value_and_grad) over ``models.token_logprobs`` (chunked
    log-softmax), compiled ahead of time with the learner's XLA options
-   (``--remat on``: each layer recomputed in the backward pass, as ``train.remat``; without
-   it 8x512 and 2x2048 need 11 and 24 GiB of saved activations; ``auto``, the default, turns
-   it on for a shape whose compiled temp memory exceeds a third of the machine's RAM, and
-   the row says so); reference = transformers ``LlamaForCausalLM`` with the same
+   (``--remat off|dots|full``: what each layer keeps for the backward pass, as ``train.remat``
+   (``models.remat``); with "off" 8x512 and 2x2048 need 11 and 24 GiB of saved activations;
+   ``auto``, the default, takes the first of off, dots, full whose compiled temp memory is
+   under a third of the machine's RAM, and the row says which); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster). The engines take turns every round, so drifting load
    hits both alike; medians are reported. Ends with the table of ratios
@@ -43,6 +43,7 @@ from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forwa
                               logprobs_from_logits, params_from_hf, token_logprobs)
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.decoder import jnp_dtype
+from jaxrl_llm.models.remat import REMAT_MODES, remat_mode
 
 # SmolLM2-135M-Instruct's architecture (the values load_gguf reads from the GGUF).
 SMOLLM2_HF_CONFIG = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -83,28 +84,34 @@ def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
     return temp_bytes > ram_bytes / 3
 
 
+AUTO_REMAT_ORDER = ("off", "dots", "full")  # --remat auto takes the first whose memory fits
+
+
 def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
              remat: str = "off") -> Callable[[], None]:
     """One jitted forward+backward of loss = -mean log pi (chunked log-probs), compiled with the
     learner's XLA options (``models.compile_options``) ahead of time, so no timed call compiles.
-    ``remat``: "on" recomputes each layer in the backward pass (the learner's ``train.remat``),
-    "auto" only where ``needs_remat``; ``result["remat"]`` says which ran."""
-    def compiled(remat_on: bool):
+    ``remat``: a ``models.remat`` mode ("off", "dots", "full", as the learner's ``train.remat``), or
+    "auto": the first of AUTO_REMAT_ORDER whose compiled temp memory passes ``needs_remat``
+    (else "full"); ``result["remat"]`` says which ran."""
+    def compiled(mode: str):
         def loss(params, tokens):
-            return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, remat=remat_on))
+            return -jnp.mean(token_logprobs(params, cfg, tokens, chunk_size=chunk_size, remat=mode))
 
         options = learner_compiler_options(cfg.compute_dtype, jax.default_backend())  # as the learner compiles
         return jax.jit(jax.value_and_grad(loss), compiler_options=options).lower(params, tokens).compile()
 
     tokens = jnp.asarray(tokens)
-    step = compiled(remat == "on")
     if remat == "auto":
-        analysis = step.memory_analysis()
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if analysis is not None and needs_remat(int(analysis.temp_size_in_bytes), ram):
-            step = compiled(True)
-            remat = "on"
-    result["remat"] = remat == "on"
+        for remat in AUTO_REMAT_ORDER:
+            step = compiled(remat)
+            analysis = step.memory_analysis()
+            if remat == "full" or analysis is None or not needs_remat(int(analysis.temp_size_in_bytes), ram):
+                break
+    else:
+        step = compiled(remat_mode(remat))
+    result["remat"] = remat
 
     def run():
         value, grads = step(params, tokens)
@@ -243,7 +250,7 @@ def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
-        remat = ", remat" if results["jax"]["remat"] else ""
+        remat = "" if results["jax"]["remat"] == "off" else f", remat {results['jax']['remat']}"
         label = f"jax (jit{remat})" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
         print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
               f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
@@ -261,9 +268,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=128)
-    parser.add_argument("--remat", choices=("auto", "on", "off"), default="auto",
-                        help="JAX recomputes each layer in the backward pass (train.remat); auto: where the "
-                             "saved activations would exceed a third of the RAM")
+    parser.add_argument("--remat", choices=("auto", *REMAT_MODES), default="auto",
+                        help="what the JAX layers keep for the backward pass (train.remat, models/remat.py); "
+                             "auto: the first of off, dots, full whose saved activations fit in a third of the RAM")
     parser.add_argument("--profile", action="store_true", help="also time the phases of the JAX step")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--random-weights", action="store_true", help="random init instead of the GGUF weights")

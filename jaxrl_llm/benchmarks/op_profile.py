@@ -1,13 +1,15 @@
 """Where one learner step's time goes, per XLA op.
 
-    python -m jaxrl_llm.benchmarks.op_profile [--layers 30] [--shape 4x128] [--default-options] [--top 30]
+    python -m jaxrl_llm.benchmarks.op_profile [--layers 30] [--shape 4x128] [--remat off|dots|full]
+        [--default-options] [--top 30]
 
 Traces two forward+backward steps of loss = -mean log pi on a SmolLM2-135M-shaped model
 (random weights, float32) with ``jax.profiler``, reads the trace with
 ``jax.profiler.ProfileData`` (no TensorBoard needed), sums every op's time over XLA:CPU's
 worker threads (CPU-seconds per step) and names it by its HLO metadata (forward or backward,
 the JAX operation, the output shape). ``--default-options`` compiles without the learner's
-XLA options (``models.compile_options``), for a before/after.
+XLA options (``models.compile_options``), for a before/after; ``--remat`` picks what the layers
+keep for the backward pass (``models.remat``, as ``train.remat``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import numpy as np
 from jaxrl_llm.benchmarks.model import SMOLLM2_HF_CONFIG, parse_shapes
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
 from jaxrl_llm.models.compile_options import learner_compiler_options
+from jaxrl_llm.models.remat import REMAT_MODES
 
 
 def hlo_op_labels(hlo_text: str) -> dict[str, str]:
@@ -58,6 +61,7 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--shape", default="4x128")
     parser.add_argument("--default-options", action="store_true", help="compile without the learner's XLA options")
+    parser.add_argument("--remat", choices=REMAT_MODES, default="off")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
     (rows, length), = parse_shapes(args.shape)
@@ -66,7 +70,8 @@ def main(argv=None) -> None:
     params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32))
     options = None if args.default_options else learner_compiler_options("float32", jax.default_backend())
-    step = jax.jit(jax.value_and_grad(lambda p, t: -jnp.mean(token_logprobs(p, cfg, t))), compiler_options=options)
+    loss = lambda p, t: -jnp.mean(token_logprobs(p, cfg, t, remat=args.remat))  # noqa: E731
+    step = jax.jit(jax.value_and_grad(loss), compiler_options=options)
     labels = hlo_op_labels(step.lower(params, tokens).compile().as_text())
     jax.block_until_ready(step(params, tokens))
     with tempfile.TemporaryDirectory() as trace_dir:
@@ -76,7 +81,8 @@ def main(argv=None) -> None:
         jax.profiler.stop_trace()
         seconds = op_seconds(trace_dir, steps=2)
     total = sum(seconds.values())
-    print(f"{args.layers} layers, {rows}x{length} float32, options {options}: {total:.3f} CPU-s in ops per step")
+    print(f"{args.layers} layers, {rows}x{length} float32, remat {args.remat}, options {options}: "
+          f"{total:.3f} CPU-s in ops per step")
     for name, value in seconds.most_common(args.top):
         print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {name:<24} {labels.get(name, '?')}")
 

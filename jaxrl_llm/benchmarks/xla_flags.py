@@ -38,6 +38,9 @@ VARIANTS: dict[str, dict] = {
     "onednn-dot": {"xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "eigen-1-thread": {"xla_cpu_multi_thread_eigen": False},
     "vector-256": {"xla_cpu_prefer_vector_width": 256},
+    "vector-512": {"xla_cpu_prefer_vector_width": 512},  # AVX-512 CPUs (LLVM's default prefers 256)
+    "ynn-dot-vector-512": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT",
+                           "xla_cpu_prefer_vector_width": 512},
     "concurrency-scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
     "no-fusion-emitters": {"xla_cpu_use_fusion_emitters": False},
 }

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
+from jaxrl_llm.models.remat import remat_mode, remat_policy
 
 Params = dict[str, Any]
 
@@ -234,7 +235,7 @@ class Decoder(nn.Module):
     """
 
     cfg: DecoderConfig
-    remat: bool = False
+    remat: bool | str = False  # models.remat: "off", "dots", "full" (True = "full")
     cache_window: int | None = None
 
     @nn.compact
@@ -244,7 +245,10 @@ class Decoder(nn.Module):
         embed = self.param("embed", nn.initializers.normal(0.02), (cfg.vocab_size, cfg.hidden_size), param_dtype)
         hidden = jnp.take(embed, tokens, axis=0).astype(dtype)
 
-        layer_cls = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
+        mode = remat_mode(self.remat)
+        layer_cls = DecoderLayer
+        if mode != "off":
+            layer_cls = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(mode))
         layers = nn.scan(
             layer_cls,
             variable_axes={"params": 0},
@@ -308,7 +312,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-            cache: dict | None = None, return_hidden: bool = False, remat: bool = False,
+            cache: dict | None = None, return_hidden: bool = False, remat: bool | str = False,
             cache_window: int | None = None):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
 
@@ -317,7 +321,8 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     tokens are written at slots cache["end"] .. +T-1 (T = prompt length for a prefill,
     1 for a decode step) and attend to every earlier real slot; ``attention_mask``
     marks left padding in a prefill. ``new_cache`` is None when ``cache`` is None.
-    ``remat`` recomputes each layer in the backward pass (less memory for training).
+    ``remat`` ("off", "dots", "full"; True = "full"): what each layer keeps for the backward pass
+    and what it recomputes (``models.remat``; less memory for training).
     ``cache_window`` (with a cache; slots): attention reads only the filled prefix of the
     cache, rounded up to whole windows, instead of all max_len slots (same result; the
     cost of a decode step then grows with the filled length; `windowed_cache_attention`).
@@ -327,6 +332,7 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     if cache_window is not None and cache_window <= 0:
         raise ValueError(f"cache_window must be a positive number of slots or None, got {cache_window}")
     batch, length = tokens.shape
+    remat_mode(remat)  # a bad name fails here, not inside a trace
     if cache is not None:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
                                cache_window)

@@ -89,7 +89,7 @@ def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: 
 def token_logprobs(params: dict, cfg: DecoderConfig, tokens: jax.Array, *, attention_mask: jax.Array | None = None,
                    segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
                    temperature: float = 1.0, chunk_size: int = 128, return_entropy: bool = False,
-                   remat: bool = False):
+                   remat: bool | str = False):
     """logp [B, T-1] float32: log pi(tokens[:, t+1] | tokens[:, :t+1]) at ``temperature``
     (+ entropy [B, T-1] of that next-token distribution when ``return_entropy``).
 

@@ -144,8 +144,11 @@ class TrainConfig(Section):
     minibatches_per_batch: int = field(1, ge=1)  # optimiser steps per epoch
     # Learner compute precision. fp16 turns on dynamic loss scaling.
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
-    # Recompute each layer in the backward pass: less activation memory, ~1/3 more compute.
-    remat: bool = False
+    # What each layer keeps for the backward pass (models/remat.py): "off" keeps all activations;
+    # "dots" keeps only the projections' matmul outputs and recomputes norms, rotary, SiLU and
+    # attention (a quarter of off's memory at 8 x 512); "full" recomputes each whole layer
+    # (least memory, ~1/3 more layer compute).
+    remat: Literal["off", "dots", "full"] = "off"
     # LoRA (Hu et al. 2021) on the projections: 0 trains all weights; r >= 1 trains only
     # rank-r adapters (update scale lora_alpha / r), the base weights stay frozen.
     lora_rank: int = field(0, ge=0)

@@ -46,6 +46,7 @@ from jaxrl_llm import core
 from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_from_hidden, forward, lora,
                               param_shardings)
 from jaxrl_llm.models.compile_options import learner_compiler_options
+from jaxrl_llm.models.remat import remat_mode
 from jaxrl_llm.train import critic as critic_lib
 from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
@@ -128,7 +129,7 @@ def _split_rows(x, num_micro_batches: int):
 
 
 def _completion_logprobs(params, cfg: DecoderConfig, tokens, attention_mask, positions, *, prompt_width: int,
-                         completion_width: int, temperature: float, return_entropy: bool, remat: bool,
+                         completion_width: int, temperature: float, return_entropy: bool, remat: str,
                          critic_params=None):
     """Logprobs (and entropies) of the completion tokens only: the LM head and
     log-softmax run on the T_c completion positions, not on the prompt (the LM head
@@ -161,7 +162,7 @@ class Learner:
         self.train_cfg = train_cfg
         self.temperature = float(temperature)
         self.mesh = mesh
-        self.remat = bool(train_cfg.remat)
+        self.remat = remat_mode(train_cfg.remat)
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning

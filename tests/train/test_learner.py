@@ -55,13 +55,15 @@ def test_old_logprobs_equal_sampler_logprobs(setup):
     assert np.all(np.asarray(entropy)[mask] > 0)
 
 
-@pytest.mark.parametrize("recipe_name", ["grpo", "dr_grpo"])
-def test_gradient_matches_torch_autograd(setup, recipe_name):
+@pytest.mark.parametrize("recipe_name, remat", [("grpo", "off"), ("dr_grpo", "off"),
+                                               pytest.param("grpo", "dots", marks=pytest.mark.slow)])
+def test_gradient_matches_torch_autograd(setup, recipe_name, remat):
     """At pi = pi_old the PPO loss gradient is -sum_it w_it A_it d log pi_it: build that
-    loss in PyTorch on the transformers model with the same tokens, positions and mask."""
+    loss in PyTorch on the transformers model with the same tokens, positions and mask
+    (also with train.remat=dots: what the layers keep must not change the gradient)."""
     model, cfg, params, seq, rewards = setup
     recipe = core.get_recipe(recipe_name, **({"constant_length": MAX_TOKENS} if recipe_name == "dr_grpo" else {}))
-    learner = make_learner(cfg, recipe, micro_batch_size=4)
+    learner = make_learner(cfg, recipe, micro_batch_size=4, remat=remat)
     state = learner.init(params)
     batch = step_batch_for(learner, state.params, seq, rewards)
     loss, grads, _ = learner.loss_and_grads(state.params, seq, batch)
