@@ -225,7 +225,7 @@ def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, pe
 
     prompt_width = max(1, seq_len // 8)
     train_cfg = dataclasses.replace(TrainConfig(), precision=dtype_name, micro_batch_size=micro_batch, lr=1e-5,
-                                    remat=remat)
+                                    remat="full" if remat else "off")
     recipe, seq, step_batch = learner_inputs(padded, seq_len, prompt_width)
     learner = Learner(cfg, recipe, train_cfg, total_steps=steps + 2)
     holder = {"state": learner.init(params)}
