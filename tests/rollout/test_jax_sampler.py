@@ -190,16 +190,18 @@ def test_inverse_cdf_choice_with_one_token_of_mass():
 
 
 def test_dropping_finished_rows_changes_no_sample(tiny):
-    """The decode loop with finished rows compacted away down to one row (8 -> 4 -> 2 -> 1, as
+    """The decode loop with finished rows compacted away down to one row (8 -> 6 -> 4 -> 3 -> 2 -> 1, as
     the sampler runs long generations, cache read in windows) against the loop computing every
     row to the end over the whole cache: same tokens, logprobs, lengths and stop flags."""
     from jaxrl_llm.rollout.jax_sampler import _generate, compaction_sizes
 
     _, cfg, params = tiny
-    assert compaction_sizes(32) == (32, 16, 8)  # short generations: not below 8 rows
-    assert compaction_sizes(32, smallest=1) == (32, 16, 8, 4, 2, 1)
-    assert compaction_sizes(256, smallest=1) == (256, 128, 64, 32, 16, 8, 4)  # at most 6 halvings
-    assert compaction_sizes(24, smallest=1, compactions=2) == (24, 12, 6)
+    assert compaction_sizes(32) == (32, 24, 18, 12, 9)  # short generations: not below 8 rows
+    assert compaction_sizes(32, smallest=1) == (32, 24, 18, 12, 9, 6, 4, 3, 2, 1)
+    # at most 12 steps: x3/4 while divisible by 4, else x2/3, else x1/2
+    assert compaction_sizes(256, smallest=1) == (256, 192, 144, 108, 81, 54, 36, 27, 18, 12, 9, 6, 4)
+    assert compaction_sizes(24, smallest=1, compactions=2) == (24, 18, 12)
+    assert compaction_sizes(10, smallest=1) == (10, 5)  # 5: no whole step left
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (8, 5)), jnp.int32)
     stop = jnp.arange(0, cfg.vocab_size, 4, dtype=jnp.int32)  # a quarter of the vocab stops: lengths spread
@@ -236,3 +238,30 @@ def test_reading_the_cache_in_windows_changes_no_sample(tiny):
     assert (whole[2] == 100).all()
     for a, b in zip(whole, windowed):
         np.testing.assert_array_equal(a, b)
+
+
+def test_one_prefill_per_prompt_changes_no_sample(tiny):
+    """generate(n=3) prefills each distinct prompt once and copies its cache to its 3 rows
+    (filler rows start finished); against the decode program fed every row's prompt
+    separately, each row prefilled on its own (the layout before this change): same
+    tokens, logprobs, lengths and stop flags, row by row."""
+    from jaxrl_llm.rollout.jax_sampler import _generate
+
+    _, cfg, params = tiny
+    n, sampling = 3, SamplingParams(temperature=1.0, max_tokens=10, seed=11)
+    batch = JaxSampler(cfg, params, eos_token_ids=[EOS]).generate(PROMPTS, n, sampling)
+    rows = [p for p in PROMPTS for _ in range(n)]
+    tokens, mask = np.zeros((16, 16), np.int32), np.zeros((16, 16), bool)  # 9 rows -> 16, as the sampler pads
+    for i, p in enumerate(rows):
+        tokens[i, 16 - len(p):], mask[i, 16 - len(p):] = p, True
+    mask[len(rows):, -1] = True
+    out = jax.device_get(_generate(params, cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(11),
+                                   jnp.float32(1.0), jnp.float32(1.0), jnp.asarray([EOS], jnp.int32),
+                                   max_tokens=10, top_k=None, use_top_p=False))
+    out_tokens, out_logprobs, lengths, stopped = out
+    assert len(set(map(len, (r.completion_token_ids for r in batch.records)))) > 1  # lengths differ: stops happen
+    for i, record in enumerate(batch.records):
+        assert len(record.completion_token_ids) == lengths[i]
+        np.testing.assert_array_equal(record.completion_token_ids, out_tokens[i, :lengths[i]])
+        np.testing.assert_allclose(record.sampler_logprobs, out_logprobs[i, :lengths[i]], atol=1e-5)
+        assert (record.finish_reason == "stop") == stopped[i]
