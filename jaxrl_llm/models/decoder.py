@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
-from jaxrl_llm.models.matmul import project
+from jaxrl_llm.models.matmul import low_precision_logits, project
 from jaxrl_llm.models.remat import remat_mode, remat_policy
 
 Params = dict[str, Any]
@@ -153,6 +153,8 @@ def lm_head_logits(hidden: jax.Array, params: Params, cfg: DecoderConfig) -> jax
     hidden = hidden.astype(jnp_dtype(cfg.compute_dtype))
     if cfg.tie_word_embeddings:
         weight = params["embed"].astype(hidden.dtype)
+        if hidden.dtype == jnp.bfloat16:  # bf16 operands in the backward too (models.matmul)
+            return low_precision_logits(hidden, weight)
         return jnp.einsum("...d,vd->...v", hidden, weight, preferred_element_type=jnp.float32)
     weight = params["lm_head"].astype(hidden.dtype)
     return jnp.einsum("...d,dv->...v", hidden, weight, preferred_element_type=jnp.float32)
@@ -349,20 +351,23 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     causal = jnp.tril(jnp.ones((length, length), bool))
     same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
     visible = causal[None] & same_segment & (segment_ids[:, None, :] != 0)
-    out, _ = Decoder(cfg, remat=remat, unroll_layers=unroll_layer_loop(cfg, jax.default_backend())).apply(
-        {"params": params}, tokens, positions, visible, return_hidden=return_hidden)
+    unroll = unroll_layer_loop(cfg, jax.default_backend(), remat_mode(remat))
+    out, _ = Decoder(cfg, remat=remat, unroll_layers=unroll).apply({"params": params}, tokens, positions, visible,
+                                                                   return_hidden=return_hidden)
     return out, None
 
 
-def unroll_layer_loop(cfg: DecoderConfig, backend: str) -> bool:
+def unroll_layer_loop(cfg: DecoderConfig, backend: str, remat: str) -> bool:
     """Whether the cache-free forward (the learner's) unrolls its loop over layers: in bfloat16 on
-    XLA:CPU. There (jaxlib 0.10) the looped backward writes each layer's bf16 weight gradients into
-    the stacked [nL, ...] buffers by a dynamic-update-slice that XLA:CPU computes in float32,
+    XLA:CPU without remat. There (jaxlib 0.10) the looped backward writes each layer's bf16 weight
+    gradients into the stacked [nL, ...] buffers by a dynamic-update-slice that XLA:CPU computes in float32,
     converting the whole stack to float32 and back in every iteration (about half of a SmolLM2-135M
     4x128 step, ``benchmarks.op_profile --dtype bfloat16``); unrolled, the stacks are assembled once.
     SmolLM2-135M 4x128 bf16 fwd+bwd, builds timed in turns in one process (load 4.5): 3.20 -> 2.22 s
-    (1.44x); float32 1.02x (no such conversion), so float32 keeps the loop (compiles faster)."""
-    return backend == "cpu" and jnp_dtype(cfg.compute_dtype) == jnp.bfloat16
+    (1.44x); float32 1.02x (no such conversion), so float32 keeps the loop (compiles faster). With
+    remat the loop stays: unrolled, XLA:CPU's buffer assignment keeps the activations anyway (8x512
+    bf16 temp memory: 10.4 GiB with "off", "dots" and "full" alike, looped 11.9 / 3.5 / 1.2 GiB)."""
+    return backend == "cpu" and jnp_dtype(cfg.compute_dtype) == jnp.bfloat16 and remat == "off"
 
 
 def _concrete_int(x) -> int | None:

@@ -56,3 +56,29 @@ def project(x: jax.Array, w: jax.Array) -> jax.Array:
     if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
         return x @ w
     return checkpoint_name(low_precision_matmul(x, w), PROJECTION)
+
+
+@jax.custom_vjp
+def low_precision_logits(hidden: jax.Array, weight: jax.Array) -> jax.Array:
+    """hidden[..., d] @ weight[v, d]^T -> float32 logits [..., v] (the tied LM head), operands of one
+    low dtype. The backward casts the float32 logit gradient to that dtype for both of its matmuls
+    (dh = g @ weight, dweight = g^T @ hidden, summed in float32), as ``low_precision_matmul`` does:
+    without it XLA:CPU converts the whole [v, d] weight to float32 and runs both in float32."""
+    return jax.lax.dot_general(hidden, weight, (((hidden.ndim - 1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _logits_forward(hidden, weight):
+    return low_precision_logits(hidden, weight), (hidden, weight)
+
+
+def _logits_backward(residuals, grad):
+    hidden, weight = residuals
+    grad = grad.astype(hidden.dtype)
+    dhidden = _accumulate_f32(grad, weight, ((grad.ndim - 1,), (0,)), hidden.dtype)  # g @ weight
+    rows = tuple(range(hidden.ndim - 1))
+    dweight = _accumulate_f32(grad, hidden, (rows, rows), weight.dtype)  # g^T @ hidden
+    return dhidden, dweight
+
+
+low_precision_logits.defvjp(_logits_forward, _logits_backward)

@@ -15,7 +15,7 @@ import pytest
 
 from jaxrl_llm.models import DecoderConfig, decoder, forward, init_params, token_logprobs
 from jaxrl_llm.models.decoder import unroll_layer_loop
-from jaxrl_llm.models.matmul import project
+from jaxrl_llm.models.matmul import low_precision_logits, project
 
 CFG = DecoderConfig.from_hf(dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
@@ -96,10 +96,12 @@ def test_dots_remat_keeps_the_bf16_projections(monkeypatch):
 
 
 def test_unroll_layer_loop_policy():
-    assert unroll_layer_loop(CFG.with_dtypes("bfloat16", "bfloat16"), "cpu")
-    assert unroll_layer_loop(CFG.with_dtypes("float32", "bfloat16"), "cpu")
-    assert not unroll_layer_loop(CFG, "cpu")
-    assert not unroll_layer_loop(CFG.with_dtypes("bfloat16", "bfloat16"), "gpu")
+    bf16 = CFG.with_dtypes("bfloat16", "bfloat16")
+    assert unroll_layer_loop(bf16, "cpu", "off")
+    assert unroll_layer_loop(CFG.with_dtypes("float32", "bfloat16"), "cpu", "off")
+    assert not unroll_layer_loop(CFG, "cpu", "off")
+    assert not unroll_layer_loop(bf16, "gpu", "off")
+    assert not unroll_layer_loop(bf16, "cpu", "dots") and not unroll_layer_loop(bf16, "cpu", "full")
 
 
 @pytest.mark.parametrize("remat", ["off", pytest.param("dots", marks=pytest.mark.slow)])
@@ -108,7 +110,7 @@ def test_unrolled_layers_compute_what_the_loop_computes(monkeypatch, remat):
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 7)), jnp.int32)
 
     def value_and_grads(unroll):
-        monkeypatch.setattr(decoder, "unroll_layer_loop", lambda cfg, backend: unroll)
+        monkeypatch.setattr(decoder, "unroll_layer_loop", lambda cfg, backend, remat: unroll)
         loss = lambda p: -jnp.mean(token_logprobs(p, CFG, tokens, chunk_size=4, remat=remat))  # noqa: E731
         return jax.jit(jax.value_and_grad(loss))(params)
 
@@ -116,3 +118,22 @@ def test_unrolled_layers_compute_what_the_loop_computes(monkeypatch, remat):
     np.testing.assert_allclose(unrolled, looped, rtol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(unrolled_grads), jax.tree_util.tree_leaves(looped_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_bf16_tied_head_logits_are_float32_and_their_gradients_the_exact_products_rounded_once():
+    keys = jax.random.split(jax.random.PRNGKey(2), 3)
+    hidden = jax.random.normal(keys[0], (2, 5, 64)).astype(jnp.bfloat16)
+    embed = jax.random.normal(keys[1], (97, 64)).astype(jnp.bfloat16)
+    g = jax.random.normal(keys[2], (2, 5, 97))  # float32, as the log-softmax hands it back
+    h64, e64 = np.asarray(hidden, np.float64), np.asarray(embed, np.float64)
+    g64 = np.asarray(g.astype(jnp.bfloat16), np.float64)  # the backward rounds it to bf16 first
+    logits, vjp = jax.vjp(low_precision_logits, hidden, embed)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, h64 @ e64.T, rtol=1e-5, atol=1e-5)
+    dhidden, dembed = vjp(g)
+    _assert_rounded_once(dhidden, g64 @ e64)
+    _assert_rounded_once(dembed, np.einsum("btv,btd->vd", g64, h64))
+    grads = jax.jit(jax.grad(lambda h, e: jnp.sum(low_precision_logits(h, e) * g), (0, 1)))
+    types = _dot_operand_types(grads.lower(hidden, embed).compile().as_text())
+    if jax.default_backend() == "cpu":  # dh and dembed: 2 dots of bf16 operands, no float32 copy of embed
+        assert len(types) >= 4 and set(types) == {"bf16"}
