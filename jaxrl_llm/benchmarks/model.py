@@ -14,9 +14,11 @@ One run measures, side by side on the same batches of random tokens:
    ``auto``, the default, takes the first of off, dots, full whose compiled temp memory is
    under a third of the machine's RAM, and the row says which); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
-   thread can be faster). The engines take turns every round, so drifting load
-   hits both alike; medians are reported. Ends with the table of ratios
-   ours / best torch and the load average.
+   thread can be faster), in a child process (``benchmarks.torch_worker``: the two engines
+   never share an address space, each stays under the 9 GB a process may take here). The
+   engines take turns every round, so drifting load hits both alike; medians are reported.
+   Ends with the table of ratios ours / best torch, each process's peak RSS (VmHWM, reset
+   before each row) and the load average.
    ``--profile`` adds where one JAX step's time goes, by phase (each phase jitted
    alone, timed interleaved): decoder layers forward, layers forward+backward, LM head +
    log-softmax forward+backward, the whole step.
@@ -33,12 +35,14 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.benchmarks.torch_worker import TorchWorker, peak_rss_bytes, reset_peak_rss
 from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forward, lm_head_logits,
                               logprobs_from_logits, params_from_hf, token_logprobs)
 from jaxrl_llm.models.compile_options import learner_compiler_options
@@ -80,7 +84,7 @@ def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: 
 
 def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
     """--remat auto: recompute when the saved activations would take over a third of the RAM
-    (the torch model and its activations share the process)."""
+    (the torch worker and other processes share the machine)."""
     return temp_bytes > ram_bytes / 3
 
 
@@ -121,24 +125,6 @@ def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
     return run
 
 
-def torch_step(model, tokens: np.ndarray, threads: int, result: dict) -> Callable[[], None]:
-    """The same loss with transformers' model, forward+backward, on ``threads`` OpenMP threads."""
-    import torch
-
-    batch = torch.tensor(tokens, dtype=torch.long)
-
-    def run():
-        torch.set_num_threads(threads)
-        model.zero_grad(set_to_none=True)
-        logits = model(batch).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, batch[:, 1:, None])[..., 0]
-        loss = -logp.mean()
-        loss.backward()
-        result["loss"] = float(loss.detach())
-
-    return run
-
-
 def smollm2_models(random_weights: bool):
     """(cfg, params, torch model) holding the same SmolLM2-135M weights: the GGUF's, or a random init
     (throughput does not depend on the values; lets the benchmark run where the GGUF is absent)."""
@@ -157,6 +143,19 @@ def smollm2_models(random_weights: bool):
     state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
     params = jax.tree_util.tree_map(jnp.asarray, params_from_hf(state, cfg))
     return cfg, params, model
+
+
+def smollm2_checkpoint(random_weights: bool, folder: str) -> tuple[DecoderConfig, dict, str]:
+    """(cfg, float32 params, HF checkpoint directory of the same weights) for the torch worker: the
+    GGUF's converted directory, or the random init of ``smollm2_models`` saved into ``folder``."""
+    if not random_weights:
+        from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
+        model_dir = smollm2_hf_dir()
+        cfg, params = load_hf_dir(model_dir, dtype="float32")
+        return cfg, params, model_dir
+    cfg, params, model = smollm2_models(random_weights=True)
+    model.save_pretrained(folder)
+    return cfg, params, folder
 
 
 def logprob_head_temp_bytes(cfg, params, batch: int, seq: int, chunk_size: int) -> dict[str, int]:
@@ -205,15 +204,10 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def with_dtype(cfg, params, torch_model, dtype: str):
-    """The same model in ``dtype``: config, jax params and a torch copy."""
-    import copy
-
-    import torch
-
+def cast_model(cfg, params, dtype: str):
+    """(config, params) with params, activations and matmuls in ``dtype``."""
     cfg = cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
-    params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-    return cfg, params, copy.deepcopy(torch_model).to(getattr(torch, dtype))
+    return cfg, jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 
 def phase_steps(cfg, params, tokens: np.ndarray, chunk_size: int) -> dict[str, Callable[[], None]]:
@@ -239,14 +233,33 @@ def phase_steps(cfg, params, tokens: np.ndarray, chunk_size: int) -> dict[str, C
     return {name: (lambda f=f, x=x: jax.block_until_ready(f(params, x))) for name, (f, x) in funcs.items()}
 
 
-def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[str, float]:
-    """tokens/s of jax and each torch thread count at one shape (interleaved rounds); prints a line each."""
+@dataclass
+class ShapeResult:
+    """One shape and dtype: tokens/s of "jax" and of each "torch-<threads>"; peak RSS of each process."""
+    throughput: dict[str, float]
+    jax_peak_rss: int
+    torch_peak_rss: int | None  # None: torch not run
+    torch_pid: int | None  # the torch worker's process id
+
+
+def best_torch_ratio(throughput: dict[str, float]) -> tuple[str, float]:
+    """(fastest torch entry, jax tokens/s / its tokens/s)."""
+    best = max((name for name in throughput if name.startswith("torch")), key=throughput.get)
+    return best, throughput["jax"] / throughput[best]
+
+
+def bench_shape(cfg, params, worker: TorchWorker | None, dtype: str, rows: int, length: int, args) -> ShapeResult:
+    """tokens/s of jax (this process) and each torch thread count (``worker``'s process, model in ``dtype``)
+    at one shape, in interleaved rounds; prints a line each."""
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32)
+    reset_peak_rss()
     results: dict[str, dict] = {"jax": {}}
     steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"], remat=args.remat)}
-    for threads in ([] if args.skip_torch else args.torch_threads):
-        results[f"torch-{threads}"] = {}
-        steps[f"torch-{threads}"] = torch_step(torch_model, tokens, threads, results[f"torch-{threads}"])
+    torch_pid = None if worker is None else worker.load(dtype, tokens)
+    if worker is not None:
+        for threads in args.torch_threads:
+            results[f"torch-{threads}"] = {}
+            steps[f"torch-{threads}"] = worker.step_fn(threads, results[f"torch-{threads}"])
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
@@ -258,7 +271,38 @@ def bench_shape(cfg, params, torch_model, rows: int, length: int, args) -> dict[
         phases = interleaved_times(phase_steps(cfg, params, tokens, args.chunk_size), 1, args.iters)
         for name, seconds in phases.items():
             print(f"    phase {name:<26}: {statistics.median(seconds):7.3f} s", flush=True)
-    return throughput
+    return ShapeResult(throughput, peak_rss_bytes(), None if worker is None else worker.peak_rss(), torch_pid)
+
+
+def ratio_table(cfg32, params32, hf_dir: str, shapes: list[tuple[int, int]], dtypes: list[str],
+                args) -> dict[tuple[str, str], ShapeResult]:
+    """Every dtype and shape: JAX here, torch (unless --skip-torch) in a worker process loading ``hf_dir``;
+    prints each engine's line, then the table of jax / best torch with each process's peak RSS."""
+    table: dict[tuple[str, str], ShapeResult] = {}
+    worker = None if args.skip_torch else TorchWorker(hf_dir)
+    try:
+        for dtype in dtypes:
+            cfg, params = cast_model(cfg32, params32, dtype)
+            for rows, length in shapes:
+                table[(dtype, f"{rows}x{length}")] = bench_shape(cfg, params, worker, dtype, rows, length, args)
+    finally:
+        if worker is not None:
+            worker.close()
+    load = os.getloadavg()
+    print(f"\n  jax / best torch, fwd+bwd tokens/s (load average now {load[0]:.1f}, {load[1]:.1f} over 5 min; "
+          f"peak RSS of the JAX process and of the torch process):")
+    print(f"  {'dtype':<9} {'shape':<8} {'jax tok/s':>10} {'best torch':>11} {'tok/s':>8} {'ratio':>6} "
+          f"{'jax RSS':>8} {'torch RSS':>9}")
+    for (dtype, shape), result in table.items():
+        if worker is None:
+            best, torch_tps, ratio, torch_rss = "-", "-", "-", "-"
+        else:
+            best, ratio_value = best_torch_ratio(result.throughput)
+            torch_tps, ratio = f"{result.throughput[best]:.1f}", f"{ratio_value:.2f}x"
+            torch_rss = f"{result.torch_peak_rss / 1e9:.2f} GB"
+        print(f"  {dtype:<9} {shape:<8} {result.throughput['jax']:10.1f} {best:>11} {torch_tps:>8} {ratio:>6} "
+              f"{result.jax_peak_rss / 1e9:5.2f} GB {torch_rss:>9}", flush=True)
+    return table
 
 
 def main(argv=None) -> None:
@@ -285,25 +329,13 @@ def main(argv=None) -> None:
         if dtype not in ("float32", "bfloat16"):
             raise SystemExit(f"--dtypes entry {dtype!r} is unknown; valid: float32, bfloat16")
 
-    cfg32, params32, torch32 = smollm2_models(args.random_weights)
-    print(f"SmolLM2-135M ({'random' if args.random_weights else 'GGUF'} weights), loss = -mean log pi, "
-          f"{args.warmup} warm-up + {args.iters} timed rounds (interleaved); jax {jax.__version__} on "
-          f"{jax.devices()[0].platform}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
-    table: dict[tuple[str, str], tuple[float, str, float]] = {}
-    for dtype in dtypes:
-        cfg, params, torch_model = with_dtype(cfg32, params32, torch32, dtype)
-        for rows, length in shapes:
-            throughput = bench_shape(cfg, params, torch_model, rows, length, args)
-            torch_names = [name for name in throughput if name != "jax"]
-            if torch_names:
-                best = max(torch_names, key=throughput.get)
-                table[(dtype, f"{rows}x{length}")] = (throughput["jax"], best, throughput["jax"] / throughput[best])
-    if table:
-        print(f"\n  jax / best torch, fwd+bwd tokens/s (load average now {os.getloadavg()[0]:.1f}, "
-              f"{os.getloadavg()[1]:.1f} over 5 min):")
-        print(f"  {'dtype':<9} {'shape':<8} {'jax tok/s':>10} {'best torch':>11} {'ratio':>6}")
-        for (dtype, shape), (jax_tps, best, ratio) in table.items():
-            print(f"  {dtype:<9} {shape:<8} {jax_tps:10.1f} {best:>11} {ratio:5.2f}x")
+    with tempfile.TemporaryDirectory() as folder:
+        cfg32, params32, hf_dir = smollm2_checkpoint(args.random_weights, folder)
+        print(f"SmolLM2-135M ({'random' if args.random_weights else 'GGUF'} weights), loss = -mean log pi, "
+              f"{args.warmup} warm-up + {args.iters} timed rounds (interleaved; torch in a child process); jax "
+              f"{jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
+        ratio_table(cfg32, params32, hf_dir, shapes, dtypes, args)
 
     rows, length = shapes[0]
     for batch, seq in (() if args.skip_memory else ((rows, length), (rows, 8 * length))):

@@ -1,10 +1,10 @@
 """Where one learner step's time goes, per XLA op.
 
     python -m jaxrl_llm.benchmarks.op_profile [--layers 30] [--shape 4x128] [--remat off|dots|full]
-        [--default-options] [--top 30]
+        [--dtype float32|bfloat16] [--default-options] [--top 30]
 
 Traces two forward+backward steps of loss = -mean log pi on a SmolLM2-135M-shaped model
-(random weights, float32) with ``jax.profiler``, reads the trace with
+(random weights, float32 or ``--dtype``) with ``jax.profiler``, reads the trace with
 ``jax.profiler.ProfileData`` (no TensorBoard needed), sums every op's time over XLA:CPU's
 worker threads (CPU-seconds per step) and names it by its HLO metadata (forward or backward,
 the JAX operation, the output shape). ``--default-options`` compiles without the learner's
@@ -62,14 +62,17 @@ def main(argv=None) -> None:
     parser.add_argument("--shape", default="4x128")
     parser.add_argument("--default-options", action="store_true", help="compile without the learner's XLA options")
     parser.add_argument("--remat", choices=REMAT_MODES, default="off")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="params, activations and matmuls (as bench-model's dtypes)")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
     (rows, length), = parse_shapes(args.shape)
     cfg = DecoderConfig.from_hf(dict(SMOLLM2_HF_CONFIG, num_hidden_layers=args.layers,
                                      architectures=["LlamaForCausalLM"], model_type="llama"))
+    cfg = cfg.with_dtypes(param_dtype=args.dtype, compute_dtype=args.dtype)
     params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32))
-    options = None if args.default_options else learner_compiler_options("float32", jax.default_backend())
+    options = None if args.default_options else learner_compiler_options(args.dtype, jax.default_backend())
     loss = lambda p, t: -jnp.mean(token_logprobs(p, cfg, t, remat=args.remat))  # noqa: E731
     step = jax.jit(jax.value_and_grad(loss), compiler_options=options)
     labels = hlo_op_labels(step.lower(params, tokens).compile().as_text())
@@ -81,7 +84,7 @@ def main(argv=None) -> None:
         jax.profiler.stop_trace()
         seconds = op_seconds(trace_dir, steps=2)
     total = sum(seconds.values())
-    print(f"{args.layers} layers, {rows}x{length} float32, remat {args.remat}, options {options}: "
+    print(f"{args.layers} layers, {rows}x{length} {args.dtype}, remat {args.remat}, options {options}: "
           f"{total:.3f} CPU-s in ops per step")
     for name, value in seconds.most_common(args.top):
         print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {name:<24} {labels.get(name, '?')}")

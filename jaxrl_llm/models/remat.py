@@ -4,8 +4,9 @@ Modes, by the name ``train.remat`` and ``forward(..., remat=)`` take:
 
 * ``"off"``: keep every residual the backward pass needs (most memory, no recompute);
 * ``"dots"``: keep only the outputs of matmuls without batch dimensions, i.e. the q/k/v/o and
-  MLP projections (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``); the norms,
-  rotary, SiLU and the attention (batched over heads) are recomputed from them;
+  MLP projections (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``, and in bfloat16
+  the outputs named ``models.matmul.PROJECTION``); the norms, rotary, SiLU and the attention
+  (batched over heads) are recomputed from them;
 * ``"full"``: keep only each layer's input and recompute the whole layer (Chen et al. 2016,
   "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174): least memory, about
   one more forward pass of the layers.
@@ -17,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+
+from jaxrl_llm.models.matmul import PROJECTION
 
 REMAT_MODES = ("off", "dots", "full")
 
@@ -33,4 +36,7 @@ def remat_mode(value: Any) -> str:
 
 def remat_policy(mode: str) -> Callable | None:
     """The ``jax.checkpoint`` policy of a mode other than "off" (None: save nothing but the inputs)."""
-    return {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable, "full": None}[remat_mode(mode)]
+    policies = jax.checkpoint_policies
+    dots = policies.save_from_both_policies(policies.dots_with_no_batch_dims_saveable,
+                                            policies.save_only_these_names(PROJECTION))
+    return {"dots": dots, "full": None}[remat_mode(mode)]
