@@ -173,9 +173,9 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     With ``compact``, finished rows stop being computed: the loop runs at B rows while
     more than the next size (3/4 B) are unfinished, then moves the unfinished rows (and
     their cache) into a loop of that size, and so on through `compaction_sizes` (at most
-    ``compactions`` steps, not below ``min_rows`` rows). A row's numbers do not depend on which rows share its batch
-    (its uniform is indexed by its output row), so compaction changes the work, not the
-    samples (up to matmul rounding). ``cache_window`` (slots; None: the whole cache):
+    ``compactions`` steps, not below ``min_rows`` rows). A row's numbers do not depend on
+    which rows share its batch (its uniform is indexed by its output row), so compaction
+    changes the work, not the samples (up to matmul rounding). ``cache_window`` (slots; None: the whole cache):
     decode steps attend over the filled windows of the cache only (same numbers)."""
     unique, prompt_len = prompt_tokens.shape
     source_rows = jnp.arange(unique, dtype=jnp.int32) if source_rows is None else source_rows
@@ -207,9 +207,9 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
                        s.out_lengths.at[out_row].add(1, mode="drop"),
                        s.out_stopped.at[out_row].set(stopped, mode="drop"))
 
-    state = _Decode(jnp.zeros((), jnp.int32), cache, last_logits, jnp.arange(batch, dtype=jnp.int32), ~live, jnp.zeros((batch, max_tokens), jnp.int32),
-                    jnp.zeros((batch, max_tokens), jnp.float32), jnp.zeros((batch,), jnp.int32),
-                    jnp.zeros((batch,), bool))
+    state = _Decode(jnp.zeros((), jnp.int32), cache, last_logits, jnp.arange(batch, dtype=jnp.int32), ~live,
+                    jnp.zeros((batch, max_tokens), jnp.int32), jnp.zeros((batch, max_tokens), jnp.float32),
+                    jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
     sizes = compaction_sizes(batch, min_rows, compactions) if compact else (batch,)
     for size, next_size in zip(sizes, sizes[1:] + (0,)):
         if size != batch:
