@@ -300,7 +300,8 @@ class JaxSampler:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
         out = _generate(self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                         jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
-                        jnp.asarray(source_rows), jnp.asarray(live), max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0,
+                        jnp.asarray(source_rows), jnp.asarray(live), max_tokens=params.max_tokens,
+                        top_k=params.top_k, use_top_p=params.top_p < 1.0,
                         first_row=int(params.first_row), compactions=self.compactions, cache_window=self.cache_window,
                         min_rows=1 if params.max_tokens >= self.long_generation else 8)
         out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
