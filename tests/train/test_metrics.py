@@ -114,16 +114,27 @@ def test_truncate_metrics_counts_dropped_lines(tmp_path):
     assert truncate_metrics(tmp_path / "absent.jsonl", 3) == 0
 
 
+def _git_dirs(repo: Path) -> tuple[Path, Path]:
+    """(the checkout's git dir, holding HEAD; the common git dir, holding refs). In a `git worktree`
+    checkout .git is a file "gitdir: <dir>" and <dir>/commondir names the main repository's."""
+    git = repo / ".git"
+    if git.is_file():
+        git = (repo / git.read_text().split("gitdir:", 1)[1].strip()).resolve()
+    common = git / "commondir"
+    return git, (git / common.read_text().strip()).resolve() if common.exists() else git
+
+
 def _git_head_from_files(repo: Path) -> str:
     """HEAD read from .git files directly, without the git command."""
-    head = (repo / ".git" / "HEAD").read_text().strip()
+    git, common = _git_dirs(repo)
+    head = (git / "HEAD").read_text().strip()
     if not head.startswith("ref: "):
         return head
     ref = head[len("ref: "):]
-    loose = repo / ".git" / ref
+    loose = common / ref
     if loose.exists():
         return loose.read_text().strip()
-    for line in (repo / ".git" / "packed-refs").read_text().splitlines():
+    for line in (common / "packed-refs").read_text().splitlines():
         if line.endswith(" " + ref):
             return line.split()[0]
     raise AssertionError(f"ref {ref} not found")
