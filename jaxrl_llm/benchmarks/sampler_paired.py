@@ -17,7 +17,6 @@ import argparse
 import importlib.util
 import os
 import statistics
-import time
 from pathlib import Path
 
 
@@ -51,7 +50,7 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     cells = parse_cells(args.cells)
     before = load_sampler_module(args.before)
-    from jaxrl_llm.benchmarks.rollout import EOS, chat_prompts
+    from jaxrl_llm.benchmarks.rollout import EOS, chat_prompts, timed_generate
     from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
     from jaxrl_llm.rollout import SamplingParams
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
@@ -70,10 +69,8 @@ def main(argv=None) -> list[dict]:
         times, tokens = {name: [] for name in engines}, {}
         for _ in range(args.rounds):
             for name, engine in engines.items():
-                start = time.perf_counter()
-                out = engine.generate(prompts, batch // 8, sampling)
-                times[name].append(time.perf_counter() - start)
-                tokens[name] = sum(r.num_completion_tokens for r in out)
+                _, seconds, tokens[name] = timed_generate(engine, prompts, batch // 8, sampling)
+                times[name].append(seconds)
         row = {"batch": batch, "max_tokens": max_tokens, "load_start": load, "load_end": os.getloadavg()[0],
                **{f"{name}_s": statistics.median(t) for name, t in times.items()},
                **{f"{name}_tokens": n for name, n in tokens.items()}}
