@@ -17,7 +17,7 @@ the zero-variance group filter; its soft overlong penalty is switched off
 sampling (`rollout.dynamic_sampling=false`, CPU cost).
 
     python experiments/length_neutral.py --quick     # 3 recipes x seed 0 x 3 steps of 2 x 8, max 96 tokens
-    python experiments/length_neutral.py             # 3 recipes x 3 seeds, the same size
+    python experiments/length_neutral.py             # 3 recipes x 5 seeds, the same size
     python experiments/length_neutral.py total_steps=12 rollout.prompts_per_step=4 rollout.max_tokens=128
                                                      # the longer form (hours on a 2-core CPU)
 
@@ -47,7 +47,7 @@ from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_neutral"
 RECIPES = ("grpo", "dr_grpo", "dapo")
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0,)
 QUICK = ()  # --quick: the full size with seed 0 only
 # Temperature 0.7: at 1.0 SmolLM2 rambles (step 0, 8 prompts x 4 samples, 128 tokens: 4/32 right,

@@ -65,6 +65,8 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="params, activations and matmuls (as bench-model's dtypes)")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--by-kind", action="store_true",
+                        help="also sum the ops by kind (the op name without its number: ynn_fusion = YNNPACK dots)")
     args = parser.parse_args(argv)
     (rows, length), = parse_shapes(args.shape)
     cfg = DecoderConfig.from_hf(dict(SMOLLM2_HF_CONFIG, num_hidden_layers=args.layers,
@@ -88,6 +90,20 @@ def main(argv=None) -> None:
           f"{total:.3f} CPU-s in ops per step")
     for name, value in seconds.most_common(args.top):
         print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {name:<24} {labels.get(name, '?')}")
+    if args.by_kind:
+        print("by kind:")
+        for kind, (value, count) in sorted(seconds_by_kind(seconds).items(), key=lambda item: -item[1][0])[:args.top]:
+            print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {kind:<32} {count} ops")
+
+
+def seconds_by_kind(seconds: collections.Counter) -> dict[str, tuple[float, int]]:
+    """op kind (its name without the trailing .N) -> (seconds, number of ops)."""
+    kinds: dict[str, tuple[float, int]] = {}
+    for name, value in seconds.items():
+        kind = re.sub(r"\.\d+$", "", name)
+        old_value, old_count = kinds.get(kind, (0.0, 0))
+        kinds[kind] = (old_value + value, old_count + 1)
+    return kinds
 
 
 if __name__ == "__main__":

@@ -119,6 +119,36 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arr
     return out.astype(dtype)
 
 
+# Causal attention in query blocks (``causal_attention``): at most this many blocks, of at least
+# this many rows. On a 2-core Xeon (AVX512_BF16/AMX), one layer's attention fwd+bwd, 9 query and 3
+# KV heads of 64: B=8, T=512 bf16 331 -> 164 ms (blocks of 128); B=2, T=2048 bf16 1368 -> 547 ms,
+# float32 1647 -> 614 ms (blocks of 256); blocks of 128 and 256 are within 10% of each other.
+ATTENTION_BLOCKS = 8
+MIN_ATTENTION_BLOCK = 128
+
+
+def attention_block_size(length: int) -> int:
+    """Query rows per block of ``causal_attention`` for a sequence of ``length`` tokens."""
+    return max(MIN_ATTENTION_BLOCK, -(-length // ATTENTION_BLOCKS))
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """``grouped_attention`` for keys at the queries' own positions (k/v [B, T, Hkv, hd], no cache)
+    under a mask that is at least causal (``visible[b, t, s]`` False for s > t), one block of
+    query rows at a time: the block of rows [start, end) attends to keys [0, end) only, so the
+    scores above the diagonal's blocks are neither computed nor stored (what flash-attention
+    kernels skip; Dao et al. 2022, arXiv 2205.14135). Same values as one call at every row with
+    a visible key; a row with none (padding) gets uniform weights over its block's keys instead
+    of all keys."""
+    length = q.shape[1]
+    block = attention_block_size(length)
+    if length <= block:
+        return grouped_attention(q, k, v, visible)
+    blocks = [(start, min(start + block, length)) for start in range(0, length, block)]
+    return jnp.concatenate([grouped_attention(q[:, start:end], k[:, :end], v[:, :end], visible[:, start:end, :end])
+                            for start, end in blocks], axis=1)
+
+
 def cache_window_sizes(max_len: int, window: int) -> tuple[int, ...]:
     """Cache prefixes a windowed decode step can attend over: window, 2 window, ..., max_len."""
     if window <= 0:
@@ -211,11 +241,12 @@ class DecoderLayer(nn.Module):
                   "v": jax.lax.dynamic_update_slice(kv["v"], v[None].astype(kv["v"].dtype), start)}
         if kv is not None and self.cache_window is not None:
             attended = windowed_cache_attention(q, kv, layer_index, visible, write_at + length, self.cache_window)
-        else:
-            if kv is not None:
-                k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(dtype)
-                v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(dtype)
+        elif kv is not None:
+            k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(dtype)
+            v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(dtype)
             attended = grouped_attention(q, k, v, visible)
+        else:  # no cache (the learner's forward): the keys are the row's own tokens, the mask causal
+            attended = causal_attention(q, k, v, visible)
         attended = attended.reshape(batch, length, cfg.q_dim)
         attn_out = linear(attended, "o_proj", (cfg.q_dim, d))
         if cfg.o_bias:

@@ -43,6 +43,7 @@ def plot_seed_bands(curves: Mapping[str, Sequence[Mapping[str, Sequence[float]]]
     """One panel per key; per variant the mean over seeds, its 95% band (>= 2 seeds) and
     each seed's values as points."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -60,6 +61,7 @@ def plot_seed_bands(curves: Mapping[str, Sequence[Mapping[str, Sequence[float]]]
                 ax.scatter(steps, row, color=color, s=6, alpha=0.5)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole steps only
     np.atleast_1d(axes)[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

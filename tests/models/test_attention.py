@@ -1,11 +1,13 @@
 """The decoder's attention (jax.nn.dot_product_attention) against the explicit formulation it
-replaced: materialised [B, Hkv, G, T, S] scores, masked with float32's lowest value, softmax."""
+replaced: materialised [B, Hkv, G, T, S] scores, masked with float32's lowest value, softmax; and
+the learner's causal attention in query blocks against one call over all keys."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.models.decoder import grouped_attention
+from jaxrl_llm.models import DecoderConfig, decoder, forward, init_params
+from jaxrl_llm.models.decoder import attention_block_size, causal_attention, grouped_attention
 
 
 def explicit_attention(q, k, v, visible):
@@ -55,3 +57,58 @@ def test_attention_matches_the_explicit_formulation(dtype, tol, length, keys):
     for got, want in zip(grads_new, grads_old):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5 * tol, rtol=5 * tol)
     assert np.all(np.isfinite(np.asarray(new, np.float32)))
+
+
+def test_attention_block_size_rule():
+    # at most 8 blocks of at least 128 rows, by hand
+    assert [attention_block_size(t) for t in (1, 128, 300, 1024, 1025, 2048, 4096)] == [128, 128, 128, 128, 129, 256, 512]
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 1e-2)])
+def test_causal_block_attention_matches_one_call(dtype, tol):
+    """300 rows: query blocks of 128, 128 and 44 rows over key prefixes of 128, 256 and 300, against one
+    call over all keys; causal + packed segments + left padding (masks(), keys = rows)."""
+    length = 300
+    kq, kk, kv, kg = jax.random.split(jax.random.key(1), 4)
+    q = jax.random.normal(kq, (3, length, 6, 8), dtype)
+    k = jax.random.normal(kk, (3, length, 2, 8), dtype)
+    v = jax.random.normal(kv, (3, length, 2, 8), dtype)
+    cotangent = jax.random.normal(kg, (3, length, 6, 8), jnp.float32)
+    visible = masks(3, length, length)
+    has_key = np.asarray(visible.any(-1))
+    assert 0.5 < has_key.mean() < 1  # padded rows exist, and they are the only ones allowed to differ
+
+    def loss(fn):
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.where(has_key[..., None, None], fn(q, k, v, visible), 0)
+                                                          * cotangent), argnums=(0, 1, 2)))
+
+    blocked, whole = jax.jit(causal_attention)(q, k, v, visible), jax.jit(grouped_attention)(q, k, v, visible)
+    assert blocked.dtype == whole.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(blocked, np.float32)[has_key], np.asarray(whole, np.float32)[has_key],
+                               atol=tol, rtol=tol)
+    for got, want in zip(loss(causal_attention)(q, k, v), loss(grouped_attention)(q, k, v)):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5 * tol, rtol=5 * tol)
+
+
+def test_decoder_forward_uses_block_attention_without_changing_logits(monkeypatch):
+    """A tiny decoder at 260 tokens (3 blocks): the learner's forward, and the same forward with one
+    attention call per layer, give the same logits at every real token (right padding in row 1)."""
+    cfg = DecoderConfig.from_hf(dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                     architectures=["LlamaForCausalLM"], model_type="llama"))
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (2, 260)), jnp.int32)
+    mask = jnp.asarray(np.arange(260)[None] < np.array([[260], [200]]), jnp.int32)
+    calls = []
+
+    def counted(q, k, v, visible):
+        calls.append(q.shape[1])
+        return grouped_attention(q, k, v, visible)
+
+    monkeypatch.setattr(decoder, "grouped_attention", counted)
+    blocked, _ = forward(params, cfg, tokens, attention_mask=mask)
+    assert calls[:3] == [128, 128, 4] and len(calls) % 3 == 0  # blocks of the layer body (nn.scan may trace it twice)
+    monkeypatch.setattr(decoder, "causal_attention", counted)
+    whole, _ = forward(params, cfg, tokens, attention_mask=mask)
+    real = np.asarray(mask, bool)
+    np.testing.assert_allclose(np.asarray(blocked)[real], np.asarray(whole)[real], rtol=1e-5, atol=1e-5)
