@@ -61,7 +61,8 @@ def test_attention_matches_the_explicit_formulation(dtype, tol, length, keys):
 
 def test_attention_block_size_rule():
     # at most 8 blocks of at least 128 rows, by hand
-    assert [attention_block_size(t) for t in (1, 128, 300, 1024, 1025, 2048, 4096)] == [128, 128, 128, 128, 129, 256, 512]
+    lengths = (1, 128, 300, 1024, 1025, 2048, 4096)
+    assert [attention_block_size(t) for t in lengths] == [128, 128, 128, 128, 129, 256, 512]
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 1e-2)])
@@ -87,7 +88,8 @@ def test_causal_block_attention_matches_one_call(dtype, tol):
     np.testing.assert_allclose(np.asarray(blocked, np.float32)[has_key], np.asarray(whole, np.float32)[has_key],
                                atol=tol, rtol=tol)
     for got, want in zip(loss(causal_attention)(q, k, v), loss(grouped_attention)(q, k, v)):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5 * tol, rtol=5 * tol)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   atol=5 * tol, rtol=5 * tol)
 
 
 def test_decoder_forward_uses_block_attention_without_changing_logits(monkeypatch):
