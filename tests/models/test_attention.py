@@ -33,29 +33,38 @@ def masks(batch, length, keys):
     return jnp.asarray(causal[None] & same & real[:, None, :])
 
 
+def _operands(length, keys, dtype, seed):
+    """q [3, length, 6, 8], k/v [3, keys, 2, 8] in dtype, and a float32 cotangent shaped like q."""
+    kq, kk, kv, kg = jax.random.split(jax.random.key(seed), 4)
+    return (jax.random.normal(kq, (3, length, 6, 8), dtype), jax.random.normal(kk, (3, keys, 2, 8), dtype),
+            jax.random.normal(kv, (3, keys, 2, 8), dtype), jax.random.normal(kg, (3, length, 6, 8), jnp.float32))
+
+
+def _assert_same_attention(ours, reference, q, k, v, cotangent, visible, tol):
+    """Same dtype, same values at every row with a visible key (the others are padding, value
+    irrelevant), same gradients of a loss that reads only those rows; returns ours' output."""
+    has_key = np.asarray(visible.any(-1))
+
+    def grads(fn):
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.where(has_key[..., None, None], fn(q, k, v, visible), 0)
+                                                          * cotangent), argnums=(0, 1, 2)))(q, k, v)
+
+    got, want = jax.jit(ours)(q, k, v, visible), jax.jit(reference)(q, k, v, visible)
+    assert got.dtype == want.dtype == q.dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32)[has_key], np.asarray(want, np.float32)[has_key],
+                               atol=tol, rtol=tol)
+    for a, b in zip(grads(ours), grads(reference)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=5 * tol, rtol=5 * tol)
+    return got
+
+
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 1e-2), ("float16", 2e-3)])
 @pytest.mark.parametrize("length, keys", [(12, 12), (1, 12)])  # training / prefill, one decode step
 def test_attention_matches_the_explicit_formulation(dtype, tol, length, keys):
-    kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(kq, (3, length, 6, 8), dtype)
-    k = jax.random.normal(kk, (3, keys, 2, 8), dtype)
-    v = jax.random.normal(kv, (3, keys, 2, 8), dtype)
-    cotangent = jax.random.normal(kg, (3, length, 6, 8), jnp.float32)
+    q, k, v, cotangent = _operands(length, keys, dtype, seed=0)
     visible = masks(3, length, keys)
-    has_key = np.asarray(visible.any(-1))  # rows with no visible key: padding, value irrelevant
-    assert has_key.mean() > 0.5 and 1 < visible.sum(-1).max() < keys  # the masks do cut something
-
-    def loss(fn):
-        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.where(has_key[..., None, None], fn(q, k, v, visible), 0)
-                                                          * cotangent), argnums=(0, 1, 2)))
-
-    new, old = jax.jit(grouped_attention)(q, k, v, visible), jax.jit(explicit_attention)(q, k, v, visible)
-    assert new.dtype == old.dtype == jnp.dtype(dtype)
-    np.testing.assert_allclose(np.asarray(new, np.float32)[has_key], np.asarray(old, np.float32)[has_key],
-                               atol=tol, rtol=tol)
-    grads_new, grads_old = loss(grouped_attention)(q, k, v), loss(explicit_attention)(q, k, v)
-    for got, want in zip(grads_new, grads_old):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=5 * tol, rtol=5 * tol)
+    assert np.asarray(visible.any(-1)).mean() > 0.5 and 1 < visible.sum(-1).max() < keys  # the masks cut something
+    new = _assert_same_attention(grouped_attention, explicit_attention, q, k, v, cotangent, visible, tol)
     assert np.all(np.isfinite(np.asarray(new, np.float32)))
 
 
@@ -70,26 +79,10 @@ def test_causal_block_attention_matches_one_call(dtype, tol):
     """300 rows: query blocks of 128, 128 and 44 rows over key prefixes of 128, 256 and 300, against one
     call over all keys; causal + packed segments + left padding (masks(), keys = rows)."""
     length = 300
-    kq, kk, kv, kg = jax.random.split(jax.random.key(1), 4)
-    q = jax.random.normal(kq, (3, length, 6, 8), dtype)
-    k = jax.random.normal(kk, (3, length, 2, 8), dtype)
-    v = jax.random.normal(kv, (3, length, 2, 8), dtype)
-    cotangent = jax.random.normal(kg, (3, length, 6, 8), jnp.float32)
+    q, k, v, cotangent = _operands(length, length, dtype, seed=1)
     visible = masks(3, length, length)
-    has_key = np.asarray(visible.any(-1))
-    assert 0.5 < has_key.mean() < 1  # padded rows exist, and they are the only ones allowed to differ
-
-    def loss(fn):
-        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.where(has_key[..., None, None], fn(q, k, v, visible), 0)
-                                                          * cotangent), argnums=(0, 1, 2)))
-
-    blocked, whole = jax.jit(causal_attention)(q, k, v, visible), jax.jit(grouped_attention)(q, k, v, visible)
-    assert blocked.dtype == whole.dtype == jnp.dtype(dtype)
-    np.testing.assert_allclose(np.asarray(blocked, np.float32)[has_key], np.asarray(whole, np.float32)[has_key],
-                               atol=tol, rtol=tol)
-    for got, want in zip(loss(causal_attention)(q, k, v), loss(grouped_attention)(q, k, v)):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                                   atol=5 * tol, rtol=5 * tol)
+    assert 0.5 < np.asarray(visible.any(-1)).mean() < 1  # padded rows exist, the only ones allowed to differ
+    _assert_same_attention(causal_attention, grouped_attention, q, k, v, cotangent, visible, tol)
 
 
 def test_decoder_forward_uses_block_attention_without_changing_logits(monkeypatch):
