@@ -23,7 +23,8 @@ from jaxrl_llm.rollout.vllm_client import (
 )
 from jaxrl_llm.rollout.vllm_engine import UnverifiedWeightsError, VLLMEngine
 from jaxrl_llm.rollout.vllm_env import VLLMEnvNotFoundError, vllm_env_dir, vllm_env_is_built, vllm_python
-from jaxrl_llm.rollout.vllm_server import PortInUseError, VLLMServer, VLLMServerConfig, VLLMServerError
+from jaxrl_llm.rollout.vllm_server import PortInUseError, VLLMServer, VLLMServerError
+from jaxrl_llm.rollout.vllm_server_config import VLLMServerConfig
 from jaxrl_llm.rollout.weight_sync import (
     DiskWeightSync,
     LogprobProbe,

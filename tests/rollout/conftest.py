@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from tests.vllm_required import require_vllm_env
-from jaxrl_llm.rollout.vllm_server import VLLMServer, VLLMServerConfig
+from jaxrl_llm.rollout.vllm_server import VLLMServer
+from jaxrl_llm.rollout.vllm_server_config import VLLMServerConfig
 
 KILLS_SHARED_SERVER = ("test_server_killed_between_steps_stops_with_a_resumable_checkpoint",
                        "test_server_killed_mid_request_raises_clear_error")

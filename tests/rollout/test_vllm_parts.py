@@ -25,13 +25,8 @@ from jaxrl_llm.rollout.vllm_client import (
     parse_prompt_logprobs,
 )
 from jaxrl_llm.rollout.vllm_engine import VLLMEngine
-from jaxrl_llm.rollout.vllm_server import (
-    PortInUseError,
-    VLLMServer,
-    VLLMServerConfig,
-    server_command,
-    server_env,
-)
+from jaxrl_llm.rollout.vllm_server import PortInUseError, VLLMServer
+from jaxrl_llm.rollout.vllm_server_config import VLLMServerConfig, server_command, server_env
 from jaxrl_llm.rollout.server_log import crash_hint, exception_lines, last_exception_line
 
 REPO = Path(__file__).resolve().parents[2]
