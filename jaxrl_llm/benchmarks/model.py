@@ -11,8 +11,9 @@ One run measures, side by side on the same batches of random tokens:
    log-softmax), compiled ahead of time with the learner's XLA options
    (``--remat off|dots|full``: what each layer keeps for the backward pass, as ``train.remat``
    (``models.remat``); with "off" 8x512 and 2x2048 need 11 and 24 GiB of saved activations;
-   ``auto``, the default, takes the first of off, dots, full whose compiled temp memory is
-   under a third of the machine's RAM, and the row says which); reference = transformers ``LlamaForCausalLM`` with the same
+   ``auto``, the default, takes the first of off, dots, full (off, full in bfloat16 on CPU:
+   ``auto_remat_order``) whose compiled temp memory is under a third of the machine's RAM, and the
+   row says which); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster), in a child process (``benchmarks.torch_worker``: the two engines
    never share an address space, each stays under the 9 GB a process may take here). The
@@ -88,7 +89,16 @@ def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
     return temp_bytes > ram_bytes / 3
 
 
-AUTO_REMAT_ORDER = ("off", "dots", "full")  # --remat auto takes the first whose memory fits
+def auto_remat_order(dtype: str, backend: str) -> tuple[str, ...]:
+    """The remat modes --remat auto tries, in order; it takes the first whose memory fits.
+    In bfloat16 on XLA:CPU "full" runs faster than "dots" with less memory, so "dots" is left out:
+    the looped layers write the saved bf16 projections into their [nL, ...] stacks at a cost above
+    recomputing them (SmolLM2-135M, paired by ``benchmarks.learner_levers`` on a 2-core Intel Xeon,
+    load 1.2-2.2: 8x512 14.25 -> 12.28 s a step (1.16x), 2x2048 28.15 -> 26.68 s (1.06x); float32
+    8x512 goes the other way, 23.82 -> 25.31 s, so float32 keeps "dots")."""
+    if backend == "cpu" and dtype == "bfloat16":
+        return ("off", "full")
+    return ("off", "dots", "full")
 
 
 def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
@@ -96,7 +106,7 @@ def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
     """One jitted forward+backward of loss = -mean log pi (chunked log-probs), compiled with the
     learner's XLA options (``models.compile_options``) ahead of time, so no timed call compiles.
     ``remat``: a ``models.remat`` mode ("off", "dots", "full", as the learner's ``train.remat``), or
-    "auto": the first of AUTO_REMAT_ORDER whose compiled temp memory passes ``needs_remat``
+    "auto": the first of ``auto_remat_order`` whose compiled temp memory passes ``needs_remat``
     (else "full"); ``result["remat"]`` says which ran."""
     def compiled(mode: str):
         def loss(params, tokens):
@@ -108,7 +118,7 @@ def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
     tokens = jnp.asarray(tokens)
     if remat == "auto":
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        for remat in AUTO_REMAT_ORDER:
+        for remat in auto_remat_order(cfg.compute_dtype, jax.default_backend()):
             step = compiled(remat)
             analysis = step.memory_analysis()
             if remat == "full" or analysis is None or not needs_remat(int(analysis.temp_size_in_bytes), ram):
