@@ -7,10 +7,11 @@ command line adds dotted overrides such as `train.lr=1e-5`:
     cfg = load_config("experiments/example_config.py", ["train.lr=1e-5"])
 
 The validation machinery (types, ranges, "did you mean") is the generic
-`jaxrl_llm.utils.typed_config`; this module holds the fields, their ranges,
-and the cross-field checks. A config that loads is one the RL loop can run:
-combinations it cannot run (e.g. a recipe that needs a critic) are refused
-here, naming the field, before any model is loaded.
+`jaxrl_llm.utils.typed_config`; this module holds the fields and their ranges.
+A config that loads is one the RL loop can run: every `Config` runs
+`train.runnable.check_runnable`, which refuses the combinations the loop cannot
+run (e.g. a recipe that needs a critic), naming the field, before any model is
+loaded.
 
 To add a field: add it to the right section with a default and, if it has a
 range, `field(default, ge=..., ...)`, and make the loop use it.
@@ -25,7 +26,8 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm import core
-from jaxrl_llm.train.task_plugins import check_task_section, is_env_task
+from jaxrl_llm.train.runnable import check_runnable
+from jaxrl_llm.train.task_plugins import check_task_section
 from jaxrl_llm.utils import typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section, write_text_atomic
 
@@ -33,7 +35,7 @@ __all__ = [
     "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
     "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
     "config_from_dict", "load_config",
-    "load_config_json", "parse_overrides", "recipe_from_config", "replace_values", "save_config", "schema_help",
+    "load_config_json", "parse_overrides", "replace_values", "save_config", "schema_help",
     "write_text_atomic",
 ]
 
@@ -355,117 +357,6 @@ class Config(Section):
     @classmethod
     def from_json(cls, text: str) -> "Config":
         return config_from_dict(json.loads(text))
-
-
-# ----------------------------------------------------------------------------
-# What the RL loop can run
-# ----------------------------------------------------------------------------
-
-
-def recipe_from_config(cfg: Config) -> core.Recipe:
-    """`core.get_recipe(cfg.recipe.name)` with the config's explicit overrides (None keeps
-    the recipe's own choice), through `core.customize_recipe`. The constant aggregation's
-    L_const defaults to rollout.max_tokens."""
-    rc = cfg.recipe
-    recipe = core.customize_recipe(
-        core.get_recipe(rc.name), advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
-        constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
-        kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
-        correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups)
-    if recipe.aggregation == "constant" and recipe.constant_length is None:
-        recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
-    if rc.mask_truncated is not None:
-        recipe = dataclasses.replace(recipe, mask_truncated=rc.mask_truncated)
-    return dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
-
-
-def _overlong(base: core.OverlongPenalty | None, rc: RecipeConfig, max_tokens: int) -> core.OverlongPenalty | None:
-    """The overlong penalty over this run's generation limit: L_max = rollout.max_tokens, the
-    buffer from recipe.overlong_buffer or, when None, the recipe's own share of L_max."""
-    if rc.overlong_buffer == 0 or (base is None and rc.overlong_buffer is None):
-        if rc.overlong_factor is not None:
-            raise ConfigError(f"recipe.overlong_factor = {rc.overlong_factor!r} is set but recipe {rc.name!r} has "
-                              "no overlong penalty; valid: also set recipe.overlong_buffer (> 0)")
-        return None
-    buffer = rc.overlong_buffer or max(1, round(max_tokens * base.buffer / base.max_length))
-    if buffer > max_tokens:
-        raise ConfigError(f"recipe.overlong_buffer = {buffer} exceeds rollout.max_tokens = {max_tokens}; valid: "
-                          f"0 (off) to {max_tokens}")
-    factor = rc.overlong_factor if rc.overlong_factor is not None else (base.factor if base else 1.0)
-    return core.OverlongPenalty(max_length=max_tokens, buffer=buffer, factor=factor)
-
-
-def dynamic_sampling(cfg: Config) -> bool:
-    """Whether the loop over-samples to fill the step with informative groups: rollout.dynamic_sampling,
-    else the recipe's own choice."""
-    if cfg.rollout.dynamic_sampling is not None:
-        return cfg.rollout.dynamic_sampling
-    return core.get_recipe(cfg.recipe.name).dynamic_sampling
-
-
-def check_runnable(cfg: Config) -> None:
-    """Raises ConfigError, naming the field, for a combination the RL loop cannot run."""
-    rc = cfg.recipe
-    try:
-        recipe = recipe_from_config(cfg)
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(f"recipe: {err}") from None
-    if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:
-        critic_recipes = [n for n, r in core.RECIPES.items() if r.value_coef > 0]
-        raise ConfigError(
-            f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
-            f"recipe.name in {critic_recipes}, or another advantage")
-    if dynamic_sampling(cfg) and is_env_task(cfg.task):
-        raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
-                          f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
-                          "rollout.dynamic_sampling=false")
-    if isinstance(recipe.advantage_fn, core.MonteCarloAdvantage):
-        _check_vineppo(cfg, recipe)
-    if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
-        raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
-                          "answer always has accuracy 0 or 1, so no group could be kept; valid: "
-                          "samples_per_prompt >= 2 or rollout.dynamic_sampling=false")
-    sh = cfg.shaping
-    for name, on in (("shaping.length_reward = 'kimi'", sh.length_reward == "kimi"),
-                     (f"shaping.darling = {sh.darling!r}", sh.darling != "off")):
-        if on and cfg.rollout.samples_per_prompt < 2:
-            raise ConfigError(f"{name} compares the answers of a group, but rollout.samples_per_prompt = 1; "
-                              "valid: samples_per_prompt >= 2")
-    if sh.length_reward == "l1" and (not sh.l1_targets or max(sh.l1_targets) > cfg.rollout.max_tokens
-                                     or min(sh.l1_targets) < 1):
-        raise ConfigError(f"shaping.l1_targets = {sh.l1_targets!r} is invalid with rollout.max_tokens = "
-                          f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
-
-
-def _check_vineppo(cfg: Config, recipe: core.Recipe) -> None:
-    """VinePPO's values are means of the graders' rewards of continuations drawn by the weights
-    that drew the responses; refuse what would break either."""
-    why = "VinePPO's Monte-Carlo values (recipe.advantage = 'vineppo')"
-    if cfg.rollout.max_lag > 0:
-        raise ConfigError(f"rollout.max_lag = {cfg.rollout.max_lag} with {why}: the continuations must come from "
-                          "the weights that sampled the responses; valid: rollout.max_lag=0")
-    if cfg.shaping.length_reward != "off" or cfg.shaping.darling != "off":
-        raise ConfigError(f"shaping.length_reward = {cfg.shaping.length_reward!r} / shaping.darling = "
-                          f"{cfg.shaping.darling!r} with {why}: shaped rewards are group-level, a continuation "
-                          "has none; valid: shaping.length_reward=off and shaping.darling=off")
-    if recipe.overlong is not None:
-        raise ConfigError(f"recipe.overlong_buffer = {cfg.recipe.overlong_buffer!r} (recipe {recipe.name!r}) with "
-                          f"{why}: the values do not include the overlong penalty; valid: recipe.overlong_buffer=0")
-    if dynamic_sampling(cfg):
-        raise ConfigError(f"rollout.dynamic_sampling is on with {why}: the values are estimated for one round of "
-                          "prompts; valid: rollout.dynamic_sampling=false")
-    if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
-        raise ConfigError(f"recipe.kl_mode = 'reward' with {why}: the values hold no per-token KL; valid: "
-                          "recipe.kl_mode=loss")
-    if recipe.value_coef > 0:
-        raise ConfigError(f"recipe.name = {recipe.name!r} trains a critic (value_coef {recipe.value_coef}) with {why}, "
-                          "which give no critic targets; valid: recipe.name=vineppo, or a recipe without a critic")
-    if is_env_task(cfg.task):
-        raise ConfigError(f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment, "
-                          f"with {why}: a continuation would have to replay the environment; valid: a single-turn "
-                          "task, or another advantage")
 
 
 # ----------------------------------------------------------------------------

@@ -47,7 +47,8 @@ from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train import distributed, sampled_ahead, step_failure, vineppo_step, weight_check
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch, RolloutJob, staleness_corrected
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
-from jaxrl_llm.train.config import Config, ConfigError, dynamic_sampling, recipe_from_config
+from jaxrl_llm.train.config import Config, ConfigError
+from jaxrl_llm.train.runnable import dynamic_sampling, recipe_from_config
 from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
 from jaxrl_llm.train.shaping import shape_rewards, with_length_targets
 from jaxrl_llm.train.episodes import episode_sampler

@@ -12,7 +12,8 @@ import os
 import numpy as np
 
 from jaxrl_llm.train.checkpoint import Checkpointer
-from jaxrl_llm.train.config import Config, recipe_from_config
+from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.runnable import recipe_from_config
 from jaxrl_llm.train.learner import Learner, LearnerState
 from jaxrl_llm.train.policy import Policy
 

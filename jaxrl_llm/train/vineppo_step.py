@@ -169,7 +169,7 @@ def vine_values(cfg, policy, task, pool) -> VineValues | None:
     (recipe.name=vineppo or recipe.advantage=vineppo); None otherwise."""
     import jax
 
-    from jaxrl_llm.train.config import recipe_from_config
+    from jaxrl_llm.train.runnable import recipe_from_config
 
     if not isinstance(recipe_from_config(cfg).advantage_fn, core.MonteCarloAdvantage):
         return None

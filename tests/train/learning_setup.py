@@ -127,7 +127,7 @@ def reference_sync_loop(cfg, policy, task):
 
     from jaxrl_llm.rewards import GraderPool
     from jaxrl_llm.train import distributed
-    from jaxrl_llm.train.config import recipe_from_config
+    from jaxrl_llm.train.runnable import recipe_from_config
     from jaxrl_llm.train.engines import engine_params, make_engine, sampling_params
     from jaxrl_llm.train.learn import grade, learn
     from jaxrl_llm.train.policy import decode_completions, encode_prompts

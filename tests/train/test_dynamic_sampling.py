@@ -7,7 +7,8 @@ import pytest
 
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord
 from jaxrl_llm.train import loop
-from jaxrl_llm.train.config import ConfigError, recipe_from_config
+from jaxrl_llm.train.config import ConfigError
+from jaxrl_llm.train.runnable import recipe_from_config
 from jaxrl_llm.train.dynamic_sampling import SampledRound, informative_groups, round_seed, sample_until_full
 from jaxrl_llm.train.metrics import read_groups, read_metrics
 from jaxrl_llm.train.prompts import task_from_config

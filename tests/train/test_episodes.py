@@ -312,7 +312,8 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
 
 
 def test_environment_config_errors_name_the_field(tmp_path):
-    from jaxrl_llm.train.config import ConfigError, check_runnable
+    from jaxrl_llm.train.config import ConfigError
+    from jaxrl_llm.train.runnable import check_runnable
     from jaxrl_llm.train.prompts import task_from_config
     from tests.train.test_loop import REPO
     from jaxrl_llm.train.config import load_config
