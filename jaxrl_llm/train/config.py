@@ -28,15 +28,14 @@ from typing import Any, Literal, Mapping, Sequence
 from jaxrl_llm import core
 from jaxrl_llm.train.runnable import check_runnable
 from jaxrl_llm.train.task_plugins import check_task_section
-from jaxrl_llm.utils import typed_config
-from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section, write_text_atomic
+from jaxrl_llm.utils import config_files, typed_config
+from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section
 
 __all__ = [
     "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
     "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
     "config_from_dict", "load_config",
     "load_config_json", "parse_overrides", "replace_values", "save_config", "schema_help",
-    "write_text_atomic",
 ]
 
 # Names come from core's registries, so a config can only name what the learner has.
@@ -387,12 +386,12 @@ def apply_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
     """An experiment file (.py with get_config(), optionally "file.py:ARG") or a run's
     config.json, with dotted overrides applied in order."""
-    return typed_config.load(Config, path, overrides)
+    return config_files.load(Config, path, overrides)
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Writes cfg as JSON atomically."""
-    typed_config.save(cfg, path)
+    config_files.save(cfg, path)
 
 
 def schema_help() -> str:
@@ -401,5 +400,5 @@ def schema_help() -> str:
 
 
 def load_config_json(path: str | os.PathLike) -> Config:
-    return typed_config.load_json(Config, path)
+    return config_files.load_json(Config, path)
 

@@ -20,7 +20,8 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.data import EnvTask, Task
 from jaxrl_llm.rewards import GraderPool
-from jaxrl_llm.train.config import Config, write_text_atomic
+from jaxrl_llm.train.config import Config
+from jaxrl_llm.utils.atomic_files import write_text_atomic
 from jaxrl_llm.train.engines import make_engine, sampling_params
 from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
 from jaxrl_llm.train.learn import grade

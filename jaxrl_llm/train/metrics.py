@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from jaxrl_llm.train.config import Config, write_text_atomic
+from jaxrl_llm.train.config import Config
+from jaxrl_llm.utils.atomic_files import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 RUN_INFO_FILE = "run_info.json"
