@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           "entropy", "skipped"], out / "reward.png",
               title=f"Sanity check: training reward by precision (seed {seeds[0]})")
     plot_seed_bands({p: [per_step_lengths(read_groups(runs[(p, s)])) for s in seeds] for p in PRECISIONS},
-                    ("reward",), out / "seeds.png", title=f"Sanity check: {len(seeds)} seed(s) per precision")
+                    ("reward",), out / "seeds.png", title=f"Sanity check: {len(seeds)} seed(s) per precision",
+                    limits={"reward": (0.0, 1.0)})
     rows = []
     for precision in PRECISIONS:
         per_seed = [seed_row(read_metrics(runs[(precision, s)])) for s in seeds]

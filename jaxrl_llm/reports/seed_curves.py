@@ -38,10 +38,21 @@ def change(curve: Sequence[float]) -> float:
     return finite[-1] - finite[0] if len(finite) >= 2 else float("nan")
 
 
+def seed_band(values: np.ndarray, limits: tuple[float, float] | None = None) -> tuple[np.ndarray, ...]:
+    """Per step (column of values [seeds, steps]): the mean over seeds and its 95% Student-t
+    band, clipped to ``limits`` (a value's known range: over few seeds the t-band of a bounded
+    value such as a 0/1 reward can pass its bound, which no seed could)."""
+    ivs = [stats.interval(values[:, t]) for t in range(values.shape[1])]
+    mean, low, high = (np.array([getattr(i, k) for i in ivs], float) for k in ("mean", "low", "high"))
+    if limits is not None:
+        low, high = np.clip(low, *limits), np.clip(high, *limits)
+    return mean, low, high
+
+
 def plot_seed_bands(curves: Mapping[str, Sequence[Mapping[str, Sequence[float]]]], keys: Sequence[str],
-                    path: Path | str, *, title: str) -> None:
-    """One panel per key; per variant the mean over seeds, its 95% band (>= 2 seeds) and
-    each seed's values as points."""
+                    path: Path | str, *, title: str, limits: Mapping[str, tuple[float, float]] | None = None) -> None:
+    """One panel per key; per variant the mean over seeds, its 95% band (>= 2 seeds; clipped to
+    ``limits[key]`` where given, see ``seed_band``) and each seed's values as points."""
     import matplotlib
     import matplotlib.ticker
 
@@ -53,10 +64,10 @@ def plot_seed_bands(curves: Mapping[str, Sequence[Mapping[str, Sequence[float]]]
         for color, (variant, seeds) in zip(COLORS, curves.items()):
             values = np.array([s[key] for s in seeds], float)  # [seeds, steps]
             steps = np.arange(1, values.shape[1] + 1)
-            ivs = [stats.interval(values[:, t]) for t in range(values.shape[1])]
-            ax.plot(steps, [i.mean for i in ivs], color=color, label=f"{variant} (n = {len(seeds)})")
+            mean, low, high = seed_band(values, (limits or {}).get(key))
+            ax.plot(steps, mean, color=color, label=f"{variant} (n = {len(seeds)})")
             if len(seeds) > 1:
-                ax.fill_between(steps, [i.low for i in ivs], [i.high for i in ivs], color=color, alpha=0.2)
+                ax.fill_between(steps, low, high, color=color, alpha=0.2)
             for row in values:
                 ax.scatter(steps, row, color=color, s=6, alpha=0.5)
         ax.set_title(key, fontsize=9)
