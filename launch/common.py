@@ -18,11 +18,10 @@ from typing import Mapping, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jaxrl_llm.rollout.vllm_server_config import VLLMServerConfig, server_command  # noqa: E402
+from jaxrl_llm.rollout.vllm_server_config import QUIET_OFFLINE_ENV, VLLMServerConfig, server_command  # noqa: E402
 
-# Environment every vLLM server gets (besides its GPUs); see rollout/vllm_server_config.py (server_env).
-VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+# Environment every vLLM server gets (besides its GPUs), as rollout/vllm_server_config.server_env sets it.
+VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", **QUIET_OFFLINE_ENV}
 # The learner's XLA/JAX variables mean nothing to vLLM and must not leak into it.
 VLLM_UNSET = ("XLA_FLAGS", "JAX_PLATFORMS", "PYTHONPATH", "VIRTUAL_ENV")
 

@@ -31,6 +31,10 @@ LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 # get_batch_defaults): tokens per scheduler step, and sequences per step.
 VLLM_CPU_DEFAULT_BATCHED_TOKENS = 2048
 VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
+# What every server's environment sets besides VLLM_SERVER_DEV_MODE (and, on CPU, its KV-cache size):
+# no usage reports, no hub downloads, unbuffered logs.
+QUIET_OFFLINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+                     "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def is_loopback(host: str) -> bool:
@@ -53,7 +57,6 @@ def check_model_dir(model_dir: Path) -> None:
                                 "directory (config.json, *.safetensors, tokenizer files)")
     if not any(model_dir.glob("*.safetensors")):
         raise FileNotFoundError(f"model directory {model_dir} has no *.safetensors weight files")
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,11 +209,7 @@ def server_env(config: VLLMServerConfig) -> dict[str, str]:
     env.update({
         "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
         "VLLM_SERVER_DEV_MODE": "1" if config.dev_mode else "0",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
+        **QUIET_OFFLINE_ENV,
     })
     env.update(config.extra_env)
     return env
