@@ -16,7 +16,8 @@ One run measures, side by side on the same batches of random tokens:
    row says which); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
    thread can be faster), in a child process (``benchmarks.torch_worker``: the two engines
-   never share an address space, each stays under the 9 GB a process may take here). The
+   never share an address space, each stays under the 9 GB a process may take here);
+   ``--torch-device cuda`` runs the reference on the GPU instead, beside JAX on the same GPU. The
    engines take turns every round, so drifting load hits both alike; medians are reported.
    Ends with the table of ratios ours / best torch, each process's peak RSS (VmHWM, reset
    before each row) and the load average.
@@ -89,6 +90,15 @@ def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
     return temp_bytes > ram_bytes / 3
 
 
+def memory_bytes(device) -> int:
+    """What --remat auto budgets against: the accelerator's memory (its allocator's limit), or on CPU
+    the machine's RAM."""
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def auto_remat_order(dtype: str, backend: str) -> tuple[str, ...]:
     """The remat modes --remat auto tries, in order; it takes the first whose memory fits.
     In bfloat16 on XLA:CPU "full" runs faster than "dots" with less memory, so "dots" is left out:
@@ -117,7 +127,7 @@ def jax_step(cfg, params, tokens: np.ndarray, chunk_size: int, result: dict,
 
     tokens = jnp.asarray(tokens)
     if remat == "auto":
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ram = memory_bytes(jax.devices()[0])
         for remat in auto_remat_order(cfg.compute_dtype, jax.default_backend()):
             step = compiled(remat)
             analysis = step.memory_analysis()
@@ -258,6 +268,17 @@ def best_torch_ratio(throughput: dict[str, float]) -> tuple[str, float]:
     return best, throughput["jax"] / throughput[best]
 
 
+def torch_thread_counts(args) -> list[int]:
+    """The torch runs of a shape: each --torch-threads count on CPU; one run on the GPU."""
+    return [1] if args.torch_device == "cuda" else args.torch_threads
+
+
+def torch_label(name: str) -> str:
+    """"torch-2" -> "2 thread(s)", "torch-cuda" -> "cuda"."""
+    suffix = name.split("-", 1)[1]
+    return suffix if suffix == "cuda" else f"{suffix} thread(s)"
+
+
 def bench_shape(cfg, params, worker: TorchWorker | None, dtype: str, rows: int, length: int, args) -> ShapeResult:
     """tokens/s of jax (this process) and each torch thread count (``worker``'s process, model in ``dtype``)
     at one shape, in interleaved rounds; prints a line each."""
@@ -266,15 +287,15 @@ def bench_shape(cfg, params, worker: TorchWorker | None, dtype: str, rows: int, 
     results: dict[str, dict] = {"jax": {}}
     steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"], remat=args.remat)}
     torch_pid = None if worker is None else worker.load(dtype, tokens)
-    if worker is not None:
-        for threads in args.torch_threads:
-            results[f"torch-{threads}"] = {}
-            steps[f"torch-{threads}"] = worker.step_fn(threads, results[f"torch-{threads}"])
+    for threads in () if worker is None else torch_thread_counts(args):
+        name = "torch-cuda" if args.torch_device == "cuda" else f"torch-{threads}"
+        results[name] = {}
+        steps[name] = worker.step_fn(threads, results[name])
     times = interleaved_times(steps, args.warmup, args.iters)
     throughput = {name: rows * length / statistics.median(t) for name, t in times.items()}
     for name, seconds in times.items():
         remat = "" if results["jax"]["remat"] == "off" else f", remat {results['jax']['remat']}"
-        label = f"jax (jit{remat})" if name == "jax" else f"torch ({name.split('-')[1]} thread(s))"
+        label = f"jax (jit{remat})" if name == "jax" else f"torch ({torch_label(name)})"
         print(f"  {rows}x{length} {label:<28}: {statistics.median(seconds):7.3f} s/step (median of "
               f"{len(seconds)})  {throughput[name]:8.1f} tokens/s  loss {results[name]['loss']:.5f}", flush=True)
     if args.profile:
@@ -289,7 +310,7 @@ def ratio_table(cfg32, params32, hf_dir: str, shapes: list[tuple[int, int]], dty
     """Every dtype and shape: JAX here, torch (unless --skip-torch) in a worker process loading ``hf_dir``;
     prints each engine's line, then the table of jax / best torch with each process's peak RSS."""
     table: dict[tuple[str, str], ShapeResult] = {}
-    worker = None if args.skip_torch else TorchWorker(hf_dir)
+    worker = None if args.skip_torch else TorchWorker(hf_dir, args.torch_device)
     try:
         for dtype in dtypes:
             cfg, params = cast_model(cfg32, params32, dtype)
@@ -332,6 +353,9 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-export", action="store_true", help="do not time the weight-sync export")
     # OpenMP threads of torch; the best setting is the reference (on a busy machine 1 thread can win).
     parser.add_argument("--torch-threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}))
+    parser.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the torch reference runs: cpu (each --torch-threads count) or cuda (the GPU; "
+                             "compare with JAX on the same GPU)")
     args = parser.parse_args(argv)
     shapes = parse_shapes(args.shapes)
     dtypes = args.dtypes.split(",")
@@ -343,7 +367,8 @@ def main(argv=None) -> None:
         cfg32, params32, hf_dir = smollm2_checkpoint(args.random_weights, folder)
         print(f"SmolLM2-135M ({'random' if args.random_weights else 'GGUF'} weights), loss = -mean log pi, "
               f"{args.warmup} warm-up + {args.iters} timed rounds (interleaved; torch in a child process); jax "
-              f"{jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs, load average "
+              f"{jax.__version__} on {jax.devices()[0].device_kind}, torch on {args.torch_device}, {os.cpu_count()} "
+              f"CPUs, load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
         ratio_table(cfg32, params32, hf_dir, shapes, dtypes, args)
 

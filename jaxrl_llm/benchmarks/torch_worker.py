@@ -32,25 +32,29 @@ def reset_peak_rss() -> None:
         clear_refs.write("5")
 
 
-def torch_step(model, tokens: np.ndarray, threads: int, result: dict) -> Callable[[], None]:
-    """The same loss with transformers' model, forward+backward, on ``threads`` OpenMP threads."""
+def torch_step(model, tokens: np.ndarray, threads: int, result: dict, device: str = "cpu") -> Callable[[], None]:
+    """The same loss with transformers' model, forward+backward, on ``threads`` OpenMP threads (CPU) or
+    on the GPU (``device="cuda"``; ``threads`` unused), returning once every kernel has finished."""
     import torch
 
-    batch = torch.tensor(tokens, dtype=torch.long)
+    batch = torch.tensor(tokens, dtype=torch.long, device=device)
 
     def run():
-        torch.set_num_threads(threads)
+        if device == "cpu":
+            torch.set_num_threads(threads)
         model.zero_grad(set_to_none=True)
         logits = model(batch).logits[:, :-1].float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, batch[:, 1:, None])[..., 0]
         loss = -logp.mean()
         loss.backward()
+        if device != "cpu":
+            torch.cuda.synchronize()
         result["loss"] = float(loss.detach())
 
     return run
 
 
-def serve_torch(hf_dir: str, requests: TextIO, replies: TextIO) -> None:
+def serve_torch(hf_dir: str, requests: TextIO, replies: TextIO, device: str = "cpu") -> None:
     """Answers one JSON line per JSON request line until the end of input:
     {"dtype", "tokens"}: load the model in that dtype (kept while the dtype stays) and this batch,
     reset the peak RSS -> {"pid"}; {"threads"}: one forward+backward on that many threads ->
@@ -64,7 +68,8 @@ def serve_torch(hf_dir: str, requests: TextIO, replies: TextIO) -> None:
         if "dtype" in request:
             if request["dtype"] != dtype:
                 model, dtype = None, request["dtype"]
-                model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).to(getattr(torch, dtype))
+                model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+                model = model.to(device, getattr(torch, dtype))
                 model.train()
             tokens = np.asarray(request["tokens"], np.int64)
             steps = {}
@@ -72,7 +77,7 @@ def serve_torch(hf_dir: str, requests: TextIO, replies: TextIO) -> None:
             reply = {"pid": os.getpid()}
         elif "threads" in request:
             threads = int(request["threads"])
-            steps.setdefault(threads, torch_step(model, tokens, threads, result))()
+            steps.setdefault(threads, torch_step(model, tokens, threads, result, device))()
             reply = {"loss": result["loss"]}
         else:
             reply = {"peak_rss": peak_rss_bytes()}
@@ -82,12 +87,13 @@ def serve_torch(hf_dir: str, requests: TextIO, replies: TextIO) -> None:
 
 class TorchWorker:
     """A child process running ``serve_torch`` on the transformers checkpoint ``hf_dir``; the parent
-    (JAX) process sends it one request at a time, so the two never compute at once."""
+    (JAX) process sends it one request at a time, so the two never compute at once. ``device``: where
+    torch runs, "cpu" or "cuda"."""
 
-    def __init__(self, hf_dir: str):
+    def __init__(self, hf_dir: str, device: str = "cpu"):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", "jaxrl_llm.benchmarks.torch_worker", hf_dir],
+        self.process = subprocess.Popen([sys.executable, "-m", "jaxrl_llm.benchmarks.torch_worker", hf_dir, device],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def ask(self, **request) -> dict:
@@ -124,13 +130,13 @@ class TorchWorker:
 
 
 def main(argv=None) -> None:
-    """``python -m jaxrl_llm.benchmarks.torch_worker HF_DIR``: serves requests from stdin, replies on
-    the real stdout; anything else printed (library warnings) goes to stderr."""
-    hf_dir, = sys.argv[1:] if argv is None else argv
+    """``python -m jaxrl_llm.benchmarks.torch_worker HF_DIR [cpu|cuda]``: serves requests from stdin,
+    replies on the real stdout; anything else printed (library warnings) goes to stderr."""
+    hf_dir, *device = sys.argv[1:] if argv is None else argv
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    serve_torch(hf_dir, sys.stdin, replies)
+    serve_torch(hf_dir, sys.stdin, replies, *device)
 
 
 if __name__ == "__main__":

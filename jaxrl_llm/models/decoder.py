@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
+from jaxrl_llm.models.fused_attention import cudnn_causal_attention, use_cudnn_attention
 from jaxrl_llm.models.matmul import low_precision_logits, project
 from jaxrl_llm.models.remat import remat_mode, remat_policy
 
@@ -139,7 +140,10 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arra
     scores above the diagonal's blocks are neither computed nor stored (what flash-attention
     kernels skip; Dao et al. 2022, arXiv 2205.14135). Same values as one call at every row with
     a visible key; a row with none (padding) gets uniform weights over its block's keys instead
-    of all keys."""
+    of all keys. On NVIDIA GPUs in bf16/fp16 one cuDNN fused call replaces the blocks
+    (``models.fused_attention``)."""
+    if use_cudnn_attention(q.dtype, q.shape[-1]):  # NVIDIA GPUs, bf16/fp16: one fused kernel
+        return cudnn_causal_attention(q, k, v, visible)
     length = q.shape[1]
     block = attention_block_size(length)
     if length <= block:

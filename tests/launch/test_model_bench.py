@@ -39,7 +39,7 @@ def test_one_shape_times_both_engines_on_the_same_loss(dtype, tol, profile, caps
     model.save_pretrained(tmp_path)  # what the torch worker loads
     cfg, params = our_config_and_params(model)
     args = argparse.Namespace(warmup=0, iters=1, chunk_size=8, skip_torch=False, torch_threads=[1, 2],
-                              profile=profile, remat="auto")
+                              profile=profile, remat="auto", torch_device="cpu")
     table = bench.ratio_table(cfg, params, str(tmp_path), [(2, 24)], [dtype], args)
     result = table[(dtype, "2x24")]
     assert set(result.throughput) == {"jax", "torch-1", "torch-2"} and min(result.throughput.values()) > 0
@@ -73,3 +73,17 @@ def test_remat_auto_skips_dots_in_bfloat16_on_cpu():
     assert bench.auto_remat_order("bfloat16", "cpu") == ("off", "full")
     assert bench.auto_remat_order("float32", "cpu") == ("off", "dots", "full")
     assert bench.auto_remat_order("bfloat16", "gpu") == ("off", "dots", "full")
+
+
+def test_remat_auto_budgets_the_cpu_by_the_machine_ram():
+    import jax
+    with open("/proc/meminfo") as meminfo:  # MemTotal is the RAM less the kernel's reserve: within 5%
+        total_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    assert bench.memory_bytes(jax.devices("cpu")[0]) == pytest.approx(total_kib * 1024, rel=0.05)
+
+
+def test_torch_labels_name_threads_on_cpu_and_the_gpu():
+    assert bench.torch_label("torch-2") == "2 thread(s)" and bench.torch_label("torch-cuda") == "cuda"
+    cpu = argparse.Namespace(torch_device="cpu", torch_threads=[1, 2])
+    assert bench.torch_thread_counts(cpu) == [1, 2]
+    assert bench.torch_thread_counts(argparse.Namespace(torch_device="cuda", torch_threads=[1, 2])) == [1]

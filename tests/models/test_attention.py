@@ -8,6 +8,7 @@ import pytest
 
 from jaxrl_llm.models import DecoderConfig, decoder, forward, init_params
 from jaxrl_llm.models.decoder import attention_block_size, causal_attention, grouped_attention
+from jaxrl_llm.models.fused_attention import use_cudnn_attention, with_own_key
 
 
 def explicit_attention(q, k, v, visible):
@@ -107,3 +108,28 @@ def test_decoder_forward_uses_block_attention_without_changing_logits(monkeypatc
     whole, _ = forward(params, cfg, tokens, attention_mask=mask)
     real = np.asarray(mask, bool)
     np.testing.assert_allclose(np.asarray(blocked)[real], np.asarray(whole)[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 1e-2)])
+def test_own_key_leaves_every_row_with_a_visible_key_as_it_was(dtype, tol):
+    """The cuDNN path lets each query see its own key (models.fused_attention.with_own_key): only
+    rows that saw no key (padding) change, and afterwards every row sees one."""
+    q, k, v, cotangent = _operands(40, 40, dtype, seed=2)
+    visible = masks(3, 40, 40)
+    assert not np.asarray(visible.any(-1)).all()  # padding rows exist
+    assert np.asarray(with_own_key(visible).any(-1)).all()
+    own = with_own_key(visible)
+    assert int((own & ~visible).sum()) == int((~np.asarray(visible.any(-1))).sum())  # one key per padding row
+    _assert_same_attention(lambda q, k, v, vis: grouped_attention(q, k, v, with_own_key(vis)), grouped_attention,
+                           q, k, v, cotangent, visible, tol)
+
+
+def test_cudnn_attention_only_where_the_kernel_applies():
+    assert use_cudnn_attention("bfloat16", 64, backend="gpu", environ={})
+    assert use_cudnn_attention("float16", 128, backend="gpu", environ={})
+    assert not use_cudnn_attention("float32", 64, backend="gpu", environ={})  # cuDNN: bf16/fp16 only
+    assert not use_cudnn_attention("bfloat16", 256, backend="gpu", environ={})  # head size <= 128
+    assert not use_cudnn_attention("bfloat16", 60, backend="gpu", environ={})  # multiple of 8
+    assert not use_cudnn_attention("bfloat16", 64, backend="cpu", environ={})
+    assert not use_cudnn_attention("bfloat16", 64, backend="tpu", environ={})
+    assert not use_cudnn_attention("bfloat16", 64, backend="gpu", environ={"JAXRL_LLM_CUDNN_ATTENTION": "0"})
