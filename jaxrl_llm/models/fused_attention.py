@@ -12,10 +12,12 @@ bf16 ones; the Qwen2.5-1.5B-shaped learner step at 8 x 2048 went from 15.2k to 1
 
 cuDNN takes bf16/fp16 inputs with a head size of at most 128 (a multiple of 8); float32 and CPUs
 keep XLA's path. A boolean mask reaches the kernel as an additive bias of a large negative
-number, so a row with no visible key would get weights over keys it must not see; such rows
-are padding (nothing reads their outputs), and ``with_own_key`` lets each of them see its own
-key, which leaves every other row's result as it was. ``JAXRL_LLM_CUDNN_ATTENTION=0`` turns the
-fused path off.
+number, so the softmax of a row with no visible key is left to rounding (in float16 the bias
+plus a score can overflow to -inf, and the row to NaN), and the backward pass sums every row's
+terms into the keys' gradients. Such rows are padding (nothing reads their outputs);
+``with_own_key`` gives each of them exactly one key, its own, so every softmax is well defined
+and every other row's result stays as it was. ``JAXRL_LLM_CUDNN_ATTENTION=0`` turns the fused
+path off.
 """
 from __future__ import annotations
 
