@@ -24,7 +24,7 @@ from base_configs import addition_config, gpu_scale
 from jaxrl_llm.reports import stats
 from jaxrl_llm.reports.runs import (chosen_seeds, experiment_parser, output_dir, train_or_resume, variant_config,
                                     write_summary)
-from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
+from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands, reward_length_limits
 from jaxrl_llm.train.config import Config, ConfigError, replace_values
 
 NAME = "chain_of_thought"
@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
                           "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
     plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png",
-                    title=f"Chain of thought: {len(seeds)} seed(s) per recipe")
+                    title=f"Chain of thought: {len(seeds)} seed(s) per recipe",
+                    limits=reward_length_limits(next(iter(configs.values())).rollout.max_tokens))
     print(f"wrote {out}/lengths.png, {out}/summary.md")
     return 0
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from base_configs import addition_config
 from jaxrl_llm.reports import bias_report, stats
-from jaxrl_llm.reports.seed_curves import per_step_lengths, plot_seed_bands
+from jaxrl_llm.reports.seed_curves import per_step_lengths, plot_seed_bands, reward_length_limits
 from jaxrl_llm.reports.runs import (
     chosen_seeds,
     experiment_parser,
@@ -102,11 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_runs(first, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",
                       "entropy"], out / "training.png", title=f"Length bias: seed {seeds[0]}, three recipes")
     curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
+    max_tokens = configs[(RECIPES[0], seeds[0])].rollout.max_tokens
     plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "seeds.png",
-                    title=f"Length bias: {len(seeds)} seed(s) per recipe")
+                    title=f"Length bias: {len(seeds)} seed(s) per recipe", limits=reward_length_limits(max_tokens))
     # The analytic view on real data: each recipe's implied per-token weight, from the
     # gradient of its loss, on the groups the GRPO runs actually sampled (all seeds pooled).
-    max_tokens = configs[(RECIPES[0], seeds[0])].rollout.max_tokens
     batch = bias_report.batch_from_groups([g for s in seeds for g in read_groups(runs[("grpo", s)])], max_tokens)
     analytic = bias_report.run(str(out / "analytic"), recipes=RECIPES, batch=batch)
     exponents = {row["recipe"]: row["length_exponent"] for row in analytic}

@@ -40,7 +40,7 @@ import numpy as np
 
 from base_configs import addition_config
 from jaxrl_llm.reports import stats
-from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands
+from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands, reward_length_limits
 from jaxrl_llm.reports.runs import (experiment_parser, interval_row, markdown_table, output_dir,
                                     run_seeded_experiment, write_summary)
 from jaxrl_llm.train.config import Config, replace_values
@@ -151,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        "overrides": list(args.overrides), "verdict": found,
                                        "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in done.configs.items()}})
     plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "lengths.png",
-                    title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe")
+                    title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe",
+                    limits=reward_length_limits(next(iter(done.configs.values())).rollout.max_tokens))
     print(f"wrote {out}/lengths.png, {out}/summary.md")
     return 0
 

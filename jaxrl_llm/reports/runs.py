@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxrl_llm.reports import stats
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, config_from_dict, replace_values
-from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_run_info, write_run_info
+from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_metrics, read_run_info, write_run_info
 
 
 def experiment_parser(description: str, *, name: str,
@@ -80,9 +80,16 @@ def _stored(config: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+def logged_steps(run: Path) -> int:
+    """The last step in run/metrics.jsonl (0 without one)."""
+    path = run / METRICS_FILE
+    return max((int(r.get("step", 0)) for r in read_metrics(path)), default=0) if path.exists() else 0
+
+
 def train_or_resume(cfg: Config, *, policy=None, trainer: Callable[..., Any] | None = None) -> Path:
     """Trains `cfg` into cfg.run_path. A run that stopped part-way resumes from
-    its latest checkpoint; a finished one is kept. A directory holding a run
+    its latest checkpoint; a finished one is kept, also when its checkpoints were deleted to
+    free disk (its metrics.jsonl reaches total_steps). A directory holding a run
     of another config is an error (use another --out or --fresh). `trainer`
     (default: train.loop.train) is called as trainer(cfg, resume=..., policy=...)."""
     from jaxrl_llm.train.checkpoint import Checkpointer
@@ -99,6 +106,10 @@ def train_or_resume(cfg: Config, *, policy=None, trainer: Callable[..., Any] | N
         latest = ckpt.latest_step()
     if latest is not None and latest >= cfg.total_steps:
         print(f"[experiment] {run}: finished earlier ({latest} steps), kept")
+        return run
+    if latest is None and info is not None and logged_steps(run) >= cfg.total_steps:
+        print(f"[experiment] {run}: finished earlier ({cfg.total_steps} steps logged; its checkpoints were "
+              f"removed), kept")
         return run
     if latest is None:  # nothing to resume: lines logged before the first checkpoint are redone
         for name in (METRICS_FILE, GROUPS_FILE):

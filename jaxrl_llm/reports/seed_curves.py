@@ -49,6 +49,12 @@ def seed_band(values: np.ndarray, limits: tuple[float, float] | None = None) -> 
     return mean, low, high
 
 
+def reward_length_limits(max_tokens: int) -> dict[str, tuple[float, float]]:
+    """``plot_seed_bands`` limits of a 0/1 reward and of response lengths capped at ``max_tokens``."""
+    return {"reward": (0.0, 1.0), "length_correct": (0.0, float(max_tokens)),
+            "length_incorrect": (0.0, float(max_tokens))}
+
+
 def plot_seed_bands(curves: Mapping[str, Sequence[Mapping[str, Sequence[float]]]], keys: Sequence[str],
                     path: Path | str, *, title: str, limits: Mapping[str, tuple[float, float]] | None = None) -> None:
     """One panel per key; per variant the mean over seeds, its 95% band (>= 2 seeds; clipped to

@@ -72,6 +72,25 @@ def test_runs_every_variant_seed_by_seed_then_keeps_finished_and_resumes_cut_run
     assert {cfg.total_steps for cfg in done.configs.values()} == {2}
 
 
+def test_a_finished_run_without_checkpoints_is_kept_and_a_cut_one_retrained(tmp_path):
+    """Deleting a finished run's checkpoints (1.4 GB each for SmolLM2) must not make a rerun of
+    the experiment train it again and overwrite its logs; a run cut before its first checkpoint
+    is still redone from scratch."""
+    import json
+    import shutil
+
+    run(tmp_path, ["--seeds", "0"], TrivialTrainer(), [])
+    for variant, last in (("plain", 4), ("shaped", 2)):  # total_steps = 4
+        lines = "".join(json.dumps({"step": step, "reward": 0.5}) + "\n" for step in range(1, last + 1))
+        (tmp_path / f"{variant}_s0" / "metrics.jsonl").write_text(lines)
+        shutil.rmtree(tmp_path / f"{variant}_s0" / "checkpoints")
+    again = TrivialTrainer()
+    run(tmp_path, ["--seeds", "0"], again, [])
+    assert [(c[0], c[1]) for c in again.calls] == [("shaped_s0", False)]
+    assert (tmp_path / "plain_s0" / "metrics.jsonl").read_text().count("\n") == 4  # kept as it was
+    assert not (tmp_path / "shaped_s0" / "metrics.jsonl").exists()  # the cut run's lines are redone
+
+
 def test_per_variant_reads_each_run_in_seed_order(tmp_path):
     done = run(tmp_path, ["--seeds", "1,0,2"], TrivialTrainer(), [])
     assert done.per_variant(lambda path: path.name) == {"plain": ["plain_s1", "plain_s0", "plain_s2"],

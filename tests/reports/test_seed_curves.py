@@ -16,3 +16,12 @@ def test_seed_band_is_the_t_interval_clipped_to_the_limits():
     mean_c, low_c, high_c = seed_band(values, (0.0, 1.0))
     assert mean_c == pytest.approx(mean)  # the mean is never clipped
     assert low_c == pytest.approx([0.823237, 0.0], abs=1e-5) and high_c == pytest.approx([1.0, 0.896828], abs=1e-5)
+
+
+def test_length_bands_stay_between_zero_and_the_token_cap():
+    from jaxrl_llm.reports.seed_curves import reward_length_limits
+    limits = reward_length_limits(32)
+    assert limits["reward"] == (0.0, 1.0)
+    lengths = np.array([[2.0, 31.0], [4.0, 32.0], [30.0, 20.0]])  # the t-band would pass 0 and 32
+    _, low, high = seed_band(lengths, limits["length_incorrect"])
+    assert low.min() == 0.0 and high.max() == 32.0
