@@ -163,7 +163,16 @@ def _wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float = 60.0) -
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of the files under path while a writer is still changing it: orbax creates and deletes
+    lock files as it goes, so a file (or folder) seen by the walk may be gone when asked."""
+    total = 0
+    for folder, _, files in os.walk(path):  # os.walk skips folders that vanish
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
