@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +42,9 @@ def padded_packed_mask(batch: int, length: int) -> np.ndarray:
 
 
 def xla_attention(q, k, v, visible):
-    previous = os.environ.get(ENV_SWITCH)
-    os.environ[ENV_SWITCH] = "0"  # read at trace time
-    try:
+    """The learner's attention with the fused path switched off (the switch is read at trace time)."""
+    with mock.patch.dict(os.environ, {ENV_SWITCH: "0"}):
         return decoder.causal_attention(q, k, v, visible)
-    finally:
-        os.environ.pop(ENV_SWITCH) if previous is None else os.environ.__setitem__(ENV_SWITCH, previous)
 
 
 def main(argv=None) -> int:

@@ -268,9 +268,12 @@ def best_torch_ratio(throughput: dict[str, float]) -> tuple[str, float]:
     return best, throughput["jax"] / throughput[best]
 
 
-def torch_thread_counts(args) -> list[int]:
-    """The torch runs of a shape: each --torch-threads count on CPU; one run on the GPU."""
-    return [1] if args.torch_device == "cuda" else args.torch_threads
+def torch_runs(args) -> dict[str, int]:
+    """The torch runs of a shape, name -> OpenMP threads: each --torch-threads count on CPU; one run
+    on the GPU (threads unused)."""
+    if args.torch_device == "cuda":
+        return {"torch-cuda": 1}
+    return {f"torch-{threads}": threads for threads in args.torch_threads}
 
 
 def torch_label(name: str) -> str:
@@ -287,8 +290,7 @@ def bench_shape(cfg, params, worker: TorchWorker | None, dtype: str, rows: int, 
     results: dict[str, dict] = {"jax": {}}
     steps = {"jax": jax_step(cfg, params, tokens, args.chunk_size, results["jax"], remat=args.remat)}
     torch_pid = None if worker is None else worker.load(dtype, tokens)
-    for threads in () if worker is None else torch_thread_counts(args):
-        name = "torch-cuda" if args.torch_device == "cuda" else f"torch-{threads}"
+    for name, threads in ({} if worker is None else torch_runs(args)).items():
         results[name] = {}
         steps[name] = worker.step_fn(threads, results[name])
     times = interleaved_times(steps, args.warmup, args.iters)

@@ -85,5 +85,5 @@ def test_remat_auto_budgets_the_cpu_by_the_machine_ram():
 def test_torch_labels_name_threads_on_cpu_and_the_gpu():
     assert bench.torch_label("torch-2") == "2 thread(s)" and bench.torch_label("torch-cuda") == "cuda"
     cpu = argparse.Namespace(torch_device="cpu", torch_threads=[1, 2])
-    assert bench.torch_thread_counts(cpu) == [1, 2]
-    assert bench.torch_thread_counts(argparse.Namespace(torch_device="cuda", torch_threads=[1, 2])) == [1]
+    assert bench.torch_runs(cpu) == {"torch-1": 1, "torch-2": 2}
+    assert bench.torch_runs(argparse.Namespace(torch_device="cuda", torch_threads=[1, 2])) == {"torch-cuda": 1}
