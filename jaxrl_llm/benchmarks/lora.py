@@ -66,9 +66,10 @@ class Setup:
         self.step_batch, _ = core.prepare_step_batch(self.learner.recipe, jnp.asarray(rewards),
                                                      jnp.asarray(seq.completion_mask), old_logp,
                                                      jnp.asarray(seq.sampler_logp))
-        self.arrays = tuple(jnp.asarray(x) for x in (seq.tokens, seq.attention_mask, seq.positions))
-        lowered = self.learner._update.lower(self.state, self.learner.frozen, *self.arrays, self.step_batch,
-                                             prompt_width=seq.prompt_width, num_micro_batches=1)
+        plan = self.learner.plan(seq)
+        self.rows = self.learner._device_rows(plan)
+        lowered = self.learner._update.lower(self.state, self.learner.frozen, self.rows, self.step_batch,
+                                             max_segments=plan.max_segments)
         self.compiled = lowered.compile()
         analysis = self.compiled.memory_analysis()
         self.temp_bytes = int(getattr(analysis, "temp_size_in_bytes", 0)) if analysis is not None else 0
@@ -79,7 +80,7 @@ class Setup:
         self.opt_bytes = lora.tree_bytes([x for x in jax.tree.leaves(self.state.opt_state) if np.ndim(x) > 0])
 
     def step(self) -> None:
-        self.state, metrics = self.compiled(self.state, self.learner.frozen, *self.arrays, self.step_batch)
+        self.state, metrics = self.compiled(self.state, self.learner.frozen, self.rows, self.step_batch)
         jax.block_until_ready(metrics)
 
 

@@ -100,5 +100,5 @@ from jaxrl_llm.core.recipes import (
     TokenAdvantages,
     get_recipe,
 )
-from jaxrl_llm.core.step_batch import StepBatch, micro_batches, prepare_step_batch, recipe_loss
+from jaxrl_llm.core.step_batch import StepBatch, micro_batches, prepare_step_batch, recipe_loss, restrict_rows
 from jaxrl_llm.core.vineppo import chunk_advantages, chunk_starts, mc_values

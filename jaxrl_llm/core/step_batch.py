@@ -272,3 +272,12 @@ def micro_batches(batch: StepBatch, num_micro_batches: int) -> list[StepBatch]:
         jax.tree.map(lambda x, k=k: x[k * size : (k + 1) * size], batch)
         for k in range(num_micro_batches)
     ]
+
+
+def restrict_rows(batch: StepBatch, keep) -> StepBatch:
+    """The batch with rows where ``keep`` [N] is 0 taken out of the loss and every metric (their
+    weights and mask zeroed), shapes unchanged: a micro-batch that holds only some of the
+    sequences (packing) sums to its part of the step's loss, and the parts add up to the whole."""
+    keep = jnp.asarray(keep, jnp.float32)[:, None]
+    return batch._replace(loss_weights=batch.loss_weights * keep, metric_weights=batch.metric_weights * keep,
+                          correction_weights=batch.correction_weights * keep, mask=batch.mask * keep)

@@ -140,7 +140,13 @@ class TrainConfig(Section):
     adam_b1: float = field(0.9, ge=0.0, lt=1.0)
     adam_b2: float = field(0.999, ge=0.0, lt=1.0)
     adam_eps: float = field(1e-8, gt=0.0)
-    micro_batch_size: int = field(8, ge=1)  # sequences per forward/backward pass
+    micro_batch_size: int = field(8, ge=1)  # rows per forward/backward pass (unless micro_batch_tokens)
+    # Token slots per forward/backward pass: rows of the step's width in a micro-batch =
+    # micro_batch_tokens // width (at least 1). None: micro_batch_size rows.
+    micro_batch_tokens: int | None = field(None, ge=1)
+    # Pack a step's sequences first-fit-decreasing into the learner's rows (train/packing.py):
+    # same loss, gradients and metrics as one sequence per row, fewer padding slots computed.
+    pack: bool = True
     epochs_per_batch: int = field(1, ge=1)  # passes over one rollout batch
     minibatches_per_batch: int = field(1, ge=1)  # optimiser steps per epoch
     # Learner compute precision. fp16 turns on dynamic loss scaling.
@@ -333,20 +339,14 @@ class Config(Section):
         return Path(self.checkpoint.dir) if self.checkpoint.dir is not None else self.run_path / "checkpoints"
 
     def _check_consistency(self) -> None:
-        # The step batch is split into minibatches of whole prompt groups (one optimiser
-        # step each) and those into micro-batches; uneven splits would change gradient scale.
+        # The step batch is split into minibatches of whole prompt groups (one optimiser step
+        # each); micro-batches may be uneven (train/packing.py: the weights are global).
         prompts, group = self.rollout.prompts_per_step, self.rollout.samples_per_prompt
         k = self.train.minibatches_per_batch
         if prompts % k:
             raise ConfigError(
                 f"train.minibatches_per_batch = {k} does not divide rollout.prompts_per_step = {prompts} "
                 f"(a minibatch holds whole prompt groups); valid: a divisor of {prompts}"
-            )
-        mb = self.train.micro_batch_size
-        if (prompts // k * group) % mb:
-            raise ConfigError(
-                f"train.micro_batch_size = {mb} does not divide a minibatch of {prompts // k * group} sequences; "
-                f"valid: a divisor of {prompts // k * group}"
             )
         check_runnable(self)
 

@@ -45,9 +45,11 @@ import optax
 from jaxrl_llm import core
 from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_from_hidden, forward, lora,
                               param_shardings)
+from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import remat_mode
 from jaxrl_llm.train import critic as critic_lib
+from jaxrl_llm.train import packing
 from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
 
@@ -118,32 +120,41 @@ def make_optimizer(train_cfg, total_steps: int) -> optax.GradientTransformation:
     return optax.chain(*parts)
 
 
-def _split_rows(x, num_micro_batches: int):
-    """[N, ...] -> [k, N/k, ...] with micro-batch i = rows i, i+k, i+2k, ...: a strided split, so
-    with rows sharded in contiguous blocks every micro-batch stays spread over all devices.
-    Any row partition gives the same sum, because the weights are global."""
-    if x is None:
-        return None
-    rows = x.shape[0]
-    return jnp.swapaxes(x.reshape(rows // num_micro_batches, num_micro_batches, *x.shape[1:]), 0, 1)
+class DeviceRows(NamedTuple):
+    """A `packing.RowPlan` on the device: the per-micro-batch arrays and the read-back map."""
+
+    tokens: jax.Array  # int32 [k, R, W]
+    segment_ids: jax.Array  # int32 [k, R, W]
+    positions: jax.Array  # int32 [k, R, W]
+    head_slots: jax.Array  # int32 [k, R * T_c]
+    used: jax.Array  # bool [k]
+    completion_index: jax.Array  # int32 [N, T_c]
+    micro_batch: jax.Array  # int32 [N]
 
 
-def _completion_logprobs(params, cfg: DecoderConfig, tokens, attention_mask, positions, *, prompt_width: int,
-                         completion_width: int, temperature: float, return_entropy: bool, remat: str,
-                         critic_params=None):
-    """Logprobs (and entropies) of the completion tokens only: the LM head and
-    log-softmax run on the T_c completion positions, not on the prompt (the LM head
-    is ~1/5 of SmolLM2's FLOPs per position, so this is not free). With `critic_params`,
-    also the value head's V_t on the same hidden states: (logprob output, values)."""
-    hidden, _ = forward(params, cfg, tokens, positions=positions, attention_mask=attention_mask,
-                        return_hidden=True, remat=remat)
-    predicting = jax.lax.slice_in_dim(hidden, prompt_width - 1, prompt_width - 1 + completion_width, axis=1)
-    targets = jax.lax.slice_in_dim(tokens, prompt_width, prompt_width + completion_width, axis=1)
+def _head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, head_slots, *, temperature: float,
+                   return_entropy: bool, remat: str, critic_params=None):
+    """One micro-batch: the decoder over its rows [R, W], then the LM head and log-softmax on the
+    R * T_c gathered positions that predict completion tokens only (the head is ~1/5 of SmolLM2's
+    FLOPs per position, so skipping prompt and padding positions is not free). Returns the flat
+    [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None)."""
+    hidden, _ = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
+                        remat=remat)
+    rows, width, dim = hidden.shape
+    predicting = jnp.take(hidden.reshape(rows * width, dim), head_slots, axis=0)[None]
+    targets = jnp.take(tokens.reshape(-1), head_slots + 1)[None]
     out = chunked_logprobs_from_hidden(predicting, targets, params, cfg, temperature=temperature,
                                        return_entropy=return_entropy)
-    if critic_params is None:
-        return out
-    return out, critic_lib.head_values(critic_params, predicting)
+    out = jax.tree.map(lambda x: x[0], out)
+    values = None if critic_params is None else critic_lib.head_values(critic_params, predicting)[0]
+    return out, values
+
+
+def _to_step_layout(flat, rows: DeviceRows, m, fill):
+    """[R * T_c] values of micro-batch m -> [N, T_c]: each completion token's own where its sequence
+    lives in micro-batch m, `fill` elsewhere."""
+    member = (rows.micro_batch == m)[:, None]
+    return jnp.where(member, jnp.take(flat, rows.completion_index), fill)
 
 
 class Learner:
@@ -177,13 +188,11 @@ class Learner:
         self.critic_optimizer = critic_lib.make_critic_optimizer(critic_cfg) if self.needs_critic else None
         self._merge = jax.jit(self._full_params_impl)
         options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
-        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches",
-                                                                       "with_reference"), compiler_options=options)
+        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("with_reference", "max_segments"),
+                                 compiler_options=options)
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
-        self._update = jax.jit(self._update_impl, static_argnames=("prompt_width", "num_micro_batches"),
-                               compiler_options=options)
-        self._grads = jax.jit(self._grads_impl, static_argnames=("prompt_width", "num_micro_batches"),
-                              compiler_options=options)
+        self._update = jax.jit(self._update_impl, static_argnames=("max_segments",), compiler_options=options)
+        self._grads = jax.jit(self._grads_impl, static_argnames=("max_segments",), compiler_options=options)
 
     # ----------------------------------------------------------------- state
     def init(self, params, *, seed: int = 0) -> LearnerState:
@@ -238,12 +247,28 @@ class Learner:
     def _full_params_impl(self, frozen, adapters):
         return lora.merge(frozen, adapters, self.lora.scale)
 
-    def _num_micro_batches(self, rows: int) -> int:
-        size = min(self.train_cfg.micro_batch_size, rows)
-        if rows % size:
-            raise ValueError(f"train.micro_batch_size={self.train_cfg.micro_batch_size} must divide the "
-                             f"{rows} sequences of an optimiser step")
-        return rows // size
+    def plan(self, seq: SequenceBatch) -> packing.RowPlan:
+        """Where `seq`'s sequences sit in the learner's micro-batches (`train.packing`): packed
+        first-fit-decreasing (`train.pack`) or one per row, R rows of W slots per micro-batch with
+        R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows), rounded up to
+        a multiple of the data-parallel devices."""
+        width = seq.tokens.shape[1]
+        budget = self.train_cfg.micro_batch_tokens
+        if budget is None:
+            budget = min(self.train_cfg.micro_batch_size, seq.tokens.shape[0]) * width
+        data_parallel = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
+        rows = packing.rows_per_micro_batch(budget, width, data_parallel)
+        return packing.plan_rows(seq.tokens, seq.attention_mask, seq.prompt_width, rows_per_micro=rows,
+                                 pack=self.train_cfg.pack)
+
+    def _device_rows(self, plan: packing.RowPlan) -> DeviceRows:
+        per_micro = (plan.tokens, plan.segment_ids, plan.positions)
+        rest = (plan.head_slots, plan.used, plan.completion_index, plan.micro_batch)
+        if self.mesh is None:
+            return DeviceRows(*map(jnp.asarray, per_micro + rest))
+        rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES, None))
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return DeviceRows(*(_put(x, rows) for x in per_micro), *(_put(x, replicated) for x in rest))
 
     def replicated(self, x) -> jax.Array:
         """A host array as a JAX array that can meet the learner's arrays in one computation:
@@ -275,92 +300,98 @@ class Learner:
         if with_reference and self.reference is None and self.frozen is None:
             raise ValueError("no reference policy: the learner keeps one when recipe.kl_beta > 0 (or with LoRA, "
                              "whose frozen base is the reference); call init first")
-        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
         critic_params = None if critic is None else critic.params
-        return self._logprobs(params, self.frozen, self.reference, critic_params, *arrays, prompt_width=seq.prompt_width,
-                              num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]),
-                              with_reference=with_reference)
+        plan = self.plan(seq)
+        return self._logprobs(params, self.frozen, self.reference, critic_params, self._device_rows(plan),
+                              with_reference=with_reference, max_segments=plan.max_segments)
 
-    def _logprobs_impl(self, params, frozen, reference, critic_params, tokens, attention_mask, positions, *,
-                       prompt_width, num_micro_batches, with_reference):
-        completion_width = tokens.shape[1] - prompt_width
+    def _logprobs_impl(self, params, frozen, reference, critic_params, rows: DeviceRows, *, with_reference,
+                       max_segments):
+        del max_segments  # static: the compiled program's segment count (for fused attention kernels)
         params = self.compute_params(params, frozen)
         if with_reference and reference is None:  # LoRA: the frozen base, in the compute dtype
             reference = self.compute_params(frozen)
+        def run(weights, *micro, **kwargs):
+            return _head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
+                                  **kwargs)
 
-        def one(args):
-            run = functools.partial(_completion_logprobs, cfg=self.compute_cfg, prompt_width=prompt_width,
-                                    completion_width=completion_width, temperature=self.temperature, remat=False)
-            out = run(params, tokens=args[0], attention_mask=args[1], positions=args[2], return_entropy=True,
-                      critic_params=critic_params)
-            (logp, entropy), values = out if critic_params is not None else (out, None)
-            ref_logp = None
-            if with_reference:
-                ref_logp = run(reference, tokens=args[0], attention_mask=args[1], positions=args[2],
-                               return_entropy=False)
-            return logp, entropy, ref_logp, values
+        n, completion_width = rows.completion_index.shape
+        zeros = jnp.zeros((n, completion_width), jnp.float32)
+        empty = StepLogprobs(zeros, zeros, zeros if with_reference else None,
+                             zeros if critic_params is not None else None)
 
-        split = [_split_rows(x, num_micro_batches) for x in (tokens, attention_mask, positions)]
-        outputs = jax.lax.map(one, split)
-        rows = tokens.shape[0]
-        unsplit = lambda x: None if x is None else jnp.swapaxes(x, 0, 1).reshape(rows, completion_width)  # noqa: E731
-        return StepLogprobs(*map(unsplit, outputs))
+        def one(m, micro):
+            (logp, entropy), values = run(params, *micro, return_entropy=True, critic_params=critic_params)
+            ref_logp = run(reference, *micro, return_entropy=False)[0] if with_reference else None
+            flat = StepLogprobs(logp, entropy, ref_logp, values)
+            return jax.tree.map(lambda x: _to_step_layout(x, rows, m, 0.0), flat)
+
+        def accumulate(total, xs):
+            m, used, micro = xs
+            part = jax.lax.cond(used, lambda: one(m, micro), lambda: empty)
+            return jax.tree.map(jnp.add, total, part), None
+
+        micro = (rows.tokens, rows.segment_ids, rows.positions, rows.head_slots)
+        total, _ = jax.lax.scan(accumulate, empty, (jnp.arange(rows.used.shape[0]), rows.used, micro))
+        return total
 
     # ---------------------------------------------------------------- update
     def update(self, state: LearnerState, seq: SequenceBatch, step_batch: core.StepBatch):
         """One optimiser step on the rows of `seq` / `step_batch` (one mini-batch).
-        Returns (new_state, metrics dict of float32 scalars)."""
-        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
-        step_batch = self._place(step_batch)
-        return self._update(state, self.frozen, *arrays, step_batch, prompt_width=seq.prompt_width,
-                            num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
+        Returns (new_state, metrics dict of float32 scalars); `learner_padding_fraction` is the
+        share of the slots the learner computed that held no token."""
+        plan = self.plan(seq)
+        state, metrics = self._update(state, self.frozen, self._device_rows(plan), self._place(step_batch),
+                                      max_segments=plan.max_segments)
+        return state, dict(metrics, learner_padding_fraction=jnp.float32(plan.padding_fraction))
 
     def loss_and_grads(self, params, seq: SequenceBatch, step_batch: core.StepBatch):
         """(loss, grads w.r.t. the float32 master params (LoRA: the adapters), metrics) of one
         step batch, without a loss scale: the quantity `update` descends. For tests and analysis."""
-        arrays = self._place((seq.tokens, seq.attention_mask, seq.positions))
-        loss, (grads, _), metrics = self._grads(params, self.frozen, None, *arrays, self._place(step_batch),
-                                                jnp.float32(1.0), prompt_width=seq.prompt_width,
-                                                num_micro_batches=self._num_micro_batches(seq.tokens.shape[0]))
+        plan = self.plan(seq)
+        loss, (grads, _), metrics = self._grads(params, self.frozen, None, self._device_rows(plan),
+                                                self._place(step_batch), jnp.float32(1.0),
+                                                max_segments=plan.max_segments)
         return loss, grads, metrics
 
-    def _grads_impl(self, params, frozen, critic_params, tokens, attention_mask, positions, step_batch, scale, *,
-                    prompt_width, num_micro_batches):
+    def _grads_impl(self, params, frozen, critic_params, rows: DeviceRows, step_batch, scale, *, max_segments):
         """Sum over micro-batches of d(scale * loss)/d (params, critic_params), divided by scale.
-        Returns (loss, (policy grads, critic grads or None), metrics)."""
-        completion_width = tokens.shape[1] - prompt_width
+        Returns (loss, (policy grads, critic grads or None), metrics). Each micro-batch's loss is
+        `core.recipe_loss` on the whole step batch's [N, T_c] arrays with the rows of the sequences
+        it does not hold taken out (`core.restrict_rows`), so the micro-batch sums equal the
+        unpacked batch's loss, gradients and metrics."""
+        del max_segments  # static: the compiled program's segment count (for fused attention kernels)
 
-        def micro_loss(trainable, micro):
+        def micro_loss(trainable, m, micro):
             params, critic_params = trainable
-            tok, att, pos, batch = micro
-            out = _completion_logprobs(self.compute_params(params, frozen), self.compute_cfg, tok, att, pos,
-                                       prompt_width=prompt_width, completion_width=completion_width,
-                                       temperature=self.temperature, return_entropy=False, remat=self.remat,
-                                       critic_params=critic_params)
-            logp, values = out if critic_params is not None else (out, None)
+            logp_flat, values_flat = _head_logprobs(
+                self.compute_params(params, frozen), self.compute_cfg, *micro, temperature=self.temperature,
+                return_entropy=False, remat=self.remat, critic_params=critic_params)
+            logp = _to_step_layout(logp_flat, rows, m, step_batch.old_logp)
+            values = None if values_flat is None else _to_step_layout(values_flat, rows, m, step_batch.old_values)
+            batch = core.restrict_rows(step_batch, rows.micro_batch == m)
             loss, metrics = core.recipe_loss(self.recipe, logp, batch, values=values)
             return loss * scale, metrics
 
         grad_fn = jax.grad(micro_loss, has_aux=True)
-
         trainable = (params, critic_params)
-
-        def accumulate(carry, micro):
-            return jax.tree.map(jnp.add, carry, grad_fn(trainable, micro)), None
-
-        micro = jax.tree.map(functools.partial(_split_rows, num_micro_batches=num_micro_batches),
-                             (tokens, attention_mask, positions, step_batch))
+        micro = (rows.tokens, rows.segment_ids, rows.positions, rows.head_slots)
         first = jax.tree.map(lambda x: x[0], micro)
-        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, trainable, first))
-        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, trainable, 0, first))
+
+        def accumulate(carry, xs):
+            m, used, micro = xs
+            part = jax.lax.cond(used, lambda: grad_fn(trainable, m, micro), lambda: zeros)
+            return jax.tree.map(jnp.add, carry, part), None
+
+        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(rows.used.shape[0]), rows.used, micro))
         return metrics["loss"], jax.tree.map(lambda g: g / scale, grads), metrics
 
-    def _update_impl(self, state: LearnerState, frozen, tokens, attention_mask, positions, step_batch, *,
-                     prompt_width, num_micro_batches):
+    def _update_impl(self, state: LearnerState, frozen, rows: DeviceRows, step_batch, *, max_segments):
         critic_params = None if state.critic is None else state.critic.params
         _, (grads, critic_grads), metrics = self._grads_impl(
-            state.params, frozen, critic_params, tokens, attention_mask, positions, step_batch,
-            state.loss_scale.scale, prompt_width=prompt_width, num_micro_batches=num_micro_batches)
+            state.params, frozen, critic_params, rows, step_batch, state.loss_scale.scale,
+            max_segments=max_segments)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
         metrics = dict(metrics, grad_norm=grad_norm, loss_scale=state.loss_scale.scale)

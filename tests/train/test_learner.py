@@ -145,8 +145,18 @@ def test_fp16_dynamic_loss_scale(setup):
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
 
 
-def test_micro_batch_size_must_divide(setup):
-    _, cfg, params, seq, _ = setup
-    learner = make_learner(cfg, core.get_recipe("grpo"), micro_batch_size=5)
-    with pytest.raises(ValueError, match="micro_batch_size=5 must divide the 16"):
-        learner.logprobs(learner.init(params).params, seq)
+def test_uneven_micro_batches_equal_one_pass(setup):
+    """5 rows per micro-batch do not divide 16 sequences: the last micro-batch is part padding,
+    and the sums still equal one pass (the weights are the step batch's)."""
+    _, cfg, params, seq, rewards = setup
+    recipe = core.get_recipe("grpo")
+    one = make_learner(cfg, recipe, micro_batch_size=16, pack=False)
+    state = one.init(params)
+    batch = step_batch_for(one, state.params, seq, rewards)
+    loss1, grads1, _ = one.loss_and_grads(state.params, seq, batch)
+    uneven = make_learner(cfg, recipe, micro_batch_size=5, pack=False)
+    assert uneven.plan(seq).tokens.shape[:2] == (4, 5)
+    loss2, grads2, _ = uneven.loss_and_grads(state.params, seq, batch)
+    assert abs(float(loss2) - float(loss1)) <= 1e-6
+    diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), grads2, grads1)
+    assert max(jax.tree.leaves(diff)) <= 1e-6
