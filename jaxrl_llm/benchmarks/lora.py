@@ -68,8 +68,9 @@ class Setup:
                                                      jnp.asarray(seq.sampler_logp))
         plan = self.learner.plan(seq)
         self.rows = self.learner._device_rows(plan)
+        remat = "off" if self.learner.remat == "auto" else self.learner.remat
         lowered = self.learner._update.lower(self.state, self.learner.frozen, self.rows, self.step_batch,
-                                             max_segments=plan.max_segments)
+                                             max_segments=plan.max_segments, remat=remat)
         self.compiled = lowered.compile()
         analysis = self.compiled.memory_analysis()
         self.temp_bytes = int(getattr(analysis, "temp_size_in_bytes", 0)) if analysis is not None else 0

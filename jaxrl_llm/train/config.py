@@ -152,10 +152,10 @@ class TrainConfig(Section):
     # Learner compute precision. fp16 turns on dynamic loss scaling.
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     # What each layer keeps for the backward pass (models/remat.py): "off" keeps all activations;
-    # "dots" keeps only the projections' matmul outputs and recomputes norms, rotary, SiLU and
-    # attention (a quarter of off's memory at 8 x 512); "full" recomputes each whole layer
-    # (least memory, ~1/3 more layer compute; in bf16 on CPU also faster than "dots": models/remat.py).
-    remat: Literal["off", "dots", "full"] = "off"
+    # "dots" keeps only the projections' matmul outputs; "full" recomputes each whole layer (least
+    # memory). "auto": the first of off, dots, full whose compiled step fits the device's memory
+    # (its estimate by XLA); "off" where the backend reports no memory limit (CPU).
+    remat: Literal["off", "dots", "full", "auto"] = "auto"
     # LoRA (Hu et al. 2021) on the projections: 0 trains all weights; r >= 1 trains only
     # rank-r adapters (update scale lora_alpha / r), the base weights stay frozen.
     lora_rank: int = field(0, ge=0)

@@ -47,7 +47,7 @@ from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_fr
                               param_shardings)
 from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.models.compile_options import learner_compiler_options
-from jaxrl_llm.models.remat import remat_mode
+from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_mode, remat_setting
 from jaxrl_llm.train import critic as critic_lib
 from jaxrl_llm.train import packing
 from jaxrl_llm.train import reference as reference_lib
@@ -173,7 +173,9 @@ class Learner:
         self.train_cfg = train_cfg
         self.temperature = float(temperature)
         self.mesh = mesh
-        self.remat = remat_mode(train_cfg.remat)
+        # "auto": chosen at the first update from the compiled step's memory estimate (`_choose_remat`)
+        self.remat = remat_setting(train_cfg.remat)
+        self.remat_choice = None  # models.remat.RematChoice, once "auto" has chosen
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
@@ -191,8 +193,8 @@ class Learner:
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("with_reference", "max_segments"),
                                  compiler_options=options)
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
-        self._update = jax.jit(self._update_impl, static_argnames=("max_segments",), compiler_options=options)
-        self._grads = jax.jit(self._grads_impl, static_argnames=("max_segments",), compiler_options=options)
+        self._update = jax.jit(self._update_impl, static_argnames=("max_segments", "remat"), compiler_options=options)
+        self._grads = jax.jit(self._grads_impl, static_argnames=("max_segments", "remat"), compiler_options=options)
 
     # ----------------------------------------------------------------- state
     def init(self, params, *, seed: int = 0) -> LearnerState:
@@ -341,20 +343,41 @@ class Learner:
         Returns (new_state, metrics dict of float32 scalars); `learner_padding_fraction` is the
         share of the slots the learner computed that held no token."""
         plan = self.plan(seq)
-        state, metrics = self._update(state, self.frozen, self._device_rows(plan), self._place(step_batch),
-                                      max_segments=plan.max_segments)
+        args = (state, self.frozen, self._device_rows(plan), self._place(step_batch))
+        update = self._update
+        if self.remat == "auto":
+            update = self._choose_remat(args, plan.max_segments)
+        state, metrics = update(*args, max_segments=plan.max_segments, remat=self.remat)
         return state, dict(metrics, learner_padding_fraction=jnp.float32(plan.padding_fraction))
+
+    def _choose_remat(self, args, max_segments: int):
+        """train.remat="auto": the first of off, dots, full whose compiled step fits the device's
+        memory (`models.remat.choose_remat`); "off" where the backend reports no limit (CPU).
+        Returns the update to call for this step (the chosen compiled program, not compiled again)."""
+        compiled = {}
+
+        def compile_mode(mode: str):
+            compiled[mode] = self._update.lower(*args, max_segments=max_segments, remat=mode).compile()
+            return compiled[mode]
+
+        self.remat_choice = choose_remat(compile_mode, device_memory_budget(), fallback="off")
+        self.remat = self.remat_choice.mode
+        if self.remat not in compiled:
+            return self._update
+        return lambda *a, **_: compiled[self.remat](*a)
 
     def loss_and_grads(self, params, seq: SequenceBatch, step_batch: core.StepBatch):
         """(loss, grads w.r.t. the float32 master params (LoRA: the adapters), metrics) of one
         step batch, without a loss scale: the quantity `update` descends. For tests and analysis."""
         plan = self.plan(seq)
+        remat = "off" if self.remat == "auto" else self.remat
         loss, (grads, _), metrics = self._grads(params, self.frozen, None, self._device_rows(plan),
                                                 self._place(step_batch), jnp.float32(1.0),
-                                                max_segments=plan.max_segments)
+                                                max_segments=plan.max_segments, remat=remat)
         return loss, grads, metrics
 
-    def _grads_impl(self, params, frozen, critic_params, rows: DeviceRows, step_batch, scale, *, max_segments):
+    def _grads_impl(self, params, frozen, critic_params, rows: DeviceRows, step_batch, scale, *, max_segments,
+                    remat: str):
         """Sum over micro-batches of d(scale * loss)/d (params, critic_params), divided by scale.
         Returns (loss, (policy grads, critic grads or None), metrics). Each micro-batch's loss is
         `core.recipe_loss` on the whole step batch's [N, T_c] arrays with the rows of the sequences
@@ -366,7 +389,7 @@ class Learner:
             params, critic_params = trainable
             logp_flat, values_flat = _head_logprobs(
                 self.compute_params(params, frozen), self.compute_cfg, *micro, temperature=self.temperature,
-                return_entropy=False, remat=self.remat, critic_params=critic_params)
+                return_entropy=False, remat=remat, critic_params=critic_params)
             logp = _to_step_layout(logp_flat, rows, m, step_batch.old_logp)
             values = None if values_flat is None else _to_step_layout(values_flat, rows, m, step_batch.old_values)
             batch = core.restrict_rows(step_batch, rows.micro_batch == m)
@@ -387,11 +410,11 @@ class Learner:
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(rows.used.shape[0]), rows.used, micro))
         return metrics["loss"], jax.tree.map(lambda g: g / scale, grads), metrics
 
-    def _update_impl(self, state: LearnerState, frozen, rows: DeviceRows, step_batch, *, max_segments):
+    def _update_impl(self, state: LearnerState, frozen, rows: DeviceRows, step_batch, *, max_segments, remat: str):
         critic_params = None if state.critic is None else state.critic.params
         _, (grads, critic_grads), metrics = self._grads_impl(
             state.params, frozen, critic_params, rows, step_batch, state.loss_scale.scale,
-            max_segments=max_segments)
+            max_segments=max_segments, remat=remat)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
         metrics = dict(metrics, grad_norm=grad_norm, loss_scale=state.loss_scale.scale)

@@ -9,6 +9,7 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
 from jaxrl_llm.models.compile_options import FLOAT32_CPU_OPTIONS, YNN_FUSION, learner_compiler_options
+from jaxrl_llm.train.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learner import Learner
 
@@ -51,11 +52,12 @@ def test_option_changes_the_fusions_not_the_values():
 def test_float32_learner_compiles_its_step_with_the_option():
     train_cfg = dataclasses.replace(TrainConfig(), precision="fp32")
     learner = Learner(TINY, core.get_recipe("grpo"), train_cfg, total_steps=2)
-    tokens = jnp.zeros((2, 8), jnp.int32)
-    args = (learner.init(init_params(TINY, jax.random.PRNGKey(0))).params, None, None, None, tokens,
-            jnp.ones_like(tokens), jnp.broadcast_to(jnp.arange(8), tokens.shape))
-    text = learner._logprobs.lower(*args, prompt_width=4, num_micro_batches=1, with_reference=False).compile().as_text()
-    plain = jax.jit(learner._logprobs_impl, static_argnames=("prompt_width", "num_micro_batches", "with_reference"))
-    plain_text = plain.lower(*args, prompt_width=4, num_micro_batches=1, with_reference=False).compile().as_text()
+    seq = SequenceBatch(np.ones((2, 8), np.int32), np.ones((2, 8), np.int32), np.tile(np.arange(8, dtype=np.int32), (2, 1)),
+                        np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32), np.zeros(2, bool), 4)
+    rows = learner._device_rows(learner.plan(seq))
+    args = (learner.init(init_params(TINY, jax.random.PRNGKey(0))).params, None, None, None, rows)
+    text = learner._logprobs.lower(*args, with_reference=False, max_segments=1).compile().as_text()
+    plain = jax.jit(learner._logprobs_impl, static_argnames=("with_reference", "max_segments"))
+    plain_text = plain.lower(*args, with_reference=False, max_segments=1).compile().as_text()
     expected = learner_compiler_options("float32", jax.default_backend())
     assert (text != plain_text) == (expected is not None)

@@ -160,3 +160,32 @@ def test_uneven_micro_batches_equal_one_pass(setup):
     assert abs(float(loss2) - float(loss1)) <= 1e-6
     diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), grads2, grads1)
     assert max(jax.tree.leaves(diff)) <= 1e-6
+
+
+def test_remat_auto_takes_the_first_mode_that_fits(setup, monkeypatch):
+    """train.remat=auto: with no device limit (CPU) "off"; with a budget between the compiled
+    step's estimates for "full" and "off" (measured here on the same program) a remat mode, and
+    the step's parameters equal those of the same step without remat."""
+    from jaxrl_llm.models import remat as remat_lib
+    from jaxrl_llm.train import learner as learner_lib
+
+    _, cfg, params, seq, rewards = setup
+    recipe = core.get_recipe("grpo")
+    plain = make_learner(cfg, recipe, micro_batch_size=16, remat="auto")
+    state = plain.init(params)
+    batch = step_batch_for(plain, state.params, seq, rewards)
+    off_state, _ = plain.update(state, seq, batch)
+    assert plain.remat == "off" and plain.remat_choice.budget is None
+
+    probe = make_learner(cfg, recipe, micro_batch_size=16)
+    plan = probe.plan(seq)
+    args = (state, None, probe._device_rows(plan), probe._place(batch))
+    sizes = {mode: remat_lib.program_bytes(probe._update.lower(*args, max_segments=plan.max_segments,
+                                                               remat=mode).compile()) for mode in ("off", "full")}
+    assert sizes["full"] < sizes["off"]
+    monkeypatch.setattr(learner_lib, "device_memory_budget", lambda: (sizes["full"] + sizes["off"]) // 2)
+    tight = make_learner(cfg, recipe, micro_batch_size=16, remat="auto")
+    tight_state, _ = tight.update(tight.init(params), seq, batch)
+    assert tight.remat in ("dots", "full") and tight.remat_choice.estimates[tight.remat] <= tight.remat_choice.budget
+    for a, b in zip(jax.tree.leaves(tight_state.params), jax.tree.leaves(off_state.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
