@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
-from jaxrl_llm.models.fused_attention import cudnn_causal_attention, use_cudnn_attention
+from jaxrl_llm.models.fused_attention import (SegmentSpans, cudnn_causal_attention, cudnn_segment_attention,
+                                              segment_spans, use_cudnn_attention, use_cudnn_segments)
 from jaxrl_llm.models.matmul import low_precision_logits, project
 from jaxrl_llm.models.remat import remat_mode, remat_policy
 
@@ -141,8 +142,14 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arra
     kernels skip; Dao et al. 2022, arXiv 2205.14135). Same values as one call at every row with
     a visible key; a row with none (padding) gets uniform weights over its block's keys instead
     of all keys. On NVIDIA GPUs in bf16/fp16 one cuDNN fused call replaces the blocks
-    (``models.fused_attention``)."""
-    if use_cudnn_attention(q.dtype, q.shape[-1]):  # NVIDIA GPUs, bf16/fp16: one fused kernel
+    (``models.fused_attention``); packed rows given as ``SegmentSpans`` take cuDNN's
+    segment-aware call with no mask at all."""
+    fused = use_cudnn_attention(q.dtype, q.shape[-1])  # NVIDIA GPUs, bf16/fp16: one fused kernel
+    if isinstance(visible, SegmentSpans):
+        if fused:
+            return cudnn_segment_attention(q, k, v, visible)
+        visible = visible.visible
+    if fused:
         return cudnn_causal_attention(q, k, v, visible)
     length = q.shape[1]
     block = attention_block_size(length)
@@ -353,7 +360,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: dict | None = None, return_hidden: bool = False, remat: bool | str = False,
-            cache_window: int | None = None):
+            cache_window: int | None = None, max_segments: int | None = None):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
 
     Without a cache: causal attention within the row, restricted to equal non-zero
@@ -366,6 +373,9 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     ``cache_window`` (with a cache; slots): attention reads only the filled prefix of the
     cache, rounded up to whole windows, instead of all max_len slots (same result; the
     cost of a decode step then grows with the filled length; `windowed_cache_attention`).
+    ``max_segments`` (no cache; static): at most this many segments per row, each a contiguous run.
+    Given, cuDNN attention (NVIDIA GPUs, bf16/fp16) reads the segments' spans instead of a dense mask
+    (``models.fused_attention.SegmentSpans``); elsewhere it changes nothing.
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
@@ -386,6 +396,9 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     causal = jnp.tril(jnp.ones((length, length), bool))
     same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
     visible = causal[None] & same_segment & (segment_ids[:, None, :] != 0)
+    if max_segments is not None and use_cudnn_attention(jnp_dtype(cfg.compute_dtype), cfg.head_dim) \
+            and use_cudnn_segments():
+        visible = segment_spans(segment_ids, visible, max_segments)
     unroll = unroll_layer_loop(cfg, jax.default_backend(), remat_mode(remat))
     out, _ = Decoder(cfg, remat=remat, unroll_layers=unroll).apply({"params": params}, tokens, positions, visible,
                                                                    return_hidden=return_hidden)

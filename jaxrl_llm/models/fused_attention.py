@@ -18,16 +18,27 @@ terms into the keys' gradients. Such rows are padding (nothing reads their outpu
 ``with_own_key`` gives each of them exactly one key, its own, so every softmax is well defined
 and every other row's result stays as it was. ``JAXRL_LLM_CUDNN_ATTENTION=0`` turns the fused
 path off.
+
+Packed rows (several sequences back to back, ``segment_ids``) need no mask at all: cuDNN takes
+each row's segments as (start offset, length) pairs and applies the causal mask inside each
+segment (its ragged "padding causal" mode), so no [B, 1, T, T] mask is built, no bias is added
+and no bias gradient is computed in the backward pass. ``SegmentSpans`` carries those pairs
+(``segment_spans`` derives them from segment ids); ``cudnn_segment_attention`` makes the call
+through JAX's cuDNN binding (``jax._src.cudnn.fused_attention_stablehlo``: the public
+``jax.nn.dot_product_attention`` takes one length per row, not several segments).
+``JAXRL_LLM_CUDNN_SEGMENTS=0`` keeps packed rows on the mask path.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 ENV_SWITCH = "JAXRL_LLM_CUDNN_ATTENTION"
+SEGMENTS_SWITCH = "JAXRL_LLM_CUDNN_SEGMENTS"
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_HEAD_DIM = 128
 
@@ -52,3 +63,41 @@ def cudnn_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: ja
     ``visible`` [B, T, T], a mask that is at least causal, in one cuDNN call (causal blocks skipped)."""
     return jax.nn.dot_product_attention(q, k, v, mask=with_own_key(visible)[:, None], scale=q.shape[-1] ** -0.5,
                                         is_causal=True, implementation="cudnn")
+
+
+class SegmentSpans(NamedTuple):
+    """Packed rows as cuDNN takes them, plus the dense mask for every other path."""
+
+    visible: jax.Array  # bool [B, T, T]: causal within equal non-zero segment ids
+    lengths: jax.Array  # int32 [B, M]: tokens of the row's m-th segment, -1 where the row has fewer
+    offsets: jax.Array  # int32 [B, M + 1]: slot where the m-th segment starts, -1 where none
+    real: jax.Array  # bool [B, T]: slot holds a token (segment id > 0)
+
+
+def segment_spans(segment_ids: jax.Array, visible: jax.Array, max_segments: int) -> SegmentSpans:
+    """The spans of segment ids 1..max_segments in each row (each a contiguous run; 0 = padding)."""
+    ids = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
+    member = segment_ids[:, :, None] == ids[None, None, :]  # [B, T, M]
+    lengths = member.sum(1).astype(jnp.int32)
+    starts = jnp.argmax(member, axis=1).astype(jnp.int32)
+    present = lengths > 0
+    lengths = jnp.where(present, lengths, -1)
+    offsets = jnp.concatenate([jnp.where(present, starts, -1), jnp.full_like(starts[:, :1], -1)], axis=1)
+    return SegmentSpans(visible, lengths, offsets, segment_ids > 0)
+
+
+def use_cudnn_segments(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether packed rows take the segment-aware cuDNN call (unless ``JAXRL_LLM_CUDNN_SEGMENTS=0``)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SEGMENTS_SWITCH, "1") != "0"
+
+
+def cudnn_segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, spans: SegmentSpans) -> jax.Array:
+    """Causal attention within each segment of packed rows, q [B, T, Hq, hd], k/v [B, T, Hkv, hd],
+    in one cuDNN call without a mask; slots outside every segment get 0."""
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+
+    out = dot_product_attention(q, k, v, q_seqlen=spans.lengths, kv_seqlen=spans.lengths, q_offsets=spans.offsets,
+                                kv_offsets=spans.offsets, scale=q.shape[-1] ** -0.5,
+                                mask_type=MaskType.PADDING_CAUSAL, qkv_layout="BTNH")
+    return jnp.where(spans.real[:, :, None, None], out, jnp.zeros((), out.dtype))

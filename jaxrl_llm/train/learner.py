@@ -133,13 +133,13 @@ class DeviceRows(NamedTuple):
 
 
 def _head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, head_slots, *, temperature: float,
-                   return_entropy: bool, remat: str, critic_params=None):
+                   return_entropy: bool, remat: str, max_segments: int, critic_params=None):
     """One micro-batch: the decoder over its rows [R, W], then the LM head and log-softmax on the
     R * T_c gathered positions that predict completion tokens only (the head is ~1/5 of SmolLM2's
     FLOPs per position, so skipping prompt and padding positions is not free). Returns the flat
     [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None)."""
     hidden, _ = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
-                        remat=remat)
+                        remat=remat, max_segments=max_segments)
     rows, width, dim = hidden.shape
     predicting = jnp.take(hidden.reshape(rows * width, dim), head_slots, axis=0)[None]
     targets = jnp.take(tokens.reshape(-1), head_slots + 1)[None]
@@ -309,13 +309,12 @@ class Learner:
 
     def _logprobs_impl(self, params, frozen, reference, critic_params, rows: DeviceRows, *, with_reference,
                        max_segments):
-        del max_segments  # static: the compiled program's segment count (for fused attention kernels)
         params = self.compute_params(params, frozen)
         if with_reference and reference is None:  # LoRA: the frozen base, in the compute dtype
             reference = self.compute_params(frozen)
         def run(weights, *micro, **kwargs):
             return _head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
-                                  **kwargs)
+                                  max_segments=max_segments, **kwargs)
 
         n, completion_width = rows.completion_index.shape
         zeros = jnp.zeros((n, completion_width), jnp.float32)
@@ -383,13 +382,11 @@ class Learner:
         `core.recipe_loss` on the whole step batch's [N, T_c] arrays with the rows of the sequences
         it does not hold taken out (`core.restrict_rows`), so the micro-batch sums equal the
         unpacked batch's loss, gradients and metrics."""
-        del max_segments  # static: the compiled program's segment count (for fused attention kernels)
-
         def micro_loss(trainable, m, micro):
             params, critic_params = trainable
             logp_flat, values_flat = _head_logprobs(
                 self.compute_params(params, frozen), self.compute_cfg, *micro, temperature=self.temperature,
-                return_entropy=False, remat=remat, critic_params=critic_params)
+                return_entropy=False, remat=remat, max_segments=max_segments, critic_params=critic_params)
             logp = _to_step_layout(logp_flat, rows, m, step_batch.old_logp)
             values = None if values_flat is None else _to_step_layout(values_flat, rows, m, step_batch.old_values)
             batch = core.restrict_rows(step_batch, rows.micro_batch == m)

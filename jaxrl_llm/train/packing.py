@@ -39,7 +39,7 @@ class RowPlan(NamedTuple):
     completion_index: np.ndarray  # int32 [N, T_c]: where completion token (n, j)'s log-prob sits in its micro-batch's R * T_c
     micro_batch: np.ndarray  # int32 [N]: the micro-batch holding sequence n
     used: np.ndarray  # bool [k]: micro-batches holding at least one sequence
-    max_segments: int  # most sequences in one row
+    max_segments: int  # most sequences in one row, rounded up to a power of two (a static shape: few programs)
     padding_fraction: float  # share of the used micro-batches' slots holding no token
 
 
@@ -126,4 +126,4 @@ def plan_rows(tokens: np.ndarray, attention_mask: np.ndarray, prompt_width: int,
     slots = int(used.sum()) * rows_per_micro * width
     padding = 1.0 - float(lengths.sum()) / slots
     return RowPlan(out_tokens, segments, positions, head_slots, completion_index, micro_batch, used,
-                   max_segments, padding)
+                   1 << (max_segments - 1).bit_length(), padding)

@@ -133,3 +133,29 @@ def test_cudnn_attention_only_where_the_kernel_applies():
     assert not use_cudnn_attention("bfloat16", 64, backend="cpu", environ={})
     assert not use_cudnn_attention("bfloat16", 64, backend="tpu", environ={})
     assert not use_cudnn_attention("bfloat16", 64, backend="gpu", environ={"JAXRL_LLM_CUDNN_ATTENTION": "0"})
+
+
+def test_segment_spans_by_hand():
+    """Rows [1 1 1 2 2 0] and [1 2 3 3 0 0] (0 = padding): lengths and start offsets of segments
+    1..4 as cuDNN's ragged layout takes them (-1 where a row has fewer segments)."""
+    from jaxrl_llm.models.fused_attention import segment_spans
+
+    segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 2, 3, 3, 0, 0]], jnp.int32)
+    visible = jnp.ones((2, 6, 6), bool)
+    spans = segment_spans(segments, visible, 4)
+    np.testing.assert_array_equal(spans.lengths, [[3, 2, -1, -1], [1, 1, 2, -1]])
+    np.testing.assert_array_equal(spans.offsets, [[0, 3, -1, -1, -1], [0, 1, 2, -1, -1]])
+    np.testing.assert_array_equal(spans.real, segments > 0)
+
+
+def test_segment_spans_leave_the_cpu_path_as_it_was():
+    """On XLA (CPU), a forward given max_segments computes exactly what the mask path does."""
+    cfg = DecoderConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, max_position_embeddings=32, param_dtype="bfloat16",
+                        compute_dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 1, 61)
+    segments = jnp.array([[1] * 5 + [2] * 6 + [0], [1] * 12], jnp.int32)
+    plain, _ = forward(params, cfg, tokens, segment_ids=segments)
+    spans, _ = forward(params, cfg, tokens, segment_ids=segments, max_segments=2)
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(spans))
