@@ -11,7 +11,7 @@ QUIET_PIP := 2>&1 | { grep -v "is neither a file nor a directory" || true; }
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout experiments-quick experiments clean
+.PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout gpu-check experiments-quick experiments clean
 
 venv: $(STAMP)
 
@@ -81,6 +81,13 @@ bench-model: venv
 # BENCH_ARGS="--peak-tflops 989" for an H100 SXM's bf16 dense peak.
 bench-learner-gpu: venv
 	$(PY) -m jaxrl_llm.benchmarks.learner_gpu $(BENCH_ARGS)
+
+# The prepared accelerator check (<= 8 min on one H100/H200, no network): learner MFU packed and
+# unpacked, sampler decode vs the bandwidth roofline, an RL run and a 1.5B RL step on the device;
+# writes benchmarks/results/gpu-check-<device>-<date>.json + .md. Uses the machine's python3
+# (PY=... to choose); GPU_CHECK_ARGS="--tiny" runs it at CPU size.
+gpu-check:
+	PY=$${PY:-python3} bash launch/gpu_check.sh $(GPU_CHECK_ARGS)
 
 bench-rollout: venv vllm-env
 	$(PY) -m jaxrl_llm.benchmarks.rollout

@@ -1,0 +1,408 @@
+"""`make gpu-check`: one prepared command that measures the learner, the JAX sampler and an RL run
+on whatever accelerator JAX finds, and writes benchmarks/results/gpu-check-<device>-<date>.json (+ .md).
+
+    python -m jaxrl_llm.benchmarks.gpu_check [--out-dir DIR] [--budget-s 450] [--tokenizer-dir DIR]
+    python -m jaxrl_llm.benchmarks.gpu_check --tiny     # CPU, tiny shapes: the code path only
+
+Sections, run in this order while the time budget lasts (a section that would not fit is
+recorded as skipped; one that fails is recorded with its error and the rest still run; the
+result file is rewritten after every section, so a run cut short keeps what it measured):
+
+  ceilings      the device's measured bf16 matmul rate and copy bandwidth;
+  attention     cuDNN's segment-aware attention on packed rows against its mask path and a
+                float32 XLA reference (forward and gradients), GPU only;
+  learner       `Learner.update` (the real step: micro-batches, fp32 master weights, AdamW,
+                train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
+                an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
+                one sequence per row; tokens/s and MFU;
+  sampler       JAX sampler decode tokens/s and the memory-bandwidth roofline fraction
+                (`gpu_rl.sampler_decode`);
+  rl_run        an end-to-end RL run on the device (`gpu_rl.rl_end_to_end`);
+  rl_step       one full RL step at the 1.5B shape (`gpu_rl.rl_step_at_scale`).
+
+Learner FLOPs per step (the standard count, Kaplan et al. 2020 and PaLM appendix B, with the
+LM head charged only on completion tokens, which is all the learner computes it on):
+6 * N_body * tokens + 6 * D * V * completion_tokens + 12 * L * H * hd * sum_i L_i (L_i + 1) / 2,
+N_body = the matmul weights of the layers, L_i the length of sequence i. MFU = FLOPs / time /
+datasheet dense bf16 peak (`learner_gpu.PEAK_TFLOPS`); also given against the measured matmul rate.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import core
+from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
+from jaxrl_llm.models import DecoderConfig, init_params
+from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.learner import Learner
+
+REPO = Path(__file__).resolve().parents[2]
+GROUP = 8  # samples per prompt in the synthetic step batches
+
+
+# ------------------------------------------------------------------ the batch
+@dataclasses.dataclass(frozen=True)
+class LengthMix:
+    """An RL-like step: prompts of ~256 tokens, long-tailed completions (log-normal, capped)."""
+
+    prompt_low: int = 200
+    prompt_high: int = 312
+    prompt_width: int = 320
+    completion_median: float = 400.0
+    completion_sigma: float = 0.9
+    completion_width: int = 1728  # rows of 320 + 1728 = 2048 slots
+
+
+TINY_MIX = LengthMix(prompt_low=3, prompt_high=8, prompt_width=8, completion_median=6.0, completion_sigma=0.6,
+                     completion_width=24)
+
+
+def rl_length_mix(target_tokens: int, mix: LengthMix, vocab: int, seed: int = 0) -> tuple[SequenceBatch, np.ndarray]:
+    """Sequences drawn until their tokens reach `target_tokens` (a multiple of GROUP sequences),
+    laid out as `train.batch.build_sequences` does; and random 0/1 rewards [N / GROUP, GROUP]."""
+    rng = np.random.default_rng(seed)
+    prompts, completions = [], []
+    while sum(prompts) + sum(completions) < target_tokens or len(prompts) % GROUP:
+        prompts.append(int(rng.integers(mix.prompt_low, mix.prompt_high + 1)))
+        completions.append(int(np.clip(rng.lognormal(np.log(mix.completion_median), mix.completion_sigma), 4,
+                                        mix.completion_width)))
+    n, width = len(prompts), mix.prompt_width + mix.completion_width
+    tokens = np.zeros((n, width), np.int32)
+    attention = np.zeros((n, width), np.int32)
+    completion = np.zeros((n, mix.completion_width), np.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        start = mix.prompt_width - p
+        tokens[i, start:mix.prompt_width + c] = rng.integers(1, vocab, p + c)
+        attention[i, start:mix.prompt_width + c] = 1
+        completion[i, :c] = 1
+    positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
+    seq = SequenceBatch(tokens, attention, positions, completion, -2.0 * completion, np.zeros(n, bool),
+                        mix.prompt_width)
+    rewards = rng.integers(0, 2, (n // GROUP, GROUP)).astype(np.float32)
+    return seq, rewards
+
+
+def learner_flops(cfg: DecoderConfig, seq: SequenceBatch) -> dict[str, float]:
+    """The module docstring's FLOP count of one update on `seq`, and its parts."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    body = cfg.num_layers * (d * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * d
+                             + 3 * d * cfg.intermediate_size)
+    lengths = seq.attention_mask.sum(1).astype(np.float64)
+    completion = float(seq.completion_mask.sum())
+    tokens = float(lengths.sum())
+    attention = 12.0 * cfg.num_layers * cfg.num_heads * hd * float((lengths * (lengths + 1) / 2).sum())
+    total = 6.0 * body * tokens + 6.0 * d * cfg.vocab_size * completion + attention
+    return {"flops": total, "tokens": tokens, "completion_tokens": completion, "body_params": float(body),
+            "attention_flops": attention}
+
+
+# ---------------------------------------------------------------- learner rows
+def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tokens: int, steps: int,
+                mix: LengthMix, peak_tflops: float | None, ceiling_flops: float | None) -> dict[str, Any]:
+    """`Learner.update` on one RL-like step: median seconds over `steps` after a warm-up (compile)."""
+    cfg = model_config(model, mix.prompt_width + mix.completion_width)
+    seq, rewards = rl_length_mix(tokens_per_step, mix, cfg.vocab_size)
+    train_cfg = dataclasses.replace(TrainConfig(), precision="bf16", lr=1e-6, pack=pack, remat="auto",
+                                    micro_batch_tokens=micro_batch_tokens)
+    recipe = core.get_recipe("grpo")
+    batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
+                                       jnp.asarray(seq.sampler_logp))
+    learner = Learner(cfg, recipe, train_cfg, total_steps=steps + 2)
+    params = init_params(cfg, jax.random.key(0), dtype="float32")
+    holder = {"state": learner.init(params)}
+    del params
+
+    def step():
+        holder["state"], metrics = learner.update(holder["state"], seq, batch)
+        return jax.device_get(metrics)
+
+    t0 = time.perf_counter()
+    metrics = step()
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        metrics = step()
+        times.append(time.perf_counter() - t0)
+    seconds = float(np.median(times))
+    flops = learner_flops(cfg, seq)
+    achieved = flops["flops"] / seconds
+    plan = learner.plan(seq)
+    row = {"model": model, "tokens_per_step": int(flops["tokens"]), "target_tokens": tokens_per_step,
+           "sequences": int(seq.tokens.shape[0]), "pack": pack, "micro_batch_tokens": micro_batch_tokens,
+           "micro_batches_run": int(plan.used.sum()), "rows_per_micro_batch": int(plan.tokens.shape[1]),
+           "row_width": int(plan.tokens.shape[2]), "padding_fraction": float(metrics["learner_padding_fraction"]),
+           "remat": learner.remat, "remat_estimates_bytes": dict(learner.remat_choice.estimates)
+           if learner.remat_choice else {}, "seconds": seconds, "seconds_all": times, "first_step_s": compile_s,
+           "tokens_per_s": flops["tokens"] / seconds, "completion_tokens_per_s": flops["completion_tokens"] / seconds,
+           "model_tflops": achieved / 1e12, "flops_per_step": flops["flops"],
+           "mfu": None if peak_tflops is None else achieved / (peak_tflops * 1e12),
+           "fraction_of_matmul_ceiling": None if ceiling_flops is None else achieved / ceiling_flops,
+           "loss": float(metrics["loss"]), "skipped": float(metrics["skipped"])}
+    del holder, learner
+    return row
+
+
+# ----------------------------------------------------------- attention check
+def attention_check(seed: int = 0) -> dict[str, Any]:
+    """cuDNN segment-aware attention vs the cuDNN mask path vs float32 XLA, on packed bf16 rows:
+    relative errors of the output at real slots and of dq, dk, dv."""
+    from jaxrl_llm.models.decoder import causal_attention, grouped_attention
+    from jaxrl_llm.models.fused_attention import segment_spans, use_cudnn_attention
+
+    if not use_cudnn_attention(jnp.bfloat16, 128):
+        return {"skipped": f"no cuDNN attention on backend {jax.default_backend()!r}"}
+    batch, length, heads, kv_heads, hd = 2, 1024, 12, 2, 128
+    segments = np.zeros((batch, length), np.int32)
+    segments[0, :300], segments[0, 300:700], segments[0, 700:1000] = 1, 2, 3
+    segments[1, :1024] = 1
+    segments = jnp.asarray(segments)
+    keys = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(keys[0], (batch, length, heads, hd), jnp.float32)
+    k = jax.random.normal(keys[1], (batch, length, kv_heads, hd), jnp.float32)
+    v = jax.random.normal(keys[2], (batch, length, kv_heads, hd), jnp.float32)
+    cotangent = jax.random.normal(keys[3], q.shape, jnp.float32)
+    real = (segments > 0)[:, :, None, None]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    visible = causal[None] & (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
+
+    def loss(attend, q, k, v):
+        return jnp.sum(jnp.where(real, attend(q, k, v).astype(jnp.float32), 0.0) * cotangent)
+
+    def run(attend, dtype):
+        args = [x.astype(dtype) for x in (q, k, v)]
+        out = jax.jit(attend)(*args).astype(jnp.float32)
+        grads = jax.jit(jax.grad(lambda *a: loss(attend, *a), argnums=(0, 1, 2)))(*args)
+        return [jnp.where(real, out, 0.0)] + [g.astype(jnp.float32) for g in grads]
+
+    spans = segment_spans(segments, visible, 4)
+    reference = run(lambda q, k, v: grouped_attention(q, k, v, visible), jnp.float32)
+    variants = {"cudnn_segments": lambda q, k, v: causal_attention(q, k, v, spans),
+                "cudnn_mask": lambda q, k, v: causal_attention(q, k, v, visible)}
+    out: dict[str, Any] = {"shape": [batch, length, heads, kv_heads, hd], "segments": [[300, 400, 300], [1024]]}
+    for name, attend in variants.items():
+        got = run(attend, jnp.bfloat16)
+        out[name] = {part: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+                     for part, a, b in zip(("out", "dq", "dk", "dv"), got, reference)}
+        times = []
+        fn = jax.jit(jax.grad(lambda *a, attend=attend: loss(attend, *a), argnums=(0, 1, 2)))
+        args = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+        jax.block_until_ready(fn(*args))
+        for _ in range(20):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - t0)
+        out[name]["fwd_bwd_ms"] = 1e3 * float(np.median(times))
+    return out
+
+
+def copy_bandwidth(n_bytes: int = 2 ** 31, repeats: int = 10) -> float:
+    """Bytes/s of a device-to-device copy (bytes read + written), median of `repeats`."""
+    x = jnp.ones((n_bytes // 4,), jnp.float32) * 1.5
+    copy = jax.jit(lambda a: a * 1.0 + 0.0)
+    jax.block_until_ready(copy(x))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(copy(x))
+        times.append(time.perf_counter() - t0)
+    return 2.0 * x.size * 4 / float(np.median(times))
+
+
+# -------------------------------------------------------------------- driver
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or os.environ.get("GPU_CHECK_COMMIT", "unknown")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("GPU_CHECK_COMMIT", "unknown")
+
+
+def device_slug(kind: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in kind.lower()).strip("-").replace("--", "-") or "device"
+
+
+class Report:
+    """The result file, rewritten after every section."""
+
+    def __init__(self, out_dir: Path, tiny: bool, budget_s: float):
+        device = jax.devices()[0]
+        self.start = time.time()
+        self.budget_s = budget_s
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        kind = device.device_kind if device.platform != "cpu" else f"cpu-{platform.machine()}"
+        self.path = out_dir / f"gpu-check-{device_slug(kind)}{'-tiny' if tiny else ''}-{date}.json"
+        self.data: dict[str, Any] = {
+            "device": kind, "platform": device.platform, "date": date, "commit": git_commit(), "tiny": tiny,
+            "jax": jax.__version__, "budget_s": budget_s, "sections": {}, "learner": [],
+            "learner_flop_formula": "6*N_body*tokens + 6*D*V*completion_tokens + 12*L*H*hd*sum_i L_i(L_i+1)/2 "
+                                    "(LM head on completion tokens only; no recompute counted)"}
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def section(self, name: str, estimate_s: float, fn: Callable[[], Any]) -> Any:
+        """Run fn if `estimate_s` fits the remaining budget; record its result, error or skip."""
+        if self.elapsed() + estimate_s > self.budget_s:
+            self.data["sections"][name] = {"status": "skipped", "reason": f"needs ~{estimate_s:.0f} s, "
+                                           f"{self.budget_s - self.elapsed():.0f} s left of the budget"}
+            print(f"[gpu-check] {name}: skipped (time budget)", flush=True)
+            self.write()
+            return None
+        print(f"[gpu-check] {name} (t={self.elapsed():.0f} s) ...", flush=True)
+        t0 = time.time()
+        try:
+            result = fn()
+            self.data["sections"][name] = {"status": "ok", "wall_s": time.time() - t0}
+        except Exception as error:  # noqa: BLE001 -- a failed section is a result too; the rest still runs
+            result = None
+            self.data["sections"][name] = {"status": "failed", "wall_s": time.time() - t0,
+                                           "error": f"{type(error).__name__}: {error}"[:2000],
+                                           "traceback": traceback.format_exc()[-4000:]}
+            print(f"[gpu-check] {name} FAILED: {type(error).__name__}: {error}"[:600], flush=True)
+        self.write()
+        return result
+
+    def write(self) -> None:
+        self.data["wall_s"] = self.elapsed()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=float))
+        os.replace(tmp, self.path)
+        self.path.with_suffix(".md").write_text(markdown(self.data))
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f} %"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The result file as tables (the README's accelerator table is generated from the JSON)."""
+    lines = [f"# gpu-check: {data['device']}, {data['date']}, commit {data['commit']}", "",
+             f"jax {data['jax']}; wall {data.get('wall_s', 0):.0f} s of a {data['budget_s']:.0f} s budget.", ""]
+    ceilings = data.get("ceilings") or {}
+    if ceilings:
+        lines += [f"Measured: bf16 matmul {ceilings.get('matmul_tflops', 0):.0f} TFLOP/s, copy "
+                  f"{ceilings.get('copy_gb_s', 0):.0f} GB/s; datasheet bf16 peak {ceilings.get('peak_tflops')}.", ""]
+    if data["learner"]:
+        lines += ["## Learner (`Learner.update`, bf16, RL length mix)", "",
+                  f"FLOPs: {data['learner_flop_formula']}", "",
+                  "| model | tokens/step | layout | padding | remat | s/step | tokens/s | TFLOP/s | MFU | of matmul |",
+                  "|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+        for r in data["learner"]:
+            lines.append(f"| {r['model']} | {r['tokens_per_step']} | {'packed' if r['pack'] else 'one per row'} | "
+                         f"{_pct(r['padding_fraction'])} | {r['remat']} | {r['seconds']:.3f} | "
+                         f"{r['tokens_per_s']:.0f} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
+                         f"{_pct(r['fraction_of_matmul_ceiling'])} |")
+        lines.append("")
+    for name in ("attention", "sampler", "rl_run", "rl_step"):
+        if data.get(name) is not None:
+            lines += [f"## {name}", "", "```json", json.dumps(data[name], indent=1, default=float)[:6000], "```", ""]
+    lines += ["## Sections", "", "| section | status | wall s | note |", "|---|---|---:|---|"]
+    for name, s in data["sections"].items():
+        note = s.get("error") or s.get("reason") or ""
+        lines.append(f"| {name} | {s['status']} | {s.get('wall_s', 0):.1f} | {note[:200]} |")
+    return "\n".join(lines) + "\n"
+
+
+def learner_plan(tiny: bool) -> list[tuple[str, int, bool, float]]:
+    """(model, tokens per step, pack, estimated seconds) in the order they run."""
+    if tiny:
+        return [("tiny", 256, True, 5), ("tiny", 256, False, 5)]
+    return [("qwen2.5-1.5b", 65536, True, 60), ("qwen2.5-1.5b", 65536, False, 75),
+            ("qwen2.5-1.5b", 16384, True, 40), ("qwen2.5-1.5b", 16384, False, 45),
+            ("qwen2.5-0.5b", 65536, True, 35), ("qwen2.5-0.5b", 65536, False, 45),
+            ("qwen2.5-0.5b", 16384, True, 25), ("qwen2.5-0.5b", 16384, False, 25)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this")
+    parser.add_argument("--tiny", action="store_true", help="CPU-sized shapes: the code path only")
+    parser.add_argument("--tokenizer-dir", default=None, help="tokenizer files for the RL run (default: SmolLM2's)")
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=2, help="timed learner steps per row (after a warm-up)")
+    parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.budget_s <= 0:
+        parser.error(f"--steps ({args.steps}) must be >= 1 and --budget-s ({args.budget_s}) > 0")
+    only = None if args.only is None else set(args.only.split(","))
+    report = Report(Path(args.out_dir), args.tiny, args.budget_s)
+    print(f"[gpu-check] devices: {jax.devices()} -> {report.path}", flush=True)
+    wanted = lambda name: only is None or name in only  # noqa: E731
+    mix = TINY_MIX if args.tiny else LengthMix()
+    micro_tokens = 2 * (mix.prompt_width + mix.completion_width) if args.tiny else args.micro_batch_tokens
+    peak = datasheet_peak(report.data["device"], "bf16")
+    ceilings: dict[str, Any] = {"peak_tflops": peak}
+
+    def measure_ceilings():
+        ceilings["matmul_tflops"] = matmul_ceiling("bfloat16", 256 if args.tiny else 8192, 5) / 1e12
+        ceilings["copy_gb_s"] = copy_bandwidth(2 ** 22 if args.tiny else 2 ** 31) / 1e9
+        report.data["ceilings"] = ceilings
+        return ceilings
+
+    if wanted("ceilings"):
+        report.section("ceilings", 10, measure_ceilings)
+    if wanted("attention"):
+        report.data["attention"] = report.section("attention", 20, attention_check)
+    def gpu_rl():  # imported by the sections that use it: an import error fails those sections only
+        from jaxrl_llm.benchmarks import gpu_rl as module
+        return module
+
+    tokenizer_dir = args.tokenizer_dir
+    runs: list[tuple[str, float, Callable[[], Any]]] = []
+    for model, tokens, pack, estimate in learner_plan(args.tiny)[:2]:
+        runs.append((f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
+                     _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings)))
+    runs.append(("sampler", 20 if args.tiny else 70, lambda: [
+        gpu_rl().sampler_decode("tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512, tiny=args.tiny)
+        for batch in ((4, 8) if args.tiny else (64, 256))]))
+    runs.append(("rl_run", 120 if args.tiny else 150, lambda: gpu_rl().rl_end_to_end(
+        Path(args.out_dir) / "rl_run_work", tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
+    runs.append(("rl_step", 20 if args.tiny else 70, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny)))
+    for model, tokens, pack, estimate in learner_plan(args.tiny)[2:]:
+        runs.append((f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
+                     _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings)))
+    for name, estimate, job in runs:
+        group = name.split(":")[0]
+        if not wanted(group):
+            continue
+        result = report.section(name, estimate, job)
+        if group in ("sampler", "rl_run", "rl_step"):
+            report.data[group] = result
+            report.write()
+    print(report.path.with_suffix(".md").read_text(), flush=True)
+    return 0
+
+
+def _learner_job(report: Report, model, tokens, pack, micro_tokens, steps, mix, peak, ceilings):
+    def job():
+        ceiling = ceilings.get("matmul_tflops")
+        row = learner_row(model, tokens, pack, micro_batch_tokens=micro_tokens, steps=steps, mix=mix,
+                          peak_tflops=peak, ceiling_flops=None if ceiling is None else ceiling * 1e12)
+        report.data["learner"].append(row)
+        print(f"[gpu-check]   {model} {row['tokens_per_step']} tok {'packed' if pack else 'rows'}: "
+              f"{row['seconds']:.3f} s/step, {row['tokens_per_s']:.0f} tok/s, MFU {_pct(row['mfu'])}, "
+              f"padding {_pct(row['padding_fraction'])}, remat {row['remat']}", flush=True)
+        return row
+    return job
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
