@@ -1,0 +1,36 @@
+"""The README's accelerator table comes from the committed gpu-check result files: rows built
+from a hand-written result, tiny CPU runs left out, and the README's table equal to the generated one."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxrl_llm.reports import accelerator_table as at
+
+
+def result(tiny: bool = False) -> dict:
+    return {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "commit": "abc1234", "tiny": tiny,
+            "learner": [{"model": "qwen2.5-1.5b", "tokens_per_step": 65536, "pack": True, "padding_fraction": 0.05,
+                         "remat": "off", "tokens_per_s": 30000.4, "mfu": 0.4}],
+            "sampler": [], "rl_run": None, "rl_step": None}
+
+
+def test_rows_name_device_date_commit(tmp_path):
+    (tmp_path / "gpu-check-h100-2026-11-26.json").write_text(json.dumps(result()))
+    (tmp_path / "gpu-check-cpu-tiny-2026-11-26.json").write_text(json.dumps(result(tiny=True) | {"device": "cpu"}))
+    text = at.table(at.load_results(tmp_path))
+    assert "| NVIDIA H100 80GB HBM3 | 2026-11-26 | abc1234 | qwen2.5-1.5b | 65536 | packed | 5.0 % | off | 30,000 | 40.0 % |" \
+        in text
+    assert "| cpu |" not in text
+
+
+def test_markers_are_required(tmp_path):
+    with pytest.raises(ValueError, match="no accelerator-table markers"):
+        at.replace_between_markers("# readme\n", "x")
+    text = f"a\n{at.START}\nold\n{at.END}\nb\n"
+    assert at.replace_between_markers(text, "new") == f"a\n{at.START}\nnew\n{at.END}\nb\n"
+
+
+def test_readme_table_is_the_generated_one():
+    assert at.main(["--check"]) == 0
