@@ -47,11 +47,13 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
 from jaxrl_llm.models import DecoderConfig, init_params
+from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
 from jaxrl_llm.train.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learner import Learner
 
 REPO = Path(__file__).resolve().parents[2]
+SEGMENT_TOLERANCE = 2e-2  # relative error vs float32 that bf16 attention stays well under (METHOD: 1e-3..1e-2)
 GROUP = 8  # samples per prompt in the synthetic step batches
 
 
@@ -360,7 +362,14 @@ def main(argv=None) -> int:
     if wanted("ceilings"):
         report.section("ceilings", 10, measure_ceilings)
     if wanted("attention"):
-        report.data["attention"] = report.section("attention", 20, attention_check)
+        attention = report.data["attention"] = report.section("attention", 20, attention_check)
+        errors = (attention or {}).get("cudnn_segments", {})
+        if attention is None or ("skipped" not in attention and not all(
+                errors.get(part, 1.0) < SEGMENT_TOLERANCE for part in ("out", "dq", "dk", "dv"))):
+            # the segment-aware call failed or disagrees: the learner rows use the mask path
+            os.environ[SEGMENTS_SWITCH] = "0"
+            report.data["cudnn_segments_disabled"] = True
+            report.write()
     def gpu_rl():  # imported by the sections that use it: an import error fails those sections only
         from jaxrl_llm.benchmarks import gpu_rl as module
         return module
