@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import subprocess
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -382,8 +383,9 @@ def main(argv=None) -> int:
     runs.append(("sampler", 20 if args.tiny else 70, lambda: [
         gpu_rl().sampler_decode("tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512, tiny=args.tiny)
         for batch in ((4, 8) if args.tiny else (64, 256))]))
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_rl_"))  # the RL run's model and run folders, not results
     runs.append(("rl_run", 120 if args.tiny else 150, lambda: gpu_rl().rl_end_to_end(
-        Path(args.out_dir) / "rl_run_work", tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
+        work, tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
     runs.append(("rl_step", 20 if args.tiny else 70, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny)))
     for model, tokens, pack, estimate in learner_plan(args.tiny)[2:]:
         runs.append((f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,

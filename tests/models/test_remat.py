@@ -81,6 +81,6 @@ def test_bad_remat_names_fail_naming_the_valid_ones():
     params, tokens = _params_and_tokens()
     with pytest.raises(ValueError, match="remat='everything' is invalid"):
         forward(params, CFG, tokens, remat="everything")
-    with pytest.raises(ConfigError, match=r"train.remat = 'dot' .*valid: one of 'off', 'dots', 'full'; did you mean 'dots'"):
+    with pytest.raises(ConfigError, match=r"train.remat = 'dot' .*valid: one of 'off', 'dots', 'full', 'auto'; did you mean 'dots'"):
         apply_overrides(Config(), ["train.remat=dot"])
     assert apply_overrides(Config(), ["train.remat=dots"]).train.remat == "dots"
