@@ -55,24 +55,23 @@ def table(results: list[dict[str, Any]]) -> str:
                        f"{row.get('batch')} x {row.get('new_tokens')} | {_num(row.get('decode_tokens_per_s'), ',.0f')} | "
                        f"{_pct(row.get('roofline_fraction'))} |")
     out += ["", "**RL on the device** (JAX sampler + learner in one process)", "",
-            "| device | date | commit | run | result | step split (s): sample / learn / sync |", "|---|---|---|---|---|---|"]
+            "| device | date | commit | run | result | step split (s): sample(+grade) / learn / sync |", "|---|---|---|---|---|---|"]
     for r in results:
         run = r.get("rl_run")
         if run:
-            before, after = run.get("heldout_before", {}), run.get("heldout_after", {})
-            split = run.get("step_time_split_s", {})
-            out.append(f"| {r['device']} | {r['date']} | {r['commit']} | {run.get('steps')} steps, 1-digit addition | "
-                       f"held-out success {_pct(before.get('rate'))} -> {_pct(after.get('rate'))} "
-                       f"(p = {_num(run.get('p_value'), '.1e')}) | "
-                       f"{_num(split.get('sample'), '.2f')} / {_num(split.get('learn'), '.2f')} / "
-                       f"{_num(split.get('sync'), '.3f')} |")
+            split = run.get("time_split_median_s", {})
+            out.append(f"| {r['device']} | {r['date']} | {r['commit']} | {run.get('rl_steps')} steps, 1-digit addition, "
+                       f"model trained from scratch on the format first | held-out success "
+                       f"{_pct(run.get('success_before'))} -> {_pct(run.get('success_after'))} "
+                       f"(two-proportion p = {_num(run.get('p_value_two_sided'), '.1e')}) | "
+                       f"{_num(split.get('wait_s'), '.2f')} / {_num(split.get('learn_s'), '.2f')} / "
+                       f"{_num(split.get('sync_s'), '.3f')} |")
         step = r.get("rl_step")
         if step:
-            split = step.get("split_s", {})
-            out.append(f"| {r['device']} | {r['date']} | {r['commit']} | one step at {step.get('shape')}, "
-                       f"{step.get('batch')} x {step.get('new_tokens')} new tokens | total "
-                       f"{_num(step.get('total_s'), '.2f')} s | {_num(split.get('sample'), '.2f')} / "
-                       f"{_num(split.get('learn'), '.2f')} / {_num(split.get('sync'), '.3f')} |")
+            out.append(f"| {r['device']} | {r['date']} | {r['commit']} | one step at {step.get('shape')} (random "
+                       f"weights), {step.get('batch')} x {step.get('new_tokens')} new tokens | "
+                       f"{_num(step.get('step_s'), '.2f')} s per step | {_num(step.get('sample_s'), '.2f')} / "
+                       f"{_num(step.get('learn_s'), '.2f')} / {_num(step.get('sync_s'), '.3f')} |")
     return "\n".join(out)
 
 
