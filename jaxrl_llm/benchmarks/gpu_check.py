@@ -377,19 +377,18 @@ def main(argv=None) -> int:
 
     tokenizer_dir = args.tokenizer_dir
     runs: list[tuple[str, float, Callable[[], Any]]] = []
-    for model, tokens, pack, estimate in learner_plan(args.tiny)[:2]:
-        runs.append((f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
-                     _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings)))
-    runs.append(("sampler", 20 if args.tiny else 70, lambda: [
-        gpu_rl().sampler_decode("tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512, tiny=args.tiny)
-        for batch in ((4, 8) if args.tiny else (64, 256))]))
+    learner_jobs = [(f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
+                     _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings))
+                    for model, tokens, pack, estimate in learner_plan(args.tiny)]
     work = Path(tempfile.mkdtemp(prefix="gpu_check_rl_"))  # the RL run's model and run folders, not results
-    runs.append(("rl_run", 120 if args.tiny else 150, lambda: gpu_rl().rl_end_to_end(
+    runs += learner_jobs[:2]
+    runs.append(("rl_run", 120 if args.tiny else 120, lambda: gpu_rl().rl_end_to_end(
         work, tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
-    runs.append(("rl_step", 20 if args.tiny else 70, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny)))
-    for model, tokens, pack, estimate in learner_plan(args.tiny)[2:]:
-        runs.append((f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
-                     _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings)))
+    runs.append(("sampler", 20 if args.tiny else 100, lambda: [
+        gpu_rl().sampler_decode("tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512,
+                                tiny=args.tiny, repeats=1) for batch in ((4, 8) if args.tiny else (64, 256))]))
+    runs.append(("rl_step", 20 if args.tiny else 80, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny, remat="auto")))
+    runs += learner_jobs[2:]
     for name, estimate, job in runs:
         group = name.split(":")[0]
         if not wanted(group):
