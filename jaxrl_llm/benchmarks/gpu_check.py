@@ -229,6 +229,8 @@ def copy_bandwidth(n_bytes: int = 2 ** 31, repeats: int = 10) -> float:
 
 # -------------------------------------------------------------------- driver
 def git_commit() -> str:
+    if os.environ.get("GPU_CHECK_COMMIT"):  # set by launch/gpu_check.sh where the copy has no usable .git
+        return os.environ["GPU_CHECK_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               timeout=10).stdout.strip() or os.environ.get("GPU_CHECK_COMMIT", "unknown")
@@ -243,13 +245,13 @@ def device_slug(kind: str) -> str:
 class Report:
     """The result file, rewritten after every section."""
 
-    def __init__(self, out_dir: Path, tiny: bool, budget_s: float):
+    def __init__(self, out_dir: Path, tiny: bool, budget_s: float, tag: str = ""):
         device = jax.devices()[0]
         self.start = time.time()
         self.budget_s = budget_s
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
         kind = device.device_kind if device.platform != "cpu" else f"cpu-{platform.machine()}"
-        self.path = out_dir / f"gpu-check-{device_slug(kind)}{'-tiny' if tiny else ''}-{date}.json"
+        self.path = out_dir / f"gpu-check-{device_slug(kind)}{'-tiny' if tiny else ''}-{date}{tag}.json"
         self.data: dict[str, Any] = {
             "device": kind, "platform": device.platform, "date": date, "commit": git_commit(), "tiny": tiny,
             "jax": jax.__version__, "budget_s": budget_s, "sections": {}, "learner": [],
@@ -341,14 +343,16 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer-dir", default=None, help="tokenizer files for the RL run (default: SmolLM2's)")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=2, help="timed learner steps per row (after a warm-up)")
-    parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")
+    parser.add_argument("--only", default=None, help="comma-separated sections (or learner rows, e.g. "
+                        "learner:qwen2.5-0.5b:16384:packed) to run (default: all)")
+    parser.add_argument("--tag", default="", help="appended to the result file's name (a second run the same day)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.budget_s <= 0:
         parser.error(f"--steps ({args.steps}) must be >= 1 and --budget-s ({args.budget_s}) > 0")
     only = None if args.only is None else set(args.only.split(","))
-    report = Report(Path(args.out_dir), args.tiny, args.budget_s)
+    report = Report(Path(args.out_dir), args.tiny, args.budget_s, args.tag)
     print(f"[gpu-check] devices: {jax.devices()} -> {report.path}", flush=True)
-    wanted = lambda name: only is None or name in only  # noqa: E731
+    wanted = lambda name: only is None or name in only or name.split(":")[0] in only  # noqa: E731
     mix = TINY_MIX if args.tiny else LengthMix()
     micro_tokens = 2 * (mix.prompt_width + mix.completion_width) if args.tiny else args.micro_batch_tokens
     peak = datasheet_peak(report.data["device"], "bf16")
@@ -391,7 +395,7 @@ def main(argv=None) -> int:
     runs += learner_jobs[2:]
     for name, estimate, job in runs:
         group = name.split(":")[0]
-        if not wanted(group):
+        if not wanted(name):
             continue
         result = report.section(name, estimate, job)
         if group in ("sampler", "rl_run", "rl_step"):

@@ -69,20 +69,31 @@ class SegmentSpans(NamedTuple):
     """Packed rows as cuDNN takes them, plus the dense mask for every other path."""
 
     visible: jax.Array  # bool [B, T, T]: causal within equal non-zero segment ids
-    lengths: jax.Array  # int32 [B, M]: tokens of the row's m-th segment, -1 where the row has fewer
-    offsets: jax.Array  # int32 [B, M + 1]: slot where the m-th segment starts, -1 where none
+    lengths: jax.Array  # int32 [B, M + 1]: tokens of the row's m-th segment (the padding run last), -1 after
+    offsets: jax.Array  # int32 [B, M + 2]: slot where the m-th segment starts, -1 where none
     real: jax.Array  # bool [B, T]: slot holds a token (segment id > 0)
 
 
 def segment_spans(segment_ids: jax.Array, visible: jax.Array, max_segments: int) -> SegmentSpans:
-    """The spans of segment ids 1..max_segments in each row (each a contiguous run; 0 = padding)."""
+    """The spans of rows holding segments 1, 2, ..., K back to back from slot 0 and padding (id 0)
+    after them (the learner's packed rows, `train.packing`), K <= max_segments. The padding run is
+    given to cuDNN as one more segment, so every slot belongs to a segment (its outputs are zeroed
+    afterwards): left outside every segment, cuDNN's backward pass returned NaN key and value
+    gradients there (H100, jax 0.11.2)."""
     ids = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
     member = segment_ids[:, :, None] == ids[None, None, :]  # [B, T, M]
     lengths = member.sum(1).astype(jnp.int32)
     starts = jnp.argmax(member, axis=1).astype(jnp.int32)
-    present = lengths > 0
-    lengths = jnp.where(present, lengths, -1)
-    offsets = jnp.concatenate([jnp.where(present, starts, -1), jnp.full_like(starts[:, :1], -1)], axis=1)
+    count = (lengths > 0).sum(1, keepdims=True)  # K per row
+    filled = lengths.sum(1, keepdims=True)
+    padding = segment_ids.shape[1] - filled
+    slot = jnp.arange(max_segments + 1)[None, :]
+    real_lengths = jnp.pad(lengths, ((0, 0), (0, 1)))
+    real_starts = jnp.pad(starts, ((0, 0), (0, 1)))
+    is_padding = (slot == count) & (padding > 0)
+    lengths = jnp.where(slot < count, real_lengths, jnp.where(is_padding, padding, -1)).astype(jnp.int32)
+    offsets = jnp.where(slot < count, real_starts, jnp.where(is_padding, filled, -1)).astype(jnp.int32)
+    offsets = jnp.concatenate([offsets, jnp.full_like(offsets[:, :1], -1)], axis=1)
     return SegmentSpans(visible, lengths, offsets, segment_ids > 0)
 
 

@@ -136,15 +136,17 @@ def test_cudnn_attention_only_where_the_kernel_applies():
 
 
 def test_segment_spans_by_hand():
-    """Rows [1 1 1 2 2 0] and [1 2 3 3 0 0] (0 = padding): lengths and start offsets of segments
-    1..4 as cuDNN's ragged layout takes them (-1 where a row has fewer segments)."""
+    """Rows [1 1 1 2 2 0], [1 2 3 3 0 0] and [1 1 1 1 1 1] (0 = padding): lengths and start offsets
+    of segments 1..4 as cuDNN's ragged layout takes them, the padding run as one more segment after
+    the row's own (-1 where a row has fewer)."""
     from jaxrl_llm.models.fused_attention import segment_spans
 
-    segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 2, 3, 3, 0, 0]], jnp.int32)
-    visible = jnp.ones((2, 6, 6), bool)
+    segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 2, 3, 3, 0, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    visible = jnp.ones((3, 6, 6), bool)
     spans = segment_spans(segments, visible, 4)
-    np.testing.assert_array_equal(spans.lengths, [[3, 2, -1, -1], [1, 1, 2, -1]])
-    np.testing.assert_array_equal(spans.offsets, [[0, 3, -1, -1, -1], [0, 1, 2, -1, -1]])
+    np.testing.assert_array_equal(spans.lengths, [[3, 2, 1, -1, -1], [1, 1, 2, 2, -1], [6, -1, -1, -1, -1]])
+    np.testing.assert_array_equal(spans.offsets, [[0, 3, 5, -1, -1, -1], [0, 1, 2, 4, -1, -1],
+                                                  [0, -1, -1, -1, -1, -1]])
     np.testing.assert_array_equal(spans.real, segments > 0)
 
 
