@@ -50,6 +50,7 @@ from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_mode, remat_setting
 from jaxrl_llm.train import critic as critic_lib
 from jaxrl_llm.train import packing
+from jaxrl_llm.train.distributed import gather_to_host
 from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
 
@@ -260,7 +261,10 @@ class Learner:
             budget = min(self.train_cfg.micro_batch_size, seq.tokens.shape[0]) * width
         data_parallel = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
         rows = packing.rows_per_micro_batch(budget, width, data_parallel)
-        return packing.plan_rows(seq.tokens, seq.attention_mask, seq.prompt_width, rows_per_micro=rows,
+        tokens, attention_mask = seq.tokens, seq.attention_mask
+        if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (tokens, attention_mask)):
+            tokens, attention_mask = gather_to_host((tokens, attention_mask))  # rows over processes: collective
+        return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
                                  pack=self.train_cfg.pack)
 
     def _device_rows(self, plan: packing.RowPlan) -> DeviceRows:
