@@ -292,6 +292,13 @@ class Report:
         self.path.with_suffix(".md").write_text(markdown(self.data))
 
 
+def attention_path(data: dict[str, Any]) -> str:
+    """Which attention the run's packed learner rows took on the device."""
+    if data.get("platform") == "cpu":
+        return "XLA (CPU)"
+    return "cuDNN with a dense mask" if data.get("cudnn_segments_disabled") else "cuDNN segment spans"
+
+
 def _pct(x) -> str:
     return "" if x is None else f"{100 * x:.1f} %"
 
@@ -299,7 +306,11 @@ def _pct(x) -> str:
 def markdown(data: dict[str, Any]) -> str:
     """The result file as tables (the README's accelerator table is generated from the JSON)."""
     lines = [f"# gpu-check: {data['device']}, {data['date']}, commit {data['commit']}", "",
-             f"jax {data['jax']}; wall {data.get('wall_s', 0):.0f} s of a {data['budget_s']:.0f} s budget.", ""]
+             f"jax {data['jax']}; wall {data.get('wall_s', 0):.0f} s of a {data['budget_s']:.0f} s budget; "
+             f"packed rows' attention: {attention_path(data)}.", ""]
+    for key in ("commit_note", "notes"):
+        if data.get(key):
+            lines += [f"Note: {data[key]}", ""]
     ceilings = data.get("ceilings") or {}
     if ceilings:
         lines += [f"Measured: bf16 matmul {ceilings.get('matmul_tflops', 0):.0f} TFLOP/s, copy "

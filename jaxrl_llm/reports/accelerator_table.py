@@ -24,7 +24,7 @@ def load_results(folder: Path) -> list[dict[str, Any]]:
     """The non-tiny gpu-check result files in `folder`, oldest first."""
     files = sorted(folder.glob("gpu-check-*.json"))
     results = [json.loads(f.read_text()) | {"file": f.name} for f in files]
-    return sorted((r for r in results if not r.get("tiny")), key=lambda r: (r["date"], r["file"]))
+    return sorted((r for r in results if not r.get("tiny")), key=lambda r: (r["date"], Path(r["file"]).stem))
 
 
 def _pct(x) -> str:
@@ -38,14 +38,17 @@ def _num(x, fmt: str) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     """Markdown: a learner table, a sampler table and an RL table over all result files."""
     out = ["**Learner** (`Learner.update`, bf16, random weights, RL length mix: prompts ~256 tokens, "
-           "log-normal completions; MFU against the datasheet dense bf16 peak)", "",
-           "| device | date | commit | model | tokens/step | layout | padding | remat | tokens/s | MFU |",
-           "|---|---|---|---|---:|---|---:|---|---:|---:|"]
+           "log-normal completions; MFU against the datasheet dense bf16 peak; attention: cuDNN with a dense "
+           "mask, or cuDNN given each packed row's segment spans)", "",
+           "| device | date | commit | model | tokens/step | layout | attention | padding | remat | tokens/s | MFU |",
+           "|---|---|---|---|---:|---|---|---:|---|---:|---:|"]
     for r in results:
         for row in r.get("learner", []):
+            attention = "mask" if r.get("cudnn_segments_disabled") else "segments"
             out.append(f"| {r['device']} | {r['date']} | {r['commit']} | {row['model']} | {row['tokens_per_step']} | "
-                       f"{'packed' if row['pack'] else 'one per row'} | {_pct(row['padding_fraction'])} | "
-                       f"{row['remat']} | {row['tokens_per_s']:,.0f} | {_pct(row['mfu'])} |")
+                       f"{'packed' if row['pack'] else 'one per row'} | {attention if row['pack'] else 'mask'} | "
+                       f"{_pct(row['padding_fraction'])} | {row['remat']} | {row['tokens_per_s']:,.0f} | "
+                       f"{_pct(row['mfu'])} |")
     out += ["", "**JAX sampler decode** (random weights, every row decodes all new tokens)", "",
             "| device | date | commit | model | batch x new tokens | decode tokens/s | of bandwidth roofline |",
             "|---|---|---|---|---|---:|---:|"]
@@ -55,7 +58,7 @@ def table(results: list[dict[str, Any]]) -> str:
                        f"{row.get('batch')} x {row.get('new_tokens')} | {_num(row.get('decode_tokens_per_s'), ',.0f')} | "
                        f"{_pct(row.get('roofline_fraction'))} |")
     out += ["", "**RL on the device** (JAX sampler + learner in one process)", "",
-            "| device | date | commit | run | result | step split (s): sample(+grade) / learn / sync |", "|---|---|---|---|---|---|"]
+            "| device | date | commit | run | result | step split (s): sample / learn / sync |", "|---|---|---|---|---|---|"]
     for r in results:
         run = r.get("rl_run")
         if run:
@@ -64,8 +67,9 @@ def table(results: list[dict[str, Any]]) -> str:
                        f"model trained from scratch on the format first | held-out success "
                        f"{_pct(run.get('success_before'))} -> {_pct(run.get('success_after'))} "
                        f"(two-proportion p = {_num(run.get('p_value_two_sided'), '.1e')}) | "
-                       f"{_num(split.get('wait_s'), '.2f')} / {_num(split.get('learn_s'), '.2f')} / "
-                       f"{_num(split.get('sync_s'), '.3f')} |")
+                       f"{_num(split.get('rollout_s'), '.3f')} / {_num(split.get('learn_s'), '.3f')} / "
+                       f"{_num(split.get('sync_s'), '.4f')} (median step {_num(split.get('step_s'), '.3f')}; "
+                       f"the sampling of step k+1 overlaps step k's bookkeeping) |")
         step = r.get("rl_step")
         if step:
             out.append(f"| {r['device']} | {r['date']} | {r['commit']} | one step at {step.get('shape')} (random "

@@ -20,8 +20,8 @@ def test_rows_name_device_date_commit(tmp_path):
     (tmp_path / "gpu-check-h100-2026-11-26.json").write_text(json.dumps(result()))
     (tmp_path / "gpu-check-cpu-tiny-2026-11-26.json").write_text(json.dumps(result(tiny=True) | {"device": "cpu"}))
     text = at.table(at.load_results(tmp_path))
-    assert "| NVIDIA H100 80GB HBM3 | 2026-11-26 | abc1234 | qwen2.5-1.5b | 65536 | packed | 5.0 % | off | 30,000 | 40.0 % |" \
-        in text
+    assert "| NVIDIA H100 80GB HBM3 | 2026-11-26 | abc1234 | qwen2.5-1.5b | 65536 | packed | segments | 5.0 % | off | " \
+        "30,000 | 40.0 % |" in text
     assert "| cpu |" not in text
 
 
