@@ -55,7 +55,10 @@ def test_a_failing_section_is_recorded_and_the_run_goes_on(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_tiny_run_writes_every_section(tmp_path):
-    assert gpu_check.main(["--tiny", "--out-dir", str(tmp_path)]) == 0
+    """Every section but the RL run, which tests/launch/test_gpu_rl_tiny.py runs through the same
+    function (`gpu_rl.rl_end_to_end`) and which is the slowest at tiny size (~2 min on 2 cores)."""
+    sections = "ceilings,attention,learner,sampler,rl_step"
+    assert gpu_check.main(["--tiny", "--out-dir", str(tmp_path), "--only", sections]) == 0
     (path,) = tmp_path.glob("gpu-check-*-tiny-*.json")
     data = json.loads(path.read_text())
     failed = {k: v.get("error") for k, v in data["sections"].items() if v["status"] != "ok"}
@@ -63,6 +66,6 @@ def test_tiny_run_writes_every_section(tmp_path):
     rows = {r["pack"]: r for r in data["learner"]}
     assert rows[True]["padding_fraction"] < rows[False]["padding_fraction"]
     assert rows[True]["flops_per_step"] == rows[False]["flops_per_step"]  # the same work, laid out differently
-    for name in ("sampler", "rl_run", "rl_step"):
+    for name in ("sampler", "rl_step"):
         assert data[name] is not None, name
     assert "| tiny |" in path.with_suffix(".md").read_text()
