@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -326,6 +327,18 @@ def markdown(data: dict[str, Any]) -> str:
                          f"{r['tokens_per_s']:.0f} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
                          f"{_pct(r['fraction_of_matmul_ceiling'])} |")
         lines.append("")
+    torch_result = data.get("torch")
+    if torch_result:
+        lines += ["## PyTorch reference (same batch, one sequence per row; `benchmarks/torch_learner.py`)", "",
+                  "| model | tokens/step | mode | s/step | tokens/s | MFU | JAX one per row / torch (tokens/s) |",
+                  "|---|---:|---|---:|---:|---:|---:|"]
+        jax_row = next((r for r in data["learner"] if r["model"] == torch_result["model"] and not r["pack"]
+                        and r["target_tokens"] == torch_result["target_tokens"]), None)
+        for run in torch_result["runs"]:
+            ratio = "" if jax_row is None else f"{jax_row['tokens_per_s'] / run['tokens_per_s']:.2f}x"
+            lines.append(f"| {torch_result['model']} | {torch_result['tokens_per_step']} | {run['mode']} | "
+                         f"{run['seconds']:.3f} | {run['tokens_per_s']:.0f} | {_pct(run.get('mfu'))} | {ratio} |")
+        lines += ["", f"torch {torch_result['runs'][0]['torch']}: {torch_result['runs'][0]['matmul_precision']}.", ""]
     for name in ("attention", "sampler", "rl_run", "rl_step"):
         if data.get(name) is not None:
             lines += [f"## {name}", "", "```json", json.dumps(data[name], indent=1, default=float)[:6000], "```", ""]
@@ -340,8 +353,8 @@ def learner_plan(tiny: bool) -> list[tuple[str, int, bool, float]]:
     """(model, tokens per step, pack, estimated seconds) in the order they run."""
     if tiny:
         return [("tiny", 256, True, 5), ("tiny", 256, False, 5)]
-    return [("qwen2.5-1.5b", 65536, True, 60), ("qwen2.5-1.5b", 65536, False, 75),
-            ("qwen2.5-1.5b", 16384, True, 40), ("qwen2.5-1.5b", 16384, False, 45),
+    return [("qwen2.5-1.5b", 65536, True, 30), ("qwen2.5-1.5b", 65536, False, 30),
+            ("qwen2.5-1.5b", 16384, False, 15), ("qwen2.5-1.5b", 16384, True, 15),
             ("qwen2.5-0.5b", 65536, True, 35), ("qwen2.5-0.5b", 65536, False, 45),
             ("qwen2.5-0.5b", 16384, True, 25), ("qwen2.5-0.5b", 16384, False, 25)]
 
@@ -361,7 +374,17 @@ def main(argv=None) -> int:
     if args.steps < 1 or args.budget_s <= 0:
         parser.error(f"--steps ({args.steps}) must be >= 1 and --budget-s ({args.budget_s}) > 0")
     only = None if args.only is None else set(args.only.split(","))
+    started = time.time()
+    torch_result = None
+    if only is None or "torch" in only:  # before JAX takes the device's memory
+        torch_result = torch_reference(args.tiny, timeout_s=min(180.0, args.budget_s / 3))
     report = Report(Path(args.out_dir), args.tiny, args.budget_s, args.tag)
+    report.start = started
+    if torch_result is not None:
+        report.data["torch"] = torch_rates(torch_result.get("result"), mix=TINY_MIX if args.tiny else LengthMix(),
+                                           peak=datasheet_peak(report.data["device"], "bf16"))
+        report.data["sections"]["torch"] = {k: v for k, v in torch_result.items() if k != "result"}
+        report.write()
     print(f"[gpu-check] devices: {jax.devices()} -> {report.path}", flush=True)
     wanted = lambda name: only is None or name in only or name.split(":")[0] in only  # noqa: E731
     mix = TINY_MIX if args.tiny else LengthMix()
@@ -396,14 +419,14 @@ def main(argv=None) -> int:
                      _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings))
                     for model, tokens, pack, estimate in learner_plan(args.tiny)]
     work = Path(tempfile.mkdtemp(prefix="gpu_check_rl_"))  # the RL run's model and run folders, not results
-    runs += learner_jobs[:2]
+    runs += learner_jobs[:3]
     runs.append(("rl_run", 120 if args.tiny else 120, lambda: gpu_rl().rl_end_to_end(
         work, tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
     runs.append(("sampler", 20 if args.tiny else 100, lambda: [
         gpu_rl().sampler_decode("tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512,
                                 tiny=args.tiny, repeats=1) for batch in ((4, 8) if args.tiny else (64, 256))]))
     runs.append(("rl_step", 20 if args.tiny else 80, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny, remat="auto")))
-    runs += learner_jobs[2:]
+    runs += learner_jobs[3:]
     for name, estimate, job in runs:
         group = name.split(":")[0]
         if not wanted(name):
@@ -414,6 +437,40 @@ def main(argv=None) -> int:
             report.write()
     print(report.path.with_suffix(".md").read_text(), flush=True)
     return 0
+
+
+def torch_rates(result: dict[str, Any] | None, *, mix: LengthMix, peak: float | None) -> dict[str, Any] | None:
+    """The torch reference's runs with tokens/s and MFU by this module's FLOP count (same batch)."""
+    if result is None:
+        return None
+    cfg = model_config(result["model"], mix.prompt_width + mix.completion_width)
+    seq, _ = rl_length_mix(result["target_tokens"], mix, cfg.vocab_size)
+    flops = learner_flops(cfg, seq)
+    for run in result["runs"]:
+        run["tokens_per_s"] = flops["tokens"] / run["seconds"]
+        run["mfu"] = None if peak is None else flops["flops"] / run["seconds"] / (peak * 1e12)
+    return result
+
+
+def torch_reference(tiny: bool, timeout_s: float) -> dict[str, Any]:
+    """`benchmarks.torch_learner` in a child process: {"status", "wall_s", "result" | "error"}."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "torch.json"
+        command = [sys.executable, "-m",
+                   "jaxrl_llm.benchmarks.torch_learner", "--json", str(path), "--tokens", "256" if tiny else "16384"]
+        if tiny:
+            command += ["--tiny", "--micro-batch-tokens", str(2 * (TINY_MIX.prompt_width + TINY_MIX.completion_width))]
+        print(f"[gpu-check] torch reference: {' '.join(command[1:])}", flush=True)
+        t0 = time.time()
+        try:
+            done = subprocess.run(command, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, text=True,
+                                  capture_output=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "failed", "wall_s": time.time() - t0, "error": f"timed out after {timeout_s:.0f} s"}
+        if done.returncode != 0 or not path.exists():
+            return {"status": "failed", "wall_s": time.time() - t0,
+                    "error": f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"}
+        return {"status": "ok", "wall_s": time.time() - t0, "result": json.loads(path.read_text())}
 
 
 def _learner_job(report: Report, model, tokens, pack, micro_tokens, steps, mix, peak, ceilings):

@@ -49,6 +49,15 @@ def table(results: list[dict[str, Any]]) -> str:
                        f"{'packed' if row['pack'] else 'one per row'} | {attention if row['pack'] else 'mask'} | "
                        f"{_pct(row['padding_fraction'])} | {row['remat']} | {row['tokens_per_s']:,.0f} | "
                        f"{_pct(row['mfu'])} |")
+    references = [(r, r["torch"]) for r in results if r.get("torch")]
+    if references:
+        out += ["", "**PyTorch reference** (transformers Qwen2, the same batch one sequence per row, bf16 autocast on "
+                "fp32 weights, sdpa attention, fused AdamW; `benchmarks/torch_learner.py`)", "",
+                "| device | date | commit | model | tokens/step | mode | tokens/s | MFU |", "|---|---|---|---|---:|---|---:|---:|"]
+        for r, ref in references:
+            for run in ref["runs"]:
+                out.append(f"| {r['device']} | {r['date']} | {r['commit']} | {ref['model']} | {ref['tokens_per_step']} | "
+                           f"{run['mode']} | {run['tokens_per_s']:,.0f} | {_pct(run.get('mfu'))} |")
     out += ["", "**JAX sampler decode** (random weights, every row decodes all new tokens)", "",
             "| device | date | commit | model | batch x new tokens | decode tokens/s | of bandwidth roofline |",
             "|---|---|---|---|---|---:|---:|"]

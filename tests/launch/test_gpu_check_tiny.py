@@ -55,9 +55,9 @@ def test_a_failing_section_is_recorded_and_the_run_goes_on(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_tiny_run_writes_every_section(tmp_path):
-    """Every section but the RL run, which tests/launch/test_gpu_rl_tiny.py runs through the same
+    """Every section (the torch reference eager and compiled) but the RL run, which tests/launch/test_gpu_rl_tiny.py runs through the same
     function (`gpu_rl.rl_end_to_end`) and which is the slowest at tiny size (~2 min on 2 cores)."""
-    sections = "ceilings,attention,learner,sampler,rl_step"
+    sections = "torch,ceilings,attention,learner,sampler,rl_step"
     assert gpu_check.main(["--tiny", "--out-dir", str(tmp_path), "--only", sections]) == 0
     (path,) = tmp_path.glob("gpu-check-*-tiny-*.json")
     data = json.loads(path.read_text())
@@ -66,6 +66,8 @@ def test_tiny_run_writes_every_section(tmp_path):
     rows = {r["pack"]: r for r in data["learner"]}
     assert rows[True]["padding_fraction"] < rows[False]["padding_fraction"]
     assert rows[True]["flops_per_step"] == rows[False]["flops_per_step"]  # the same work, laid out differently
-    for name in ("sampler", "rl_step"):
+    for name in ("sampler", "rl_step", "torch"):
         assert data[name] is not None, name
+    assert [run["mode"] for run in data["torch"]["runs"]] == ["eager", "torch.compile"]
+    assert data["torch"]["tokens_per_step"] == rows[False]["tokens_per_step"]  # the same batch on both sides
     assert "| tiny |" in path.with_suffix(".md").read_text()

@@ -1,0 +1,135 @@
+"""The PyTorch reference of the gpu-check learner rows: the same step on the same batch in torch.
+
+    python -m jaxrl_llm.benchmarks.torch_learner --model qwen2.5-1.5b --tokens 16384 [--tiny] --json OUT
+
+One optimiser step = what `Learner.update` does with one sequence per row: fp32 master weights,
+the forward and backward in bf16 (`torch.autocast`, bf16 matmuls as on the JAX side), the LM head
+and a float32 log-softmax on the completion slots only, loss = -sum_t w_t log pi(y_t) with fixed
+per-token weights (the policy-gradient loss at pi = pi_old), micro-batches of R rows with the
+gradients summed, then AdamW (torch's fused kernel on CUDA). The batch is
+`gpu_check.rl_length_mix` (same seed, same tokens), rows left-padded prompts + right-padded
+completions with positions counting real tokens, attention through transformers' "sdpa" (fused
+kernels on CUDA). Timed eagerly and under `torch.compile` (default mode), medians after warm-up
+steps; float32 matmuls at full precision (TF32 off), so nothing runs in a lower precision than
+JAX's side does. `gpu_check` runs it in a process of its own before JAX takes the GPU (JAX
+preallocates the device's memory), with JAX_PLATFORMS=cpu (the batch is built with its code).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+
+def qwen2_config(shape: dict[str, Any], max_positions: int):
+    """transformers' Qwen2Config of a `learner_gpu.MODELS` entry (tied head, qkv bias, theta 1e6)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                       intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
+                       num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
+                       head_dim=shape["head_dim"], tie_word_embeddings=True, rope_theta=1_000_000.0,
+                       max_position_embeddings=max_positions, attn_implementation="sdpa")
+
+
+def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.ndarray, weights: np.ndarray,
+                    prompt_width: int, *, rows_per_micro: int, compiled: bool, steps: int, warmup: int,
+                    device: str) -> dict[str, Any]:
+    """Median seconds of one optimiser step (module docstring) over `steps`, after `warmup`."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(qwen2_config(shape, tokens.shape[1] + 8)).to(device).float().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
+    ids = torch.tensor(tokens, dtype=torch.long, device=device)
+    mask = torch.tensor(attention, dtype=torch.long, device=device)
+    positions = torch.clamp(mask.cumsum(1) - 1, min=0)
+    w = torch.tensor(weights, dtype=torch.float32, device=device)
+    completion = w.shape[1]
+
+    def micro_loss(rows: slice):
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            hidden = model.model(input_ids=ids[rows], attention_mask=mask[rows],
+                                 position_ids=positions[rows]).last_hidden_state
+            predicting = hidden[:, prompt_width - 1:prompt_width - 1 + completion]
+            logits = model.lm_head(predicting)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        targets = ids[rows, prompt_width:prompt_width + completion]
+        return -(logp.gather(-1, targets[..., None])[..., 0] * w[rows]).sum()
+
+    forward_backward = torch.compile(micro_loss) if compiled else micro_loss
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for start in range(0, ids.shape[0], rows_per_micro):
+            loss = forward_backward(slice(start, start + rows_per_micro))
+            loss.backward()
+            total += float(loss.detach())
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return total
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    warmup_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"mode": "torch.compile" if compiled else "eager", "seconds": float(np.median(times)),
+            "seconds_all": times, "warmup_s": warmup_s, "torch": torch.__version__, "device": device,
+            "matmul_precision": "bf16 autocast; float32 matmuls full precision (TF32 off)",
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
+
+
+def main(argv=None) -> int:
+    from jaxrl_llm.benchmarks.gpu_check import GROUP, TINY_MIX, LengthMix, rl_length_mix
+    from jaxrl_llm.benchmarks.learner_gpu import MODELS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-1.5b", choices=sorted(MODELS))
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per step (rl_length_mix's target)")
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--modes", default="eager,compile")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="tiny model, CPU: the code path only")
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    import torch
+
+    mix = TINY_MIX if args.tiny else LengthMix()
+    shape = MODELS["tiny" if args.tiny else args.model]
+    seq, rewards = rl_length_mix(args.tokens, mix, shape["vocab_size"])
+    advantages = np.repeat(rewards - rewards.mean(1, keepdims=True), 1, axis=0).reshape(-1)
+    weights = seq.completion_mask * advantages[:, None] / max(float(seq.completion_mask.sum()), 1.0)
+    width = seq.tokens.shape[1]
+    rows_per_micro = max(1, args.micro_batch_tokens // width)
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    out = {"model": args.model if not args.tiny else "tiny", "tokens_per_step": int(seq.attention_mask.sum()),
+           "target_tokens": args.tokens,
+           "sequences": int(seq.tokens.shape[0]), "group": GROUP, "rows_per_micro_batch": rows_per_micro,
+           "row_width": width, "layout": "one per row", "runs": []}
+    for mode in args.modes.split(","):
+        if mode not in ("eager", "compile"):
+            parser.error(f"--modes entry {mode!r} is unknown; valid: eager, compile")
+        out["runs"].append(torch_step_rate(shape, seq.tokens, seq.attention_mask, weights, seq.prompt_width,
+                                           rows_per_micro=rows_per_micro, compiled=mode == "compile",
+                                           steps=args.steps, warmup=1 if mode == "eager" else 2, device=device))
+        print(f"[torch_learner] {mode}: {out['runs'][-1]['seconds']:.3f} s/step", flush=True)
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
