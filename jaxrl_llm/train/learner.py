@@ -4,6 +4,14 @@
   were fixed on the whole optimiser-step batch (`core.prepare_step_batch`),
   so the micro-batch losses are plain sums and accumulating their gradients
   equals one pass over the batch (docs/objectives.md#masked-mean-micro-batch-bias).
+* Rows: a `train.packing.RowPlan` lays the step's sequences into micro-batches of
+  R rows x W slots, packed first-fit-decreasing (`train.pack`) or one per row; each
+  micro-batch's completion log-probs are read back into the step batch's [N, T_c]
+  layout and the sequences it does not hold are taken out of its loss
+  (`core.restrict_rows`), so packing changes no loss, gradient or metric.
+  Micro-batches packing leaves empty are skipped (`lax.cond`).
+* Remat (`train.remat`): "auto" compiles the step with off, then dots, then full
+  and keeps the first that fits the device's memory (`models.remat.choose_remat`).
 * Precision: fp32 master weights and optimiser state always; the forward and
   backward run in the compute dtype of `TrainConfig.precision` (fp32, bf16,
   fp16), log-softmax in float32 (docs/objectives.md#precision). fp16 uses dynamic loss
@@ -34,7 +42,6 @@
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -45,14 +52,14 @@ import optax
 from jaxrl_llm import core
 from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_from_hidden, forward, lora,
                               param_shardings)
-from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.models.compile_options import learner_compiler_options
-from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_mode, remat_setting
+from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_setting
+from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.train import critic as critic_lib
 from jaxrl_llm.train import packing
-from jaxrl_llm.train.distributed import gather_to_host
 from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.distributed import gather_to_host
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -316,6 +323,7 @@ class Learner:
         params = self.compute_params(params, frozen)
         if with_reference and reference is None:  # LoRA: the frozen base, in the compute dtype
             reference = self.compute_params(frozen)
+
         def run(weights, *micro, **kwargs):
             return _head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
                                   max_segments=max_segments, **kwargs)
