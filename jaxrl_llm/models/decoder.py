@@ -373,8 +373,9 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     ``cache_window`` (with a cache; slots): attention reads only the filled prefix of the
     cache, rounded up to whole windows, instead of all max_len slots (same result; the
     cost of a decode step then grows with the filled length; `windowed_cache_attention`).
-    ``max_segments`` (no cache; static): at most this many segments per row, each a contiguous run.
-    Given, cuDNN attention (NVIDIA GPUs, bf16/fp16) reads the segments' spans instead of a dense mask
+    ``max_segments`` (no cache; static): rows hold segments 1..K (K <= max_segments) back to back
+    from slot 0 with padding after them, as the learner's packed rows do. Given, cuDNN attention
+    (NVIDIA GPUs, bf16/fp16) reads the segments' spans instead of a dense mask
     (``models.fused_attention.SegmentSpans``); elsewhere it changes nothing.
     """
     if tokens.ndim != 2:

@@ -341,7 +341,7 @@ class Config(Section):
     def _check_consistency(self) -> None:
         # The step batch is split into minibatches of whole prompt groups (one optimiser step
         # each); micro-batches may be uneven (train/packing.py: the weights are global).
-        prompts, group = self.rollout.prompts_per_step, self.rollout.samples_per_prompt
+        prompts = self.rollout.prompts_per_step
         k = self.train.minibatches_per_batch
         if prompts % k:
             raise ConfigError(
