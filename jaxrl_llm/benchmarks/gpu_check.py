@@ -6,8 +6,11 @@ on whatever accelerator JAX finds, and writes benchmarks/results/gpu-check-<devi
 
 Sections, run in this order while the time budget lasts (a section that would not fit is
 recorded as skipped; one that fails is recorded with its error and the rest still run; the
-result file is rewritten after every section, so a run cut short keeps what it measured):
+result file is rewritten after every section, so a run cut short keeps what it measured;
+`benchmarks.gpu_check_report`):
 
+  torch         the PyTorch reference of a learner row (`benchmarks.torch_learner`: the same batch,
+                eager and torch.compile), in a child process before JAX takes the device;
   ceilings      the device's measured bf16 matmul rate and copy bandwidth;
   attention     cuDNN's segment-aware attention on packed rows against its mask path and a
                 float32 XLA reference (forward and gradients), GPU only;
@@ -15,8 +18,8 @@ result file is rewritten after every section, so a run cut short keeps what it m
                 train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
                 an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
                 one sequence per row; tokens/s and MFU;
-  sampler       JAX sampler decode tokens/s and the memory-bandwidth roofline fraction
-                (`gpu_rl.sampler_decode`);
+  sampler       JAX sampler decode tokens/s and the memory-bandwidth roofline fraction, one
+                section per batch size (`gpu_sampler.sampler_decode`);
   rl_run        an end-to-end RL run on the device (`gpu_rl.rl_end_to_end`);
   rl_step       one full RL step at the 1.5B shape (`gpu_rl.rl_step_at_scale`).
 
@@ -30,15 +33,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import core
+from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
 from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
 from jaxrl_llm.models import DecoderConfig, init_params
 from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
@@ -158,7 +159,6 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
            "mfu": None if peak_tflops is None else achieved / (peak_tflops * 1e12),
            "fraction_of_matmul_ceiling": None if ceiling_flops is None else achieved / ceiling_flops,
            "loss": float(metrics["loss"]), "skipped": float(metrics["skipped"])}
-    del holder, learner
     return row
 
 
@@ -215,140 +215,6 @@ def attention_check(seed: int = 0) -> dict[str, Any]:
     return out
 
 
-def copy_bandwidth(n_bytes: int = 2 ** 31, repeats: int = 10) -> float:
-    """Bytes/s of a device-to-device copy (bytes read + written), median of `repeats`."""
-    x = jnp.ones((n_bytes // 4,), jnp.float32) * 1.5
-    copy = jax.jit(lambda a: a * 1.0 + 0.0)
-    jax.block_until_ready(copy(x))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(copy(x))
-        times.append(time.perf_counter() - t0)
-    return 2.0 * x.size * 4 / float(np.median(times))
-
-
-# -------------------------------------------------------------------- driver
-def git_commit() -> str:
-    if os.environ.get("GPU_CHECK_COMMIT"):  # set by launch/gpu_check.sh where the copy has no usable .git
-        return os.environ["GPU_CHECK_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or os.environ.get("GPU_CHECK_COMMIT", "unknown")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("GPU_CHECK_COMMIT", "unknown")
-
-
-def device_slug(kind: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in kind.lower()).strip("-").replace("--", "-") or "device"
-
-
-class Report:
-    """The result file, rewritten after every section."""
-
-    def __init__(self, out_dir: Path, tiny: bool, budget_s: float, tag: str = ""):
-        device = jax.devices()[0]
-        self.start = time.time()
-        self.budget_s = budget_s
-        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-        kind = device.device_kind if device.platform != "cpu" else f"cpu-{platform.machine()}"
-        self.path = out_dir / f"gpu-check-{device_slug(kind)}{'-tiny' if tiny else ''}-{date}{tag}.json"
-        self.data: dict[str, Any] = {
-            "device": kind, "platform": device.platform, "date": date, "commit": git_commit(), "tiny": tiny,
-            "jax": jax.__version__, "budget_s": budget_s, "sections": {}, "learner": [],
-            "learner_flop_formula": "6*N_body*tokens + 6*D*V*completion_tokens + 12*L*H*hd*sum_i L_i(L_i+1)/2 "
-                                    "(LM head on completion tokens only; no recompute counted)"}
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def section(self, name: str, estimate_s: float, fn: Callable[[], Any]) -> Any:
-        """Run fn if `estimate_s` fits the remaining budget; record its result, error or skip."""
-        if self.elapsed() + estimate_s > self.budget_s:
-            self.data["sections"][name] = {"status": "skipped", "reason": f"needs ~{estimate_s:.0f} s, "
-                                           f"{self.budget_s - self.elapsed():.0f} s left of the budget"}
-            print(f"[gpu-check] {name}: skipped (time budget)", flush=True)
-            self.write()
-            return None
-        print(f"[gpu-check] {name} (t={self.elapsed():.0f} s) ...", flush=True)
-        t0 = time.time()
-        try:
-            result = fn()
-            self.data["sections"][name] = {"status": "ok", "wall_s": time.time() - t0}
-        except Exception as error:  # noqa: BLE001 -- a failed section is a result too; the rest still runs
-            result = None
-            self.data["sections"][name] = {"status": "failed", "wall_s": time.time() - t0,
-                                           "error": f"{type(error).__name__}: {error}"[:2000],
-                                           "traceback": traceback.format_exc()[-4000:]}
-            print(f"[gpu-check] {name} FAILED: {type(error).__name__}: {error}"[:600], flush=True)
-        self.write()
-        return result
-
-    def write(self) -> None:
-        self.data["wall_s"] = self.elapsed()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=float))
-        os.replace(tmp, self.path)
-        self.path.with_suffix(".md").write_text(markdown(self.data))
-
-
-def attention_path(data: dict[str, Any]) -> str:
-    """Which attention the run's packed learner rows took on the device."""
-    if data.get("platform") == "cpu":
-        return "XLA (CPU)"
-    return "cuDNN with a dense mask" if data.get("cudnn_segments_disabled") else "cuDNN segment spans"
-
-
-def _pct(x) -> str:
-    return "" if x is None else f"{100 * x:.1f} %"
-
-
-def markdown(data: dict[str, Any]) -> str:
-    """The result file as tables (the README's accelerator table is generated from the JSON)."""
-    lines = [f"# gpu-check: {data['device']}, {data['date']}, commit {data['commit']}", "",
-             f"jax {data['jax']}; wall {data.get('wall_s', 0):.0f} s of a {data['budget_s']:.0f} s budget; "
-             f"packed rows' attention: {attention_path(data)}.", ""]
-    for key in ("commit_note", "notes"):
-        if data.get(key):
-            lines += [f"Note: {data[key]}", ""]
-    ceilings = data.get("ceilings") or {}
-    if ceilings:
-        lines += [f"Measured: bf16 matmul {ceilings.get('matmul_tflops', 0):.0f} TFLOP/s, copy "
-                  f"{ceilings.get('copy_gb_s', 0):.0f} GB/s; datasheet bf16 peak {ceilings.get('peak_tflops')}.", ""]
-    if data["learner"]:
-        lines += ["## Learner (`Learner.update`, bf16, RL length mix)", "",
-                  f"FLOPs: {data['learner_flop_formula']}", "",
-                  "| model | tokens/step | layout | padding | remat | s/step | tokens/s | TFLOP/s | MFU | of matmul |",
-                  "|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
-        for r in data["learner"]:
-            lines.append(f"| {r['model']} | {r['tokens_per_step']} | {'packed' if r['pack'] else 'one per row'} | "
-                         f"{_pct(r['padding_fraction'])} | {r['remat']} | {r['seconds']:.3f} | "
-                         f"{r['tokens_per_s']:.0f} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
-                         f"{_pct(r['fraction_of_matmul_ceiling'])} |")
-        lines.append("")
-    torch_result = data.get("torch")
-    if torch_result:
-        lines += ["## PyTorch reference (same batch, one sequence per row; `benchmarks/torch_learner.py`)", "",
-                  "| model | tokens/step | mode | s/step | tokens/s | MFU | JAX one per row / torch (tokens/s) |",
-                  "|---|---:|---|---:|---:|---:|---:|"]
-        jax_row = next((r for r in data["learner"] if r["model"] == torch_result["model"] and not r["pack"]
-                        and r["target_tokens"] == torch_result["target_tokens"]), None)
-        for run in torch_result["runs"]:
-            ratio = "" if jax_row is None else f"{jax_row['tokens_per_s'] / run['tokens_per_s']:.2f}x"
-            lines.append(f"| {torch_result['model']} | {torch_result['tokens_per_step']} | {run['mode']} | "
-                         f"{run['seconds']:.3f} | {run['tokens_per_s']:.0f} | {_pct(run.get('mfu'))} | {ratio} |")
-        lines += ["", f"torch {torch_result['runs'][0]['torch']}: {torch_result['runs'][0]['matmul_precision']}.", ""]
-    for name in ("attention", "sampler", "rl_run", "rl_step"):
-        if data.get(name) is not None:
-            lines += [f"## {name}", "", "```json", json.dumps(data[name], indent=1, default=float)[:6000], "```", ""]
-    lines += ["## Sections", "", "| section | status | wall s | note |", "|---|---|---:|---|"]
-    for name, s in data["sections"].items():
-        note = s.get("error") or s.get("reason") or ""
-        lines.append(f"| {name} | {s['status']} | {s.get('wall_s', 0):.1f} | {note[:200]} |")
-    return "\n".join(lines) + "\n"
-
-
 def learner_plan(tiny: bool) -> list[tuple[str, int, bool, float]]:
     """(model, tokens per step, pack, estimated seconds) in the order they run."""
     if tiny:
@@ -394,7 +260,9 @@ def main(argv=None) -> int:
 
     def measure_ceilings():
         ceilings["matmul_tflops"] = matmul_ceiling("bfloat16", 256 if args.tiny else 8192, 5) / 1e12
-        ceilings["copy_gb_s"] = copy_bandwidth(2 ** 22 if args.tiny else 2 ** 31) / 1e9
+        from jaxrl_llm.benchmarks.gpu_sampler import copy_bandwidth
+
+        ceilings["copy_gb_s"] = copy_bandwidth(2 ** 22 if args.tiny else 2 ** 30)["copy_bandwidth_Bps"] / 1e9
         report.data["ceilings"] = ceilings
         return ceilings
 
@@ -413,6 +281,10 @@ def main(argv=None) -> int:
         from jaxrl_llm.benchmarks import gpu_rl as module
         return module
 
+    def gpu_sampler():
+        from jaxrl_llm.benchmarks import gpu_sampler as module
+        return module
+
     tokenizer_dir = args.tokenizer_dir
     runs: list[tuple[str, float, Callable[[], Any]]] = []
     learner_jobs = [(f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
@@ -426,7 +298,7 @@ def main(argv=None) -> int:
     runs.append(("rl_run", 120 if args.tiny else 130, lambda: gpu_rl().rl_end_to_end(
         work, tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
     for batch in (4, 8) if args.tiny else (256, 64):
-        runs.append((f"sampler:{batch}", 10 if args.tiny else 200, lambda batch=batch: gpu_rl().sampler_decode(
+        runs.append((f"sampler:{batch}", 10 if args.tiny else 200, lambda batch=batch: gpu_sampler().sampler_decode(
             "tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512, tiny=args.tiny, repeats=1)))
     runs.append(("rl_step", 20 if args.tiny else 120, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny, remat="auto")))
     runs += learner_jobs[3:]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks import gpu_check
+from jaxrl_llm.benchmarks import gpu_check, gpu_check_report
 from jaxrl_llm.benchmarks.learner_gpu import model_config
 from jaxrl_llm.train.batch import SequenceBatch
 
@@ -39,7 +39,7 @@ def test_rl_length_mix_reaches_its_target_in_whole_groups():
 
 
 def test_a_failing_section_is_recorded_and_the_run_goes_on(tmp_path):
-    report = gpu_check.Report(tmp_path, tiny=True, budget_s=100.0)
+    report = gpu_check_report.Report(tmp_path, tiny=True, budget_s=100.0)
 
     def broken():
         raise RuntimeError("planted")

@@ -1,7 +1,8 @@
-"""The GPU RL measurements (benchmarks/gpu_rl.py) at their tiny sizes on CPU: roofline bytes
-against a count by hand, the z-test against a hand computation, the RL step's time split,
-and the end-to-end run: held-out counts, the per-step split read back from metrics.jsonl,
-and (the tiny setting learns on CPU: 0.194 -> 0.282 measured) success after > before."""
+"""The GPU measurements of the sampler and the RL stack (benchmarks/gpu_sampler.py, gpu_rl.py)
+at tiny sizes on CPU: roofline bytes against a count by hand, the z-test against a hand
+computation, the RL step's time split, and the end-to-end run: held-out counts, the per-step
+split read back from metrics.jsonl, and (the tiny setting learns on CPU: 0.194 -> 0.282
+measured) success after > before."""
 from __future__ import annotations
 
 import json
@@ -10,14 +11,14 @@ import os
 
 import pytest
 
-from jaxrl_llm.benchmarks import gpu_rl
+from jaxrl_llm.benchmarks import addition_start, gpu_rl, gpu_sampler
 
 
 def test_roofline_bytes_of_the_tiny_shape_by_hand():
     # tiny: vocab 512, hidden 64, MLP 128, 2 layers, 4 heads + 2 KV heads of 16, q/k/v biases, tied head.
     per_layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k+v, o, MLP, 2 norms
     params = 512 * 64 + 2 * per_layer + 64  # embedding (= LM head), layers, final norm
-    out = gpu_rl.sampler_decode("tiny", 8, 8, prompt_len=16, tiny=True, repeats=1)
+    out = gpu_sampler.sampler_decode("tiny", 8, 8, prompt_len=16, tiny=True, repeats=1)
     assert out["weight_bytes"] == 2 * params == 214144  # bfloat16
     # K and V, 2 layers x 2 heads x 16 x 2 bytes per slot, 8 rows, mean context 16 + (8 + 1) / 2
     assert out["kv_bytes_per_step"] == 2 * 2 * 2 * 16 * 2 * 8 * (16 + 4.5)
@@ -30,7 +31,7 @@ def test_roofline_bytes_of_the_tiny_shape_by_hand():
 
 
 def test_copy_bandwidth_counts_read_and_write():
-    out = gpu_rl.copy_bandwidth(1 << 20, repeats=3)
+    out = gpu_sampler.copy_bandwidth(1 << 20, repeats=3)
     assert out["copy_bytes"] == 1 << 20
     assert out["copy_bandwidth_Bps"] == pytest.approx(2 * (1 << 20) / out["copy_seconds_median"])
 
@@ -40,7 +41,7 @@ def test_short_rows_are_refused():
 
     record = SimpleNamespace(num_completion_tokens=3, finish_reason="stop")
     with pytest.raises(RuntimeError, match="decode 8 tokens"):
-        gpu_rl._check_full_length(SimpleNamespace(records=[record]), 8)
+        gpu_sampler.check_full_length(SimpleNamespace(records=[record]), 8)
 
 
 def test_two_proportion_z_by_hand():
@@ -69,7 +70,7 @@ def test_rl_end_to_end_tiny_learns(tmp_path):
     heldout = len(make_task("addition", digits=1).all_examples(HELDOUT))
     assert heldout == 29
     for side in ("before", "after"):
-        assert out[side]["samples"] == heldout * gpu_rl.E2E_TINY.eval_samples
+        assert out[side]["samples"] == heldout * addition_start.E2E_TINY.eval_samples
         assert out[side]["success_rate"] == out[side]["successes"] / out[side]["samples"]
     assert 0.05 < out["success_before"] < 0.45  # the SFT start: low but not zero
     assert out["success_after"] > out["success_before"]  # CPU, seed 0: 0.194 -> 0.282, p = 0.002
