@@ -18,6 +18,8 @@ result file is rewritten after every section, so a run cut short keeps what it m
                 train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
                 an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
                 one sequence per row; tokens/s and MFU;
+  learner_phases  one packed micro-batch's layers, LM head and optimiser timed alone
+                (`benchmarks.learner_phases`): where the learner's time goes;
   sampler       JAX sampler decode tokens/s and the memory-bandwidth roofline fraction, one
                 section per batch size (`gpu_sampler.sampler_decode`);
   rl_run        an end-to-end RL run on the device (`gpu_rl.rl_end_to_end`);
@@ -49,6 +51,7 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
 from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
+from jaxrl_llm.benchmarks.learner_phases import learner_phases
 from jaxrl_llm.models import DecoderConfig, init_params
 from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
 from jaxrl_llm.train.batch import SequenceBatch
@@ -291,7 +294,10 @@ def main(argv=None) -> int:
                      _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings))
                     for model, tokens, pack, estimate in learner_plan(args.tiny)]
     work = Path(tempfile.mkdtemp(prefix="gpu_check_rl_"))  # the RL run's model and run folders, not results
-    runs += learner_jobs[:3]
+    runs += learner_jobs[:1]
+    runs.append(("learner_phases", 10 if args.tiny else 45,
+                 lambda: learner_phases(micro_batch_tokens=micro_tokens, tiny=args.tiny)))
+    runs += learner_jobs[1:3]
     # Estimates from the H100 run of 2026-11-26: the RL run 124 s; the 1.5B sampler compiles for
     # 150-185 s per batch size (its decode loops: one per compaction size, each reading the cache in
     # windows), so the whole list needs ~15 min and an 8-minute budget skips its tail.
@@ -309,7 +315,7 @@ def main(argv=None) -> int:
         result = report.section(name, estimate, job)
         if group == "sampler":
             report.data.setdefault("sampler", []).extend([] if result is None else [result])
-        elif group in ("rl_run", "rl_step"):
+        elif group in ("rl_run", "rl_step", "learner_phases"):
             report.data[group] = result
         report.write()
     print(report.path.with_suffix(".md").read_text(), flush=True)

@@ -127,7 +127,7 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {torch_result['model']} | {torch_result['tokens_per_step']} | {run['mode']} | "
                          f"{run['seconds']:.3f} | {run['tokens_per_s']:.0f} | {_pct(run.get('mfu'))} | {ratio} |")
         lines += ["", f"torch {torch_result['runs'][0]['torch']}: {torch_result['runs'][0]['matmul_precision']}.", ""]
-    for name in ("attention", "sampler", "rl_run", "rl_step"):
+    for name in ("attention", "learner_phases", "sampler", "rl_run", "rl_step"):
         if data.get(name) is not None:
             lines += [f"## {name}", "", "```json", json.dumps(data[name], indent=1, default=float)[:6000], "```", ""]
     lines += ["## Sections", "", "| section | status | wall s | note |", "|---|---|---:|---|"]

@@ -57,7 +57,7 @@ def test_a_failing_section_is_recorded_and_the_run_goes_on(tmp_path):
 def test_tiny_run_writes_every_section(tmp_path):
     """Every section (the torch reference eager and compiled) but the RL run, which tests/launch/test_gpu_rl_tiny.py runs through the same
     function (`gpu_rl.rl_end_to_end`) and which is the slowest at tiny size (~2 min on 2 cores)."""
-    sections = "torch,ceilings,attention,learner,sampler,rl_step"
+    sections = "torch,ceilings,attention,learner,learner_phases,sampler,rl_step"
     assert gpu_check.main(["--tiny", "--out-dir", str(tmp_path), "--only", sections]) == 0
     (path,) = tmp_path.glob("gpu-check-*-tiny-*.json")
     data = json.loads(path.read_text())
@@ -66,8 +66,26 @@ def test_tiny_run_writes_every_section(tmp_path):
     rows = {r["pack"]: r for r in data["learner"]}
     assert rows[True]["padding_fraction"] < rows[False]["padding_fraction"]
     assert rows[True]["flops_per_step"] == rows[False]["flops_per_step"]  # the same work, laid out differently
-    for name in ("sampler", "rl_step", "torch"):
+    for name in ("sampler", "rl_step", "torch", "learner_phases"):
         assert data[name] is not None, name
     assert [run["mode"] for run in data["torch"]["runs"]] == ["eager", "torch.compile"]
     assert data["torch"]["tokens_per_step"] == rows[False]["tokens_per_step"]  # the same batch on both sides
     assert "| tiny |" in path.with_suffix(".md").read_text()
+    assert set(data["learner_phases"]["phases"]) == {"layers", "head", "micro_step", "optimizer"}
+
+
+def test_phase_flops_add_up_to_the_step():
+    """The per-micro-batch FLOPs of learner_phases, summed over the micro-batches of a packed
+    step, equal the step's count by learner_flops (a second formulation of the same sum)."""
+    from jaxrl_llm.benchmarks.learner_phases import phase_flops
+    from jaxrl_llm.train.packing import plan_rows
+
+    cfg = model_config("tiny", 64)
+    seq, _ = gpu_check.rl_length_mix(600, gpu_check.TINY_MIX, cfg.vocab_size)
+    plan = plan_rows(seq.tokens, seq.attention_mask, seq.prompt_width, rows_per_micro=2, pack=True)
+    total = 0.0
+    for m in np.flatnonzero(plan.used):
+        members = np.flatnonzero(plan.micro_batch == m)
+        parts = phase_flops(cfg, seq.attention_mask[members].sum(1), int(seq.completion_mask[members].sum()))
+        total += parts["layers"] + parts["head"]
+    assert total == pytest.approx(gpu_check.learner_flops(cfg, seq)["flops"], rel=1e-12)
