@@ -52,71 +52,14 @@ from jaxrl_llm import core
 from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
 from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
 from jaxrl_llm.benchmarks.learner_phases import learner_phases
-from jaxrl_llm.models import DecoderConfig, init_params
+from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
+from jaxrl_llm.models import init_params
 from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
-from jaxrl_llm.train.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learner import Learner
 
 REPO = Path(__file__).resolve().parents[2]
 SEGMENT_TOLERANCE = 2e-2  # relative error vs float32 that bf16 attention stays well under (METHOD: 1e-3..1e-2)
-GROUP = 8  # samples per prompt in the synthetic step batches
-
-
-# ------------------------------------------------------------------ the batch
-@dataclasses.dataclass(frozen=True)
-class LengthMix:
-    """An RL-like step: prompts of ~256 tokens, long-tailed completions (log-normal, capped)."""
-
-    prompt_low: int = 200
-    prompt_high: int = 312
-    prompt_width: int = 320
-    completion_median: float = 400.0
-    completion_sigma: float = 0.9
-    completion_width: int = 1728  # rows of 320 + 1728 = 2048 slots
-
-
-TINY_MIX = LengthMix(prompt_low=3, prompt_high=8, prompt_width=8, completion_median=6.0, completion_sigma=0.6,
-                     completion_width=24)
-
-
-def rl_length_mix(target_tokens: int, mix: LengthMix, vocab: int, seed: int = 0) -> tuple[SequenceBatch, np.ndarray]:
-    """Sequences drawn until their tokens reach `target_tokens` (a multiple of GROUP sequences),
-    laid out as `train.batch.build_sequences` does; and random 0/1 rewards [N / GROUP, GROUP]."""
-    rng = np.random.default_rng(seed)
-    prompts, completions = [], []
-    while sum(prompts) + sum(completions) < target_tokens or len(prompts) % GROUP:
-        prompts.append(int(rng.integers(mix.prompt_low, mix.prompt_high + 1)))
-        completions.append(int(np.clip(rng.lognormal(np.log(mix.completion_median), mix.completion_sigma), 4,
-                                        mix.completion_width)))
-    n, width = len(prompts), mix.prompt_width + mix.completion_width
-    tokens = np.zeros((n, width), np.int32)
-    attention = np.zeros((n, width), np.int32)
-    completion = np.zeros((n, mix.completion_width), np.float32)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        start = mix.prompt_width - p
-        tokens[i, start:mix.prompt_width + c] = rng.integers(1, vocab, p + c)
-        attention[i, start:mix.prompt_width + c] = 1
-        completion[i, :c] = 1
-    positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
-    seq = SequenceBatch(tokens, attention, positions, completion, -2.0 * completion, np.zeros(n, bool),
-                        mix.prompt_width)
-    rewards = rng.integers(0, 2, (n // GROUP, GROUP)).astype(np.float32)
-    return seq, rewards
-
-
-def learner_flops(cfg: DecoderConfig, seq: SequenceBatch) -> dict[str, float]:
-    """The module docstring's FLOP count of one update on `seq`, and its parts."""
-    d, hd = cfg.hidden_size, cfg.head_dim
-    body = cfg.num_layers * (d * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * d
-                             + 3 * d * cfg.intermediate_size)
-    lengths = seq.attention_mask.sum(1).astype(np.float64)
-    completion = float(seq.completion_mask.sum())
-    tokens = float(lengths.sum())
-    attention = 12.0 * cfg.num_layers * cfg.num_heads * hd * float((lengths * (lengths + 1) / 2).sum())
-    total = 6.0 * body * tokens + 6.0 * d * cfg.vocab_size * completion + attention
-    return {"flops": total, "tokens": tokens, "completion_tokens": completion, "body_params": float(body),
-            "attention_flops": attention}
 
 
 # ---------------------------------------------------------------- learner rows

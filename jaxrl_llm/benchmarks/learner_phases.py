@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, rl_length_mix
 from jaxrl_llm.models import chunked_logprobs_from_hidden, forward, init_params
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learner import Learner, make_optimizer
@@ -59,8 +60,6 @@ def phase_flops(cfg, segment_lengths: np.ndarray, completion_tokens: int) -> dic
 
 def learner_phases(model: str = "qwen2.5-1.5b", tokens_per_step: int = 65536, *, micro_batch_tokens: int = 8192,
                    tiny: bool = False, repeats: int = 5) -> dict[str, Any]:
-    from jaxrl_llm.benchmarks.gpu_check import TINY_MIX, LengthMix, rl_length_mix
-
     mix = TINY_MIX if tiny else LengthMix()
     if tiny:
         model, tokens_per_step, micro_batch_tokens = "tiny", 256, 2 * (mix.prompt_width + mix.completion_width)

@@ -93,7 +93,7 @@ def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.nda
 
 
 def main(argv=None) -> int:
-    from jaxrl_llm.benchmarks.gpu_check import GROUP, TINY_MIX, LengthMix, rl_length_mix
+    from jaxrl_llm.benchmarks.rl_batch import GROUP, TINY_MIX, LengthMix, rl_length_mix
     from jaxrl_llm.benchmarks.learner_gpu import MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

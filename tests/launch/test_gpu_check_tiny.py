@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks import gpu_check, gpu_check_report
+from jaxrl_llm.benchmarks import gpu_check, gpu_check_report, rl_batch
 from jaxrl_llm.benchmarks.learner_gpu import model_config
 from jaxrl_llm.train.batch import SequenceBatch
 
@@ -21,14 +21,14 @@ def test_learner_flops_by_hand():
     # layers: 2 x (64*16*(4+2*2) + 4*16*64 + 3*64*128) = 73728; head 64 x 512 on 4 completion tokens;
     # causal contexts 5*6/2 + 2*3/2 = 18
     expected = 6 * 73728 * 7 + 6 * 64 * 512 * 4 + 12 * 2 * 4 * 16 * 18
-    assert gpu_check.learner_flops(cfg, seq)["flops"] == expected
+    assert rl_batch.learner_flops(cfg, seq)["flops"] == expected
 
 
 def test_rl_length_mix_reaches_its_target_in_whole_groups():
-    seq, rewards = gpu_check.rl_length_mix(20000, gpu_check.LengthMix(), vocab=1000)
+    seq, rewards = rl_batch.rl_length_mix(20000, rl_batch.LengthMix(), vocab=1000)
     n = seq.tokens.shape[0]
     tokens = seq.attention_mask.sum()
-    assert n % gpu_check.GROUP == 0 and rewards.shape == (n // gpu_check.GROUP, gpu_check.GROUP)
+    assert n % rl_batch.GROUP == 0 and rewards.shape == (n // rl_batch.GROUP, rl_batch.GROUP)
     assert 20000 <= tokens < 20000 + 8 * 2048
     prompts = seq.attention_mask[:, :seq.prompt_width].sum(1)
     assert prompts.min() >= 200 and prompts.max() <= 312
@@ -81,11 +81,11 @@ def test_phase_flops_add_up_to_the_step():
     from jaxrl_llm.train.packing import plan_rows
 
     cfg = model_config("tiny", 64)
-    seq, _ = gpu_check.rl_length_mix(600, gpu_check.TINY_MIX, cfg.vocab_size)
+    seq, _ = rl_batch.rl_length_mix(600, rl_batch.TINY_MIX, cfg.vocab_size)
     plan = plan_rows(seq.tokens, seq.attention_mask, seq.prompt_width, rows_per_micro=2, pack=True)
     total = 0.0
     for m in np.flatnonzero(plan.used):
         members = np.flatnonzero(plan.micro_batch == m)
         parts = phase_flops(cfg, seq.attention_mask[members].sum(1), int(seq.completion_mask[members].sum()))
         total += parts["layers"] + parts["head"]
-    assert total == pytest.approx(gpu_check.learner_flops(cfg, seq)["flops"], rel=1e-12)
+    assert total == pytest.approx(rl_batch.learner_flops(cfg, seq)["flops"], rel=1e-12)
