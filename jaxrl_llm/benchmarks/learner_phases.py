@@ -2,7 +2,7 @@
 log-softmax, and the optimiser, each jitted alone on the same packed rows as `Learner.update`.
 
 `learner_phases(model, tokens_per_step, micro_batch_tokens)` builds the gpu-check RL length mix
-(`gpu_check.rl_length_mix`), packs it as the learner does (`Learner.plan`), and times on the first
+(`rl_batch.rl_length_mix`), packs it as the learner does (`Learner.plan`), and times on the first
 micro-batch (R rows x W slots, bf16 compute, float32 master weights):
 
   layers      forward + backward of the decoder layers (`models.forward(return_hidden=True)`,

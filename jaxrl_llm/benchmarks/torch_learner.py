@@ -7,7 +7,7 @@ the forward and backward in bf16 (`torch.autocast`, bf16 matmuls as on the JAX s
 and a float32 log-softmax on the completion slots only, loss = -sum_t w_t log pi(y_t) with fixed
 per-token weights (the policy-gradient loss at pi = pi_old), micro-batches of R rows with the
 gradients summed, then AdamW (torch's fused kernel on CUDA). The batch is
-`gpu_check.rl_length_mix` (same seed, same tokens), rows left-padded prompts + right-padded
+`rl_batch.rl_length_mix` (same seed, same tokens), rows left-padded prompts + right-padded
 completions with positions counting real tokens, attention through transformers' "sdpa" (fused
 kernels on CUDA). Timed eagerly and under `torch.compile` (default mode), medians after warm-up
 steps; float32 matmuls at full precision (TF32 off), so nothing runs in a lower precision than
