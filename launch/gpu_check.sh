@@ -4,6 +4,11 @@
 # travel as wheels in .whl/ (e.g. gguf): each is installed (into /tmp/gpu_check_site, no
 # dependencies resolved) only when its package cannot be imported or its version differs.
 # SmolLM2's tokenizer files can travel in .gpu_carry/tokenizer (for the RL run's prompts).
+# Prepared on a machine with the project's venv and network (both folders are git-ignored locally):
+#   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 flax==0.12.8 chex==0.1.92 optax==0.2.8
+#   d=$(.venv/bin/python -c "from jaxrl_llm import bridge; print(bridge.smollm2_hf_dir())")
+#   mkdir -p .gpu_carry/tokenizer && cp "$d"/*.json .gpu_carry/tokenizer/
 #   OUT=dir bash launch/gpu_check.sh [gpu_check.py args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
