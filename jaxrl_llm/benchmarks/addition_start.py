@@ -11,7 +11,6 @@ small memorises its RL gains on the train questions otherwise). Saved as an HF d
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -23,7 +22,7 @@ import numpy as np
 
 from jaxrl_llm.benchmarks.gpu_sampler import log
 
-# ---------------------------------------------------------- RL end to end
+# ------------------------------------------------------------------ settings
 @dataclasses.dataclass(frozen=True)
 class E2ESetting:
     """Sizes of `rl_end_to_end`, calibrated on CPU (2 cores, seed 0, held-out = 29 questions x 16
@@ -54,28 +53,23 @@ E2E_TINY = E2ESetting()
 E2E_FULL = dataclasses.replace(E2ESetting(), prompts_per_step=16, samples_per_prompt=16, eval_samples=64)
 
 
-def _make_policy_from_scratch(tokenizer_dir: str, hidden: int, layers: int, seed: int):
-    """A random decoder over `tokenizer_dir`'s vocabulary as a `train.policy.Policy` (its
-    tokenizer and chat template, EOS = the template's eos_token)."""
+def _make_policy_from_scratch(tokenizer_dir: str, init_dir: str, hidden: int, layers: int, seed: int):
+    """A random decoder over `tokenizer_dir`'s vocabulary, saved at `init_dir` with the tokenizer
+    files and loaded back as the loop loads a policy (`train.policy.load_policy`)."""
     from tokenizers import Tokenizer
 
-    from jaxrl_llm.data import ChatTemplate
+    from jaxrl_llm import bridge
     from jaxrl_llm.models import DecoderConfig, init_params
-    from jaxrl_llm.train.policy import Policy
+    from jaxrl_llm.train.policy import load_policy
 
-    tokenizer = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
-    chat = ChatTemplate.from_hf_dir(tokenizer_dir)
-    eos_id = tokenizer.token_to_id(chat.special_tokens["eos_token"])
-    if eos_id is None:
-        raise ValueError(f"{tokenizer_dir}: the tokenizer names no eos_token")
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     if hidden % 16:
         raise ValueError(f"hidden {hidden} must be a multiple of 16 (4 heads of hidden / 4)")
     cfg = DecoderConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
                         num_heads=4, num_kv_heads=2, head_dim=hidden // 4, tie_word_embeddings=True,
                         rms_norm_eps=1e-5, max_position_embeddings=256)
     params = init_params(cfg, jax.random.key(seed), dtype="float32")
-    return Policy(cfg, params, tokenizer, chat, (eos_id,), pad_id=eos_id, model_dir=tokenizer_dir)
+    return load_policy(bridge.save_hf_dir(cfg, jax.device_get(params), init_dir, tokenizer_dir=tokenizer_dir))
 
 
 def minus_answer(example) -> str:
@@ -122,7 +116,7 @@ def supervised_addition_start(tokenizer_dir: str, out_dir: str, setting: E2ESett
     from jaxrl_llm.models import forward, lm_head_logits
     from jaxrl_llm.train.policy import encode_prompts
 
-    policy = _make_policy_from_scratch(tokenizer_dir, setting.hidden, setting.layers, seed)
+    policy = _make_policy_from_scratch(tokenizer_dir, f"{out_dir}_init", setting.hidden, setting.layers, seed)
     cfg = policy.cfg
     examples = make_task("addition", digits=1).all_examples(TRAIN)
     prompts = encode_prompts(policy, examples)
@@ -154,8 +148,7 @@ def supervised_addition_start(tokenizer_dir: str, out_dir: str, setting: E2ESett
          f"{setting.sft_steps} full-batch steps at lr {setting.sft_lr}")
     t0 = time.perf_counter()
     losses = []
-    precision = getattr(jax, "default_matmul_precision", None)
-    with precision("highest") if precision is not None else contextlib.nullcontext():
+    with jax.default_matmul_precision("highest"):
         for s in range(1, setting.sft_steps + 1):
             minus = rng.random(len(examples)) < setting.minus_fraction
             rows = {k: jnp.asarray(np.where(minus.reshape(-1, *([1] * (v.ndim - 1))), forms[1][k], v))

@@ -14,17 +14,20 @@ from typing import Any, Callable
 
 import jax
 
+from jaxrl_llm.utils.atomic_files import write_text_atomic
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str:
-    if os.environ.get("GPU_CHECK_COMMIT"):  # set by launch/gpu_check.sh where the copy has no usable .git
+    """GPU_CHECK_COMMIT (set by launch/gpu_check.sh: a device's copy may hold a stale .git), else git's HEAD."""
+    if os.environ.get("GPU_CHECK_COMMIT"):
         return os.environ["GPU_CHECK_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or os.environ.get("GPU_CHECK_COMMIT", "unknown")
+                              timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("GPU_CHECK_COMMIT", "unknown")
+        return "unknown"
 
 
 def device_slug(kind: str) -> str:
@@ -75,9 +78,7 @@ class Report:
     def write(self) -> None:
         self.data["wall_s"] = self.elapsed()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=float))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(self.data, indent=2, default=float))
         self.path.with_suffix(".md").write_text(markdown(self.data))
 
 

@@ -34,18 +34,10 @@ from jaxrl_llm.benchmarks.learner_gpu import model_config
 
 # ------------------------------------------------------------- RL step at scale
 def _rl_config(run_dir: str, **values) -> Any:
-    """A library Config from dotted keys over the addition defaults (as experiments build them)."""
-    from jaxrl_llm.train.config import config_from_dict
+    """The default Config with dotted keys set (`train.config.replace_values`) and `run_dir`."""
+    from jaxrl_llm.train.config import Config, replace_values
 
-    data: dict[str, Any] = {}
-    for dotted, value in values.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    data.setdefault("run_dir", run_dir)
-    return config_from_dict(data)
+    return replace_values(Config(), {"run_dir": run_dir, **values})
 
 
 def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: int = 64, new_tokens: int = 512,
