@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     started = time.time()
     torch_result = None
     if only is None or "torch" in only:  # before JAX takes the device's memory
-        torch_result = torch_reference(args.tiny, timeout_s=min(180.0, args.budget_s / 3))
+        torch_result = torch_reference(args.tiny, timeout_s=min(240.0, args.budget_s / 2))
     report = Report(Path(args.out_dir), args.tiny, args.budget_s, args.tag)
     report.start = started
     if torch_result is not None:
@@ -293,7 +293,9 @@ def torch_reference(tiny: bool, timeout_s: float) -> dict[str, Any]:
             done = subprocess.run(command, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, text=True,
                                   capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return {"status": "failed", "wall_s": time.time() - t0, "error": f"timed out after {timeout_s:.0f} s"}
+            finished = json.loads(path.read_text()) if path.exists() else None  # the modes that finished
+            return {"status": "failed", "wall_s": time.time() - t0, "error": f"timed out after {timeout_s:.0f} s",
+                    **({"result": finished} if finished and finished["runs"] else {})}
         if done.returncode != 0 or not path.exists():
             return {"status": "failed", "wall_s": time.time() - t0,
                     "error": f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"}
