@@ -1,5 +1,6 @@
-"""The README's accelerator table comes from the committed gpu-check result files: rows built
-from a hand-written result, tiny CPU runs left out, and the README's table equal to the generated one."""
+"""docs/benchmarks.md's accelerator tables come from the committed gpu-check result files: rows built
+from a hand-written result, tiny CPU runs left out, and the tables in docs/benchmarks.md equal to the
+generated ones."""
 from __future__ import annotations
 
 import json
@@ -32,5 +33,15 @@ def test_markers_are_required(tmp_path):
     assert at.replace_between_markers(text, "new") == f"a\n{at.START}\nnew\n{at.END}\nb\n"
 
 
-def test_readme_table_is_the_generated_one():
+def test_benchmarks_doc_table_is_the_generated_one():
+    assert at.TARGET.name == "benchmarks.md" and at.TARGET.parent.name == "docs"
     assert at.main(["--check"]) == 0
+
+
+def test_check_fails_on_a_stale_table(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# b\n{at.START}\nstale\n{at.END}\n")
+    assert at.main(["--check", "--doc", str(doc)]) == 1
+    assert "stale" in capsys.readouterr().err
+    assert at.main(["--doc", str(doc)]) == 0
+    assert at.main(["--check", "--doc", str(doc)]) == 0
