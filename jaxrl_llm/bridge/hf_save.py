@@ -170,7 +170,7 @@ def write_sync_dir(cfg: DecoderConfig, params: Mapping[str, Any], directory: str
     threads (``write_safetensors_in_place``). A leaf that must change dtype is transposed and
     cast by one op on device while the previous one is copied; a leaf already in host memory
     and in ``dtype`` is transposed by that copy itself (one pass instead of a transpose into a
-    temporary and a second copy: 1.55x faster for SmolLM2 float32 on CPU, see README).
+    temporary and a second copy; docs/benchmarks.md, weight sync, has the measurement).
     Returns the directory's absolute path.
     """
     dtype = canonical_dtype_name(dtype, "dtype")

@@ -2,11 +2,11 @@
 
 On CPU, jaxlib 0.10 hands individual matmuls to YNNPACK by default; letting it fuse each
 matmul with the elementwise work around it (``xla_cpu_experimental_ynn_fusion_type =
-LIBRARY_FUSION_TYPE_DOT``) made the float32 SmolLM2-135M forward+backward ~1.12x faster on
-a 2-core AVX2 CPU (``python -m jaxrl_llm.benchmarks.xla_flags``: every variant compiled from
-one lowering and timed in turns in one process), gradients within 2e-6 of the default
-build's (relative to the largest). In bfloat16 it was neutral (1.02x) and moved the
-gradients by 2e-2 relative, so it is used for float32 compute only.
+LIBRARY_FUSION_TYPE_DOT``) removes part of the layout copies around the float32 backward's
+weight-gradient matmuls, with gradients equal to the default build's up to float32 rounding. In
+bfloat16 it gained little and moved the gradients by the size of bf16 rounding, so it is used for
+float32 compute only. ``python -m jaxrl_llm.benchmarks.xla_flags`` compares the options (one lowering,
+every variant compiled and timed in turns in one process); results in docs/benchmarks.md.
 
 The option is passed as ``jax.jit(..., compiler_options=...)``, so it touches only the
 learner's executables, never the sampler's or a user's, and needs no environment variable

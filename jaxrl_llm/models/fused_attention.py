@@ -2,13 +2,11 @@
 
 XLA's own attention writes every [T, S] score matrix to memory and reads it back for the
 softmax and the backward pass; the fused kernel keeps them in on-chip memory, block by block
-(FlashAttention, Dao et al. 2022, arXiv 2205.14135; cuDNN's implementation of it). Measured on
-one H200 (``python -m jaxrl_llm.benchmarks.model --torch-device cuda``, SmolLM2-135M bf16
-forward+backward): with XLA's attention 2x2048 ran at 0.88x of PyTorch's (which uses a fused
-kernel through scaled_dot_product_attention), 8x512 at 1.83x; with this kernel 3.61x and 3.52x.
-One layer's attention forward+backward at 2x2048 (``python -m jaxrl_llm.benchmarks.fused_attention``)
-took 1.299 ms with XLA and 0.621 ms with cuDNN, gradients as close to a float32 reference as XLA's
-bf16 ones; the Qwen2.5-1.5B-shaped learner step at 8 x 2048 went from 15.2k to 19.2k tokens/s.
+(FlashAttention, Dao et al. 2022, arXiv 2205.14135; cuDNN's implementation of it). At long T the
+score matrices are what makes XLA's bf16 attention slower than PyTorch's fused
+scaled_dot_product_attention; with this kernel the gradients stay as close to a float32 reference
+as XLA's bf16 ones. ``python -m jaxrl_llm.benchmarks.fused_attention`` times one layer both ways;
+the measurements are in docs/benchmarks.md (learner on GPUs).
 
 cuDNN takes bf16/fp16 inputs with a head size of at most 128 (a multiple of 8); float32 and CPUs
 keep XLA's path. A boolean mask reaches the kernel as an additive bias of a large negative

@@ -11,10 +11,10 @@ Modes, by the name ``train.remat`` and ``forward(..., remat=)`` take:
   "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174): least memory, about
   one more forward pass of the layers.
 
-Which is faster depends on the backend. In bfloat16 on XLA:CPU "full" beats "dots" (SmolLM2-135M
-fwd+bwd, 2-core Intel Xeon: 8x512 1.16x, 2x2048 1.06x): the looped layers write each saved bf16
-projection into an [nL, ...] stack, which costs more there than recomputing the projections.
-In float32 "dots" is the faster of the two (8x512: 1.06x).
+Which is faster depends on the backend. In bfloat16 on XLA:CPU "full" beats "dots": the looped
+layers write each saved bf16 projection into an [nL, ...] stack, which costs more there than
+recomputing the projections. In float32 "dots" is the faster of the two (measurements:
+``python -m jaxrl_llm.benchmarks.learner_levers``, docs/benchmarks.md).
 
 ``True`` and ``False`` are read as ``"full"`` and ``"off"`` (what ``remat`` meant when it was a bool).
 

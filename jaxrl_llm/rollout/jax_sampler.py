@@ -81,10 +81,10 @@ def inverse_cdf_choice(logp: jax.Array, uniform: jax.Array, block: int = 256) ->
     follows the (renormalised) distribution, and a token of probability 0 is never chosen
     (its cumulative mass equals its predecessor's). The cumulative sum runs in two levels,
     within blocks of ``block`` tokens and over the block totals, so the work is O(V) and
-    the search reads one block per row: only the chosen block's running sum is formed
-    (4x faster than a running sum over every block at [64, 49152] on CPU, where a
-    cumulative sum costs block^2 per block). Float32: the interval of each token is exact
-    up to float32 rounding of the sums (relative ~1e-7)."""
+    the search reads one block per row: only the chosen block's running sum is formed,
+    because XLA:CPU lowers a cumulative sum at block^2 work per block, so a running sum over
+    every block would dominate the draw (docs/benchmarks.md, the sampler section). Float32:
+    the interval of each token is exact up to float32 rounding of the sums (relative ~1e-7)."""
     batch, vocab = logp.shape
     padded = -(-vocab // block) * block
     probs = jnp.exp(logp.astype(jnp.float32))
@@ -124,8 +124,8 @@ def compaction_sizes(batch: int, smallest: int = 8, compactions: int = 12) -> tu
     """Row counts the decode loop runs at: the batch, then steps of x3/4 (or x2/3, x1/2 where
     3/4 of it is not whole: 64, 48, 36, 27, 18, 12, 9, 6, 4, 3, 2, 1), not below ``smallest``,
     at most ``compactions`` steps (each size is one more decode loop to compile). Steps of 3/4
-    rather than halvings leave fewer finished rows in the batch: on SmolLM2's 64 x 256-token
-    completions 1.07x faster than halving, for 5 more loops to compile."""
+    rather than halvings leave fewer finished rows computing in the batch, at the price of more
+    loops to compile (measurements: docs/benchmarks.md)."""
     if smallest < 1 or compactions < 0:
         raise ValueError(f"smallest ({smallest}) must be >= 1 and compactions ({compactions}) >= 0")
     sizes = [batch]

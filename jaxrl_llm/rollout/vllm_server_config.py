@@ -90,10 +90,10 @@ class VLLMServerConfig:
         could never be scheduled, and vLLM refuses to start).
       api_key: bearer token the server requires (required off loopback).
       seed: server-wide seed.
-      enforce_eager: skip torch.compile. On CPU this starts in about a third
-        of the time (no ~1-2 min inductor compile, which vLLM 0.32 redoes on
-        every start here) and generates ~20-30% slower: right for tests and
-        short jobs, wrong for long training runs.
+      enforce_eager: skip torch.compile. On CPU this saves the inductor
+        compile that vLLM 0.32 redoes on every start, and generates more
+        slowly: right for tests and short jobs, wrong for long training runs
+        (measurements: docs/benchmarks.md).
       logprobs_mode: "processed_logprobs" (after temperature; what RL needs)
         or "raw_logprobs".
       dev_mode: set VLLM_SERVER_DEV_MODE=1 (weight reload endpoints).

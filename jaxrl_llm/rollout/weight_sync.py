@@ -206,8 +206,8 @@ class DiskWeightSync(WeightSync):
       rpc_timeout_s: read timeout of the reload call.
       reuse_staging: keep the directory of the push before last and hand it
         to the next export to overwrite: on /dev/shm rewriting existing pages
-        is ~3x faster than filling a new file (no page allocation and
-        zeroing). Costs a second staged copy of the weights in RAM.
+        skips the page allocation and zeroing a new file pays for every
+        4 KiB. Costs a second staged copy of the weights in RAM.
 
     The newest staging directory is kept (the servers' model config points
     at it after a reload), plus with `reuse_staging` the one before it, which
