@@ -10,7 +10,7 @@
    64 x 512 tokens (bf16 JAX sampler, EOS impossible as in `gpu_sampler`), random 0/1 rewards,
    the library's learner step (`train.learn.learn`: build_sequences, pi_old recompute,
    prepare_step_batch, `Learner.update`, bf16 compute / fp32 master weights), and the weight
-   hand-off (`engine_params` -> `JaxSampler.update_weights`), timed after one warm-up step.
+   hand-off (`engine_weights` -> `JaxSampler.update_weights`), timed after one warm-up step.
 
 Both run at a tiny size on CPU with ``tiny=True`` (the tests); their numbers then mean nothing
 for GPUs. Nothing here catches exceptions: the caller does.
@@ -49,15 +49,15 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
     work does not depend on which rows share a prompt, and the sampler program is the one
     `sampler_decode(shape, batch, new_tokens)` compiles), the learner step (`train.learn.learn`,
     bf16 compute, fp32 master weights + AdamW, train.remat=`remat`) and the hand-off of the new
-    weights to the sampler (cast to bf16 by `engine_params`, `update_weights`).
+    weights to the sampler (cast to bf16 by `engine_weights`, `update_weights`).
     ``tiny``: the 'tiny' shape, 4 rows x 8 tokens, prompts of 8, groups of 2."""
     from jaxrl_llm.models import init_params
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.types import SamplingParams
-    from jaxrl_llm.train.engines import engine_params, sampler_dtype
+    from jaxrl_llm.train.engines import engine_weights, sampler_dtype
     from jaxrl_llm.train.learn import learn
     from jaxrl_llm.train.learner import Learner
-    from jaxrl_llm.train.runnable import recipe_from_config
+    from jaxrl_llm.train.runnable import plan_run
 
     if tiny:
         shape, batch, new_tokens, prompt_len, group, micro_batch_size = "tiny", 4, 8, 8, 2, 2
@@ -72,11 +72,11 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
     model_cfg = model_config(shape, prompt_len + new_tokens)
     log(f"rl_step_at_scale {shape}: {batch} x {new_tokens} tokens, sampler {dtype}, learner "
          f"{cfg.train.precision} (remat {remat}, micro-batch {micro_batch_size})")
-    recipe = recipe_from_config(cfg)
+    recipe = plan_run(cfg).recipe
     learner = Learner(model_cfg, recipe, cfg.train, total_steps=steps + 1)
     state = learner.init(init_params(model_cfg, jax.random.key(seed), dtype="float32"), seed=seed)
     sampler = JaxSampler(model_cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype),
-                         engine_params(cfg, learner.full_params(state.params)),
+                         engine_weights(cfg, learner, state.params),
                          eos_token_ids=impossible_eos(model_cfg), pad_id=0)
     prompts = random_prompts(model_cfg.vocab_size, batch, prompt_len, seed + 1)
     rng = np.random.default_rng(seed + 2)
@@ -94,7 +94,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
         state, metrics = learn(learner, state, recipe, cfg, rollouts, rewards)
         jax.block_until_ready(state.params)
         t3 = time.perf_counter()
-        new = engine_params(cfg, learner.full_params(state.params))
+        new = engine_weights(cfg, learner, state.params)
         jax.block_until_ready(new)
         sampler.update_weights(new)
         t4 = time.perf_counter()
@@ -122,7 +122,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
         "loss": float(metrics.get("loss", float("nan"))),
         "split_note": "sample = JaxSampler.generate (prefill + decode + host records); grade = random 0/1 rewards; "
                       "learn = train.learn.learn (build_sequences, pi_old recompute, prepare_step_batch, one "
-                      "Learner.update), blocked; sync = engine_params (bf16 cast) + update_weights, blocked; "
+                      "Learner.update), blocked; sync = engine_weights (bf16 cast) + update_weights, blocked; "
                       "compile_s = warm-up step_s - timed step_s",
     }
 
@@ -222,7 +222,7 @@ def rl_end_to_end(work_dir: str, *, tokenizer_dir: str | None = None, tiny: bool
                            "(in the producer thread), reward = grading, wait = the step waiting for its batch "
                            "(with rollout.max_lag 0 the producer samples step k+1 right after step k's publish, while "
                            "the loop still writes step k's metrics, so wait <= rollout + reward), "
-                           "learn = train.learn.learn blocked, sync = engine_params cast + publish to the sampler "
+                           "learn = train.learn.learn blocked, sync = engine_weights cast + publish to the sampler "
                            "(not blocked on the cast), step = wait + learn + sync; "
                            "medians over steps 2.. (step 1 compiles)",
         "test_note": "pooled two-proportion z-test over the held-out samples (29 questions x samples_per_prompt; "

@@ -33,7 +33,8 @@ from jaxrl_llm.benchmarks.learner_gpu import model_config
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, rl_length_mix
 from jaxrl_llm.models import chunked_logprobs_from_hidden, forward, init_params
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner, make_optimizer
+from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.optimizer import make_optimizer
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:

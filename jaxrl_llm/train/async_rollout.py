@@ -158,7 +158,8 @@ class AsyncRolloutProducer:
       make_job: step -> RolloutJob.
       first_step, last_step: inclusive step range of this session.
       max_lag: most policy versions a batch may lag behind the learner (0 = synchronous).
-      postprocess: optional (job, rollouts) -> extra, run in the producer thread (e.g. grading).
+      postprocess: optional (job, rollouts, with_engine) -> extra, run in the producer thread
+        outside the engine's lock (e.g. grading); `with_engine` is `self.with_engine`.
       sample: optional (engine, job) -> (rollouts, extra) replacing generate + postprocess, run
         while the producer holds the engine (e.g. several graded rounds of dynamic sampling,
         all drawn by one weight version).
@@ -167,7 +168,7 @@ class AsyncRolloutProducer:
     """
 
     def __init__(self, engine, make_job: Callable[[int], RolloutJob], *, first_step: int, last_step: int,
-                 max_lag: int, postprocess: Callable[[RolloutJob, RolloutBatch], Any] | None = None,
+                 max_lag: int, postprocess: Callable[[RolloutJob, RolloutBatch, Callable], Any] | None = None,
                  sample: Callable[[Any, RolloutJob], tuple[RolloutBatch, Any]] | None = None,
                  replay: dict[int, SampledBatch] | None = None):
         if not isinstance(max_lag, int) or isinstance(max_lag, bool) or max_lag < 0:
@@ -220,7 +221,7 @@ class AsyncRolloutProducer:
                 elapsed = time.perf_counter() - t0
                 extra = sampled.extra
                 if extra is None and self.postprocess:
-                    extra = self.postprocess(job, sampled.rollouts)
+                    extra = self.postprocess(job, sampled.rollouts, self.with_engine)
                 batch = ProducedBatch(step, sampled.rollouts, sampled.weight_version,
                                       sample_ids(step, sampled.rollouts), job.context, extra, elapsed)
                 self.ledger.add_produced(batch.ids)
@@ -349,63 +350,3 @@ def staleness_corrected(recipe: core.Recipe, cap: float = 2.0) -> core.Recipe:
     if recipe.correction is not None:
         return recipe
     return dataclasses.replace(recipe, correction=functools.partial(core.token_tis, cap=cap))
-
-
-# -------------------------------------------------------------- engine pool
-class RolloutPool:
-    """Several rollout engines as one: prompts are split into contiguous chunks, one per
-    engine, sampled concurrently and merged in order; weights go to every engine.
-
-    `VLLMClient(urls)` already spreads one engine's requests round-robin over several
-    servers behind one version counter; this pool is for engines that are separate
-    objects (several JaxSamplers on different devices, several VLLMEngines with their own
-    weight syncs). Chunk c is seeded with seed + c * 1_000_003 so it draws its own samples.
-    """
-
-    def __init__(self, engines: Sequence[Any]):
-        if not engines:
-            raise ValueError("RolloutPool needs at least one engine, got none")
-        versions = {int(e.weight_version) for e in engines}
-        if len(versions) != 1:
-            raise ValueError(f"engines hold different weight versions {sorted(versions)}; start them from one")
-        self.engines = list(engines)
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._pool = ThreadPoolExecutor(len(self.engines), thread_name_prefix="rollout-pool")
-
-    @property
-    def weight_version(self) -> int:
-        return int(self.engines[0].weight_version)
-
-    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> RolloutBatch:
-        prompts = list(prompts_token_ids)
-        chunks = [c for c in _contiguous_chunks(len(prompts), len(self.engines)) if c.stop > c.start]
-
-        def run(index: int, rows: slice) -> RolloutBatch:
-            seed = None if params.seed is None else params.seed + index * 1_000_003
-            return self.engines[index].generate(prompts[rows], n=n, params=dataclasses.replace(params, seed=seed))
-
-        parts = list(self._pool.map(run, range(len(chunks)), chunks))
-        records = []
-        for rows, part in zip(chunks, parts):
-            for rec in part.records:
-                records.append(dataclasses.replace(rec, prompt_index=rec.prompt_index + rows.start))
-        return RolloutBatch(tuple(records), num_prompts=len(prompts), samples_per_prompt=n)
-
-    def update_weights(self, params: Any) -> int:
-        versions = set(self._pool.map(lambda e: int(e.update_weights(params)), self.engines))
-        if len(versions) != 1:
-            raise RuntimeError(f"engines disagree on the weight version after an update: {sorted(versions)}")
-        return versions.pop()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-def _contiguous_chunks(total: int, parts: int) -> list[slice]:
-    base, extra = divmod(total, parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-

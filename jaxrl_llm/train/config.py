@@ -6,12 +6,10 @@ command line adds dotted overrides such as `train.lr=1e-5`:
 
     cfg = load_config("experiments/example_config.py", ["train.lr=1e-5"])
 
-The validation machinery (types, ranges, "did you mean") is the generic
-`jaxrl_llm.utils.typed_config`; this module holds the fields and their ranges.
-A config that loads is one the RL loop can run: every `Config` runs
-`train.runnable.check_runnable`, which refuses the combinations the loop cannot
-run (e.g. a recipe that needs a critic), naming the field, before any model is
-loaded.
+The validation machinery (types, ranges, "did you mean") is `utils.typed_config`;
+this module holds the fields and their ranges. Every `Config` also runs
+`train.runnable.check_runnable`, which refuses, naming the field, the combinations
+the loop cannot run (e.g. a recipe that needs a critic) before any model loads.
 
 To add a field: add it to the right section with a default and, if it has a
 range, `field(default, ge=..., ...)`, and make the loop use it.
@@ -34,9 +32,8 @@ from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, 
 __all__ = [
     "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
     "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
-    "config_from_dict", "load_config",
-    "load_config_json", "parse_overrides", "replace_values", "save_config", "schema_help",
-]
+    "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values", "save_config",
+    "schema_help"]
 
 # Names come from core's registries, so a config can only name what the learner has.
 RECIPE_NAMES = tuple(core.RECIPES)
@@ -358,9 +355,7 @@ class Config(Section):
         return config_from_dict(json.loads(text))
 
 
-# ----------------------------------------------------------------------------
-# Loading and saving (the generic machinery bound to Config)
-# ----------------------------------------------------------------------------
+# ---------------------------------------------- loading and saving (typed_config bound to Config)
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
@@ -400,5 +395,6 @@ def schema_help() -> str:
 
 
 def load_config_json(path: str | os.PathLike) -> Config:
+    """A run's config.json."""
     return config_files.load_json(Config, path)
 

@@ -44,6 +44,12 @@ def engine_params(cfg: Config, params):
     return params if cfg.rollout.engine == "vllm" else cast_params(params, sampler_dtype(cfg))
 
 
+def engine_weights(cfg: Config, learner, params):
+    """The learner's `params` as the configured rollout engine takes them: the full weights (LoRA
+    merged, `Learner.full_params`), a whole host copy with several processes, in the engine's dtype."""
+    return engine_params(cfg, host_params(learner.full_params(params)))
+
+
 def host_params(params):
     """`params` for this process's rollout engine: unchanged with one JAX process; with
     several, a full host copy on every process (the learner's arrays span all of them)."""

@@ -197,18 +197,3 @@ def _batch(episodes: list[_Episode], num_prompts: int, n: int, limits: EpisodeLi
                "episode_observation_tokens": mean([len(e.mask) - sum(e.mask) for e in episodes])}
     return EpisodeBatch(RolloutBatch(records, num_prompts, n), rewards.reshape(num_prompts, n),
                         returns.reshape(num_prompts, n), metrics, wall_s)
-
-
-def episode_sampler(cfg: Config, policy: Policy, task: EnvTask):
-    """The training loop's `sample` hook for an environment task: (engine, job) -> (rollouts,
-    Graded) with the episodes' summed rewards (judged for correctness), their discounted returns
-    as the learner's rewards, and their per-episode metrics."""
-    from jaxrl_llm.train.learn import Graded
-
-    limits = EpisodeLimits.from_config(cfg)
-
-    def sample(engine, job) -> tuple[RolloutBatch, Graded]:
-        batch = run_episodes(engine, policy, task, job.context.examples, job.n, job.params, limits)
-        return batch.rollouts, Graded(batch.rewards, 0, 0, batch.wall_s, batch.metrics, shaped=batch.returns)
-
-    return sample

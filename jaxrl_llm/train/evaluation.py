@@ -24,7 +24,7 @@ from jaxrl_llm.train.config import Config
 from jaxrl_llm.utils.atomic_files import write_text_atomic
 from jaxrl_llm.train.engines import make_engine, sampling_params
 from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
-from jaxrl_llm.train.learn import grade
+from jaxrl_llm.train.grading import grade
 from jaxrl_llm.train.metrics import read_metrics, truncate_metrics
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
 from jaxrl_llm.train.prompts import heldout_examples, task_from_config

@@ -6,7 +6,7 @@
   equals one pass over the batch (docs/objectives.md#masked-mean-micro-batch-bias).
 * Rows: a `train.packing.RowPlan` lays the step's sequences into micro-batches of
   R rows x W slots, packed first-fit-decreasing (`train.pack`) or one per row; each
-  micro-batch's completion log-probs are read back into the step batch's [N, T_c]
+  micro-batch's completion log-probs (`train.micro_batch`) are read back into the step batch's [N, T_c]
   layout and the sequences it does not hold are taken out of its loss
   (`core.restrict_rows`), so packing changes no loss, gradient or metric.
   Micro-batches packing leaves empty are skipped (`lax.cond`).
@@ -20,7 +20,7 @@
   al. 2018, "Mixed Precision Training"). In every precision a non-finite loss
   or gradient skips the update and is reported as `skipped`.
 * Optimiser: optax AdamW behind global-norm clipping, with a warmup + constant
-  / linear / cosine learning-rate schedule.
+  / linear / cosine learning-rate schedule (`train.optimizer`).
 * Sharding: with a mesh, params follow `models.param_shardings` and batch rows
   are split over ("data", "fsdp"); jit (GSPMD) inserts the collectives.
 * LoRA (`train.lora_rank` >= 1; Hu et al. 2021, `models.lora`): the trainable
@@ -50,8 +50,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.models import (DecoderConfig, batch_sharding, chunked_logprobs_from_hidden, forward, lora,
-                              param_shardings)
+from jaxrl_llm.models import DecoderConfig, batch_sharding, lora, param_shardings
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_setting
 from jaxrl_llm.models.sharding import BATCH_AXES
@@ -59,32 +58,11 @@ from jaxrl_llm.train import critic as critic_lib
 from jaxrl_llm.train import packing
 from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
-from jaxrl_llm.train.distributed import gather_to_host
+from jaxrl_llm.train.distributed import gather_to_host, put_global
+from jaxrl_llm.train.micro_batch import DeviceRows, head_logprobs, to_step_layout
+from jaxrl_llm.train.optimizer import LossScale, make_optimizer, next_loss_scale
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-class LossScale(NamedTuple):
-    scale: jax.Array  # float32 scalar
-    good_steps: jax.Array  # int32 scalar: finite steps since the last change
-
-
-def _put(tree, shardings):
-    """jax.device_put that also works with several JAX processes: there a sharding spans
-    other processes' devices and JAX places only host values (identical on every process)
-    or arrays already spread over the mesh, so process-local arrays go through the host."""
-    if jax.process_count() == 1:
-        return jax.device_put(tree, shardings)
-
-    def one(x, sharding):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return jax.device_put(x, sharding)  # already global: a reshard
-        host = np.asarray(x)  # each process fills its own devices' shards, no cross-process check
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-    if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(lambda x: one(x, shardings), tree)
-    return jax.tree.map(one, tree, shardings)
 
 
 class StepLogprobs(NamedTuple):
@@ -102,67 +80,6 @@ class LearnerState(NamedTuple):
     loss_scale: LossScale
     step: jax.Array  # int32: optimiser steps taken (skipped ones included)
     critic: critic_lib.CriticState | None = None  # the value head and its optimiser state
-
-
-def learning_rate_schedule(train_cfg, total_steps: int) -> optax.Schedule:
-    """Linear warmup from 0 over warmup_steps, then constant, linear decay to 0 or cosine decay to 0."""
-    warmup = int(train_cfg.warmup_steps)
-    decay_steps = max(int(total_steps) - warmup, 1)
-    if train_cfg.schedule == "constant":
-        after = optax.constant_schedule(train_cfg.lr)
-    elif train_cfg.schedule == "linear":
-        after = optax.linear_schedule(train_cfg.lr, 0.0, decay_steps)
-    elif train_cfg.schedule == "cosine":
-        after = optax.cosine_decay_schedule(train_cfg.lr, decay_steps)
-    else:
-        raise ValueError(f"train.schedule={train_cfg.schedule!r}; valid: 'constant', 'linear', 'cosine'")
-    if warmup == 0:
-        return after
-    return optax.join_schedules([optax.linear_schedule(0.0, train_cfg.lr, warmup), after], [warmup])
-
-
-def make_optimizer(train_cfg, total_steps: int) -> optax.GradientTransformation:
-    parts = [] if train_cfg.grad_clip is None else [optax.clip_by_global_norm(train_cfg.grad_clip)]
-    parts.append(optax.adamw(learning_rate_schedule(train_cfg, total_steps), b1=train_cfg.adam_b1,
-                             b2=train_cfg.adam_b2, eps=train_cfg.adam_eps, weight_decay=train_cfg.weight_decay))
-    return optax.chain(*parts)
-
-
-class DeviceRows(NamedTuple):
-    """A `packing.RowPlan` on the device: the per-micro-batch arrays and the read-back map."""
-
-    tokens: jax.Array  # int32 [k, R, W]
-    segment_ids: jax.Array  # int32 [k, R, W]
-    positions: jax.Array  # int32 [k, R, W]
-    head_slots: jax.Array  # int32 [k, R * T_c]
-    used: jax.Array  # bool [k]
-    completion_index: jax.Array  # int32 [N, T_c]
-    micro_batch: jax.Array  # int32 [N]
-
-
-def _head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, head_slots, *, temperature: float,
-                   return_entropy: bool, remat: str, max_segments: int, critic_params=None):
-    """One micro-batch: the decoder over its rows [R, W], then the LM head and log-softmax on the
-    R * T_c gathered positions that predict completion tokens only (the head is ~1/5 of SmolLM2's
-    FLOPs per position, so skipping prompt and padding positions is not free). Returns the flat
-    [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None)."""
-    hidden, _ = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
-                        remat=remat, max_segments=max_segments)
-    rows, width, dim = hidden.shape
-    predicting = jnp.take(hidden.reshape(rows * width, dim), head_slots, axis=0)[None]
-    targets = jnp.take(tokens.reshape(-1), head_slots + 1)[None]
-    out = chunked_logprobs_from_hidden(predicting, targets, params, cfg, temperature=temperature,
-                                       return_entropy=return_entropy)
-    out = jax.tree.map(lambda x: x[0], out)
-    values = None if critic_params is None else critic_lib.head_values(critic_params, predicting)[0]
-    return out, values
-
-
-def _to_step_layout(flat, rows: DeviceRows, m, fill):
-    """[R * T_c] values of micro-batch m -> [N, T_c]: each completion token's own where its sequence
-    lives in micro-batch m, `fill` elsewhere."""
-    member = (rows.micro_batch == m)[:, None]
-    return jnp.where(member, jnp.take(flat, rows.completion_index), fill)
 
 
 class Learner:
@@ -210,10 +127,10 @@ class Learner:
         (A from PRNGKey(seed), B = 0) on the frozen `params`, which become `self.frozen`."""
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
         if self.needs_reference and self.lora is None:  # with LoRA the frozen base is the reference
-            placed = params if self.mesh is None else _put(params, param_shardings(params, self.mesh))
+            placed = params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
             self.reference = reference_lib.reference_copy(placed, self.compute_dtype)
         if self.lora is not None:
-            self.frozen = params if self.mesh is None else _put(params, param_shardings(params, self.mesh))
+            self.frozen = params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
             params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
         scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
@@ -230,11 +147,11 @@ class Learner:
             shardings = param_shardings(params, self.mesh)
         else:  # adapters are small: replicated on every device
             shardings = jax.tree.map(lambda _: replicated, params)
-        params = _put(params, shardings)
+        params = put_global(params, shardings)
         opt_state = optax.tree_utils.tree_map_params(
-            self.optimizer, _put, self.optimizer.init(params), shardings,
-            transform_non_params=lambda x: _put(x, replicated))
-        return LearnerState(params, opt_state, *_put(scalars, replicated), _put(critic, replicated))
+            self.optimizer, put_global, self.optimizer.init(params), shardings,
+            transform_non_params=lambda x: put_global(x, replicated))
+        return LearnerState(params, opt_state, *put_global(scalars, replicated), put_global(critic, replicated))
 
     def compute_params(self, params, frozen=None):
         """Master params (LoRA: adapters merged into `frozen`) cast to the compute dtype
@@ -281,19 +198,19 @@ class Learner:
             return DeviceRows(*map(jnp.asarray, per_micro + rest))
         rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES, None))
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        return DeviceRows(*(_put(x, rows) for x in per_micro), *(_put(x, replicated) for x in rest))
+        return DeviceRows(*(put_global(x, rows) for x in per_micro), *(put_global(x, replicated) for x in rest))
 
     def replicated(self, x) -> jax.Array:
         """A host array as a JAX array that can meet the learner's arrays in one computation:
         plain with one process; with several, replicated over the global mesh."""
         if jax.process_count() == 1 or self.mesh is None:
             return jnp.asarray(x)
-        return _put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+        return put_global(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
 
     def _place(self, tree):
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, tree)
-        return jax.tree.map(lambda x: _put(x, batch_sharding(self.mesh, np.ndim(x))), tree)
+        return jax.tree.map(lambda x: put_global(x, batch_sharding(self.mesh, np.ndim(x))), tree)
 
     # -------------------------------------------------------------- logprobs
     def logprobs(self, params, seq: SequenceBatch) -> tuple[jax.Array, jax.Array]:
@@ -325,7 +242,7 @@ class Learner:
             reference = self.compute_params(frozen)
 
         def run(weights, *micro, **kwargs):
-            return _head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
+            return head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
                                   max_segments=max_segments, **kwargs)
 
         n, completion_width = rows.completion_index.shape
@@ -337,7 +254,7 @@ class Learner:
             (logp, entropy), values = run(params, *micro, return_entropy=True, critic_params=critic_params)
             ref_logp = run(reference, *micro, return_entropy=False)[0] if with_reference else None
             flat = StepLogprobs(logp, entropy, ref_logp, values)
-            return jax.tree.map(lambda x: _to_step_layout(x, rows, m, 0.0), flat)
+            return jax.tree.map(lambda x: to_step_layout(x, rows, m, 0.0), flat)
 
         def accumulate(total, xs):
             m, used, micro = xs
@@ -396,11 +313,11 @@ class Learner:
         unpacked batch's loss, gradients and metrics."""
         def micro_loss(trainable, m, micro):
             params, critic_params = trainable
-            logp_flat, values_flat = _head_logprobs(
+            logp_flat, values_flat = head_logprobs(
                 self.compute_params(params, frozen), self.compute_cfg, *micro, temperature=self.temperature,
                 return_entropy=False, remat=remat, max_segments=max_segments, critic_params=critic_params)
-            logp = _to_step_layout(logp_flat, rows, m, step_batch.old_logp)
-            values = None if values_flat is None else _to_step_layout(values_flat, rows, m, step_batch.old_values)
+            logp = to_step_layout(logp_flat, rows, m, step_batch.old_logp)
+            values = None if values_flat is None else to_step_layout(values_flat, rows, m, step_batch.old_values)
             batch = core.restrict_rows(step_batch, rows.micro_batch == m)
             loss, metrics = core.recipe_loss(self.recipe, logp, batch, values=values)
             return loss * scale, metrics
@@ -437,7 +354,8 @@ class Learner:
             critic = critic_lib.CriticState(*critic)
             metrics.update(critic_grad_norm=critic_norm, policy_held=(finite & ~policy_on).astype(jnp.float32))
         params, opt_state = self._step(self.optimizer, state.params, state.opt_state, grads, policy_on)
-        loss_scale = self._next_loss_scale(state.loss_scale, finite)
+        loss_scale = (next_loss_scale(state.loss_scale, finite, self.train_cfg) if self.dynamic_loss_scale
+                      else state.loss_scale)
         metrics["skipped"] = (~finite).astype(jnp.float32)
         return LearnerState(params, opt_state, loss_scale, state.step + 1, critic), metrics
 
@@ -448,13 +366,3 @@ class Learner:
         new_params = optax.apply_updates(params, updates)
         keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
         return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
-
-    def _next_loss_scale(self, current: LossScale, finite) -> LossScale:
-        if not self.dynamic_loss_scale:
-            return current
-        cfg = self.train_cfg
-        grown = current.good_steps + 1 >= cfg.loss_scale_growth_interval
-        scale = jnp.where(finite, jnp.where(grown, current.scale * cfg.loss_scale_factor, current.scale),
-                          jnp.maximum(current.scale / cfg.loss_scale_factor, cfg.loss_scale_min))
-        good = jnp.where(finite & ~grown, current.good_steps + 1, 0)
-        return LossScale(scale.astype(jnp.float32), good.astype(jnp.int32))

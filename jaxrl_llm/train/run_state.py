@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.runnable import recipe_from_config
+from jaxrl_llm.train.runnable import plan_run
 from jaxrl_llm.train.learner import Learner, LearnerState
 from jaxrl_llm.train.policy import Policy
 
@@ -38,7 +38,8 @@ def position_of(restored_state: dict) -> RunPosition:
 
 
 def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None) -> Learner:
-    return Learner(policy.cfg, recipe or recipe_from_config(cfg), cfg.train, total_steps=cfg.total_steps,
+    """The run's learner; `recipe` None: the run plan's."""
+    return Learner(policy.cfg, recipe or plan_run(cfg).recipe, cfg.train, total_steps=cfg.total_steps,
                    temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic)
 
 

@@ -1,7 +1,9 @@
-"""What the RL loop can run from a `Config`: the recipe it names with the config's overrides
-(`recipe_from_config`), whether the loop over-samples (`dynamic_sampling`), and the cross-field
-checks that refuse, naming the field, a combination the loop cannot run (`check_runnable`, called
-by every `Config` when it is built).
+"""What the RL loop runs from a `Config`: the run plan (`plan_run`: the recipe with the config's
+overrides, whether the loop over-samples, whether the task is a multi-turn environment, what a
+checkpoint carries), derived once and passed down, and the cross-field checks that refuse,
+naming the field, a combination the loop cannot run. Every `Config` is checked when it is built
+(`check_runnable`, without the task object); `train()` plans again with the task it built, since
+a factory function or a `task=` object may turn out to be an environment only then.
 """
 from __future__ import annotations
 
@@ -9,11 +11,48 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from jaxrl_llm import core
+from jaxrl_llm.data import EnvTask, Task
+from jaxrl_llm.train.async_rollout import staleness_corrected
 from jaxrl_llm.train.task_plugins import is_env_task
 from jaxrl_llm.utils.typed_config import ConfigError
 
 if TYPE_CHECKING:  # config.py imports this module to check every Config it builds
     from jaxrl_llm.train.config import Config, RecipeConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The facts of a run that follow from its config and task, derived once (`plan_run`)."""
+
+    recipe: core.Recipe  # the config's recipe; with rollout.max_lag > 0, token TIS against staleness
+    dynamic_sampling: bool  # over-sample prompt rounds until the step holds informative groups
+    sampling_rounds: int  # prompt rounds drawn per step (1 without dynamic sampling)
+    env_task: bool  # a multi-turn environment: a step's groups are episodes
+    vineppo: bool  # Monte-Carlo values: K continuations per chunk start after grading
+    carries_sampled_ahead: bool  # checkpoints carry the batches sampled ahead (exact async resume)
+
+
+def plan_run(cfg: Config, task: Task | None = None, *, processes: int = 1) -> RunPlan:
+    """The run plan of `cfg` (with `task`, the task object the loop built; else the config's task
+    section decides whether it is an environment) on `processes` JAX processes. Raises
+    ConfigError, naming the field, for a combination the loop cannot run."""
+    try:
+        recipe = recipe_from_config(cfg)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"recipe: {err}") from None
+    over_sample = dynamic_sampling(cfg)
+    env = isinstance(task, EnvTask) if task is not None else is_env_task(cfg.task)
+    plan = RunPlan(
+        recipe=staleness_corrected(recipe, cfg.recipe.correction_cap or 2.0) if cfg.rollout.max_lag > 0 else recipe,
+        dynamic_sampling=over_sample, sampling_rounds=cfg.rollout.dynamic_sampling_rounds if over_sample else 1,
+        env_task=env, vineppo=isinstance(recipe.advantage_fn, core.MonteCarloAdvantage),
+        # Not with several processes (each holds only its share), nor dynamic sampling (a step's rows
+        # come from several prompt rounds), nor an environment (its batches are resampled instead).
+        carries_sampled_ahead=processes == 1 and not over_sample and not env)
+    _check(cfg, plan, recipe)
+    return plan
 
 
 def recipe_from_config(cfg: Config) -> core.Recipe:
@@ -59,25 +98,24 @@ def dynamic_sampling(cfg: Config) -> bool:
 
 def check_runnable(cfg: Config) -> None:
     """Raises ConfigError, naming the field, for a combination the RL loop cannot run."""
+    plan_run(cfg)
+
+
+def _check(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
+    """`plan_run`'s refusals; `recipe` is the config's, before any staleness correction."""
     rc = cfg.recipe
-    try:
-        recipe = recipe_from_config(cfg)
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(f"recipe: {err}") from None
     if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:
         critic_recipes = [n for n, r in core.RECIPES.items() if r.value_coef > 0]
         raise ConfigError(
             f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
             f"recipe.name in {critic_recipes}, or another advantage")
-    if dynamic_sampling(cfg) and is_env_task(cfg.task):
+    if plan.dynamic_sampling and plan.env_task:
         raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
                           f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
                           "rollout.dynamic_sampling=false")
-    if isinstance(recipe.advantage_fn, core.MonteCarloAdvantage):
-        _check_vineppo(cfg, recipe)
-    if dynamic_sampling(cfg) and cfg.rollout.samples_per_prompt < 2:
+    if plan.vineppo:
+        _check_vineppo(cfg, plan, recipe)
+    if plan.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError("rollout.dynamic_sampling is on with rollout.samples_per_prompt = 1: a group of one "
                           "answer always has accuracy 0 or 1, so no group could be kept; valid: "
                           "samples_per_prompt >= 2 or rollout.dynamic_sampling=false")
@@ -93,7 +131,7 @@ def check_runnable(cfg: Config) -> None:
                           f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
 
 
-def _check_vineppo(cfg: Config, recipe: core.Recipe) -> None:
+def _check_vineppo(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
     """VinePPO's values are means of the graders' rewards of continuations drawn by the weights
     that drew the responses; refuse what would break either."""
     why = "VinePPO's Monte-Carlo values (recipe.advantage = 'vineppo')"
@@ -107,7 +145,7 @@ def _check_vineppo(cfg: Config, recipe: core.Recipe) -> None:
     if recipe.overlong is not None:
         raise ConfigError(f"recipe.overlong_buffer = {cfg.recipe.overlong_buffer!r} (recipe {recipe.name!r}) with "
                           f"{why}: the values do not include the overlong penalty; valid: recipe.overlong_buffer=0")
-    if dynamic_sampling(cfg):
+    if plan.dynamic_sampling:
         raise ConfigError(f"rollout.dynamic_sampling is on with {why}: the values are estimated for one round of "
                           "prompts; valid: rollout.dynamic_sampling=false")
     if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
@@ -116,7 +154,7 @@ def _check_vineppo(cfg: Config, recipe: core.Recipe) -> None:
     if recipe.value_coef > 0:
         raise ConfigError(f"recipe.name = {recipe.name!r} trains a critic (value_coef {recipe.value_coef}) with {why}, "
                           "which give no critic targets; valid: recipe.name=vineppo, or a recipe without a critic")
-    if is_env_task(cfg.task):
+    if plan.env_task:
         raise ConfigError(f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment, "
                           f"with {why}: a continuation would have to replay the environment; valid: a single-turn "
                           "task, or another advantage")

@@ -158,21 +158,17 @@ class VineValues:
     grade: Callable[[Sequence[str], Sequence[Example]], np.ndarray]
 
     def attach(self, engine, rollouts: RolloutBatch, graded, examples: Sequence[Example], params: SamplingParams):
-        """`graded` (a learn.Graded) with the VinePPO advantages and metrics of `rollouts`."""
+        """`graded` (a grading.Graded) with the VinePPO advantages and metrics of `rollouts`."""
         out = estimate(engine, rollouts, graded.rewards, examples, k=self.k, rule=self.rule, params=params,
                        decode=self.decode, grade=self.grade)
         return dataclasses.replace(graded, advantages=out.advantages, sampling={**graded.sampling, **out.metrics})
 
 
-def vine_values(cfg, policy, task, pool) -> VineValues | None:
-    """The loop's VinePPO hook for a config whose recipe estimates advantages by Monte Carlo
-    (recipe.name=vineppo or recipe.advantage=vineppo); None otherwise."""
+def vine_values(cfg, policy, task, pool) -> VineValues:
+    """The sampling stage's VinePPO hook, for a run whose recipe estimates advantages by Monte
+    Carlo (recipe.name=vineppo or recipe.advantage=vineppo; `RunPlan.vineppo`)."""
     import jax
 
-    from jaxrl_llm.train.runnable import recipe_from_config
-
-    if not isinstance(recipe_from_config(cfg).advantage_fn, core.MonteCarloAdvantage):
-        return None
     if jax.process_count() > 1:
         raise NotImplementedError("VinePPO in the RL loop runs in one JAX process (the step gather does not "
                                   "carry its advantages)")

@@ -19,9 +19,8 @@ tuple[X, ...] of those scalars, `X | None`, nested sections, and
 Why not ml_collections (big_vision's choice): its ConfigDict checks types
 only against the value first assigned, has no ranges or allowed values, no
 `X | None` fields and no "did you mean" for unknown keys; a frozen dataclass
-tree gives all of that plus attribute completion in an editor, in ~400 lines
-with no dependency. Reading and writing config files: `utils.config_files`. The schema of
-jaxrl_llm's runs is in train/config.py.
+tree gives all of that plus attribute completion in an editor, with no dependency.
+Config files: `utils.config_files`. The schema of jaxrl_llm's runs: train/config.py.
 """
 
 from __future__ import annotations
@@ -90,9 +89,7 @@ class Section:
         return {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-# ----------------------------------------------------------------------------
-# Types: coercion of Python values and parsing of command-line strings
-# ----------------------------------------------------------------------------
+# ------------------------------ types: coercion of Python values and parsing of command-line strings
 
 _SCALARS = (bool, int, float, str)
 
@@ -229,13 +226,12 @@ def _check_bounds(value: Any, bounds: Mapping[str, Any], path: str) -> None:
 
 
 def did_you_mean(word: str, options: Sequence[str]) -> str:
+    """"; did you mean 'x'?" for the option closest to `word`, or "" when none is close."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-_NONE = {"none", "null"}
+_TRUE, _FALSE, _NONE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}, {"none", "null"}
 
 
 def parse_value(text: str, tp: Any, path: str) -> Any:
@@ -274,10 +270,8 @@ def parse_value(text: str, tp: Any, path: str) -> Any:
                               f'{path}=\'{{"key": 1}}\'')
         return value
     if tp is bool:
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
+        if text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
         raise ConfigError(f"{path} = {text!r} is not a bool; valid: true/false (also yes/no, on/off, 1/0)")
     if tp is int:
         try:
@@ -311,9 +305,7 @@ def schema_help(cls: type, prefix: str = "") -> str:
 
 
 def _unquote(text: str) -> str:
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
 
 
 def _to_plain(value: Any) -> Any:
@@ -326,9 +318,7 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-# ----------------------------------------------------------------------------
-# Building configs: dicts, dotted overrides, experiment files, JSON
-# ----------------------------------------------------------------------------
+# ------------------------------------------------ building configs: dicts, dotted overrides, JSON
 
 
 def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:

@@ -129,7 +129,8 @@ def reference_sync_loop(cfg, policy, task):
     from jaxrl_llm.train import distributed
     from jaxrl_llm.train.runnable import recipe_from_config
     from jaxrl_llm.train.engines import engine_params, make_engine, sampling_params
-    from jaxrl_llm.train.learn import grade, learn
+    from jaxrl_llm.train.grading import grade
+    from jaxrl_llm.train.learn import learn
     from jaxrl_llm.train.policy import decode_completions, encode_prompts
     from jaxrl_llm.train.prompts import step_examples, step_seed
     from jaxrl_llm.train.run_state import make_learner

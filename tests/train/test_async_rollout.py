@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
-from jaxrl_llm.train.async_rollout import (AsyncRolloutProducer, RolloutJob, RolloutPool, SampleAccountingError,
-                                           SampleLedger, staleness_corrected)
+from jaxrl_llm.rollout.engine_pool import RolloutPool
+from jaxrl_llm.train.async_rollout import (AsyncRolloutProducer, RolloutJob, SampleAccountingError, SampleLedger,
+                                           staleness_corrected)
 
 
 class FakeSlowEngine:

@@ -16,7 +16,7 @@ from jaxrl_llm.train import loop
 from jaxrl_llm.train.batch import build_sequences
 from jaxrl_llm.train.engines import make_engine
 from jaxrl_llm.train.episodes import EpisodeLimits, observation_text, run_episodes
-from jaxrl_llm.train.learn import grade
+from jaxrl_llm.train.grading import grade
 from jaxrl_llm.train.policy import encode_prompts, load_policy
 from jaxrl_llm.train.run_state import make_learner
 from jaxrl_llm.rewards import GraderPool

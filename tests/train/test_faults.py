@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
+from jaxrl_llm.train import loop, sampling
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.metrics import read_metrics
 from jaxrl_llm.train.run_state import restore_params
@@ -60,7 +60,7 @@ def test_a_killed_grader_process_costs_one_answer_and_the_step_completes(learnin
                           "task.reward_workers=2")
     n = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     texts = ["die"] + [" a b", "c d e f"] * ((n - 1) // 2) + [" x"]
-    monkeypatch.setattr(loop, "decode_completions", lambda policy, rollouts: texts)
+    monkeypatch.setattr(sampling, "decode_completions", lambda policy, rollouts: texts)
     out = loop.train(cfg, task=SpacesTask(reward_fn=dies_on_die), policy=learning_policy)
     assert out.step == 2
     expected = sum(space_share(t, None) for t in texts[1:]) / n  # the killed answer scores 0

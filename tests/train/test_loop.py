@@ -15,7 +15,7 @@ import pytest
 
 from jaxrl_llm import bridge
 from jaxrl_llm.models import DecoderConfig, init_params
-from jaxrl_llm.train import loop
+from jaxrl_llm.train import loop, sampling
 from jaxrl_llm.train.evaluation import evaluate_params
 from jaxrl_llm.train.policy import load_policy
 from jaxrl_llm.train.prompts import task_from_config
@@ -114,7 +114,7 @@ def test_failing_and_hanging_graders_score_zero_are_logged_and_the_run_goes_on(t
     monkeypatch.setattr(type(task), "reward_fn", staticmethod(raises_or_hangs))
     n = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     texts = ["boom", "hang", "right"] + ["wrong"] * (n - 3)
-    monkeypatch.setattr(loop, "decode_completions", lambda policy, rollouts: texts)
+    monkeypatch.setattr(sampling, "decode_completions", lambda policy, rollouts: texts)
     out = loop.train(cfg, task=task)
     assert out.step == 2
     for row in read_metrics(cfg.run_path):
@@ -144,12 +144,12 @@ def test_training_moves_the_policy_and_eval_reports_pass_at_k(tiny_model_dir, tm
     policy = load_policy(cfg.model.source)
     task = task_from_config(cfg)
     monkeypatch.setattr(type(task), "reward_fn", staticmethod(raises_or_hangs))  # 1.0 for "right"
-    real_decode = loop.decode_completions
+    real_decode = sampling.decode_completions
     # a random tiny model never answers right: grade alternate samples as right so advantages are non-zero
-    monkeypatch.setattr(loop, "decode_completions",
+    monkeypatch.setattr(sampling, "decode_completions",
                         lambda policy, rollouts: ["right", "wrong"] * (len(rollouts) // 2))
     out = loop.train(cfg, policy=policy, task=task)
-    monkeypatch.setattr(loop, "decode_completions", real_decode)
+    monkeypatch.setattr(sampling, "decode_completions", real_decode)
     moved = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
                          out.state.params, policy.params)
     assert max(jax.tree.leaves(moved)) > 0

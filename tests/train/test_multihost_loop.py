@@ -31,7 +31,7 @@ def run(run_dir: str, model_dir: str, out: str) -> None:
     model never answers right, and the updates would be zero), then saves the params."""
     import jax
 
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train import loop, sampling
     from jaxrl_llm.train.config import load_config
     from jaxrl_llm.train.distributed import gather_to_host
     from jaxrl_llm.train.prompts import task_from_config
@@ -41,7 +41,7 @@ def run(run_dir: str, model_dir: str, out: str) -> None:
                                                           f"run_dir={run_dir}"])
     task = task_from_config(cfg)
     type(task).reward_fn = staticmethod(raises_or_hangs)  # 1.0 for "right", 0.0 otherwise
-    loop.decode_completions = lambda policy, rollouts: ["right", "wrong"] * (len(rollouts) // 2)
+    sampling.decode_completions = lambda policy, rollouts: ["right", "wrong"] * (len(rollouts) // 2)
     result = loop.train(cfg, task=task)
     params = gather_to_host(result.state.params)
     if jax.process_index() == 0:

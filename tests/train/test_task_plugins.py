@@ -11,7 +11,7 @@ import pytest
 from jaxrl_llm.data import TASK_FACTORIES, TRAIN, Example, register_task
 from jaxrl_llm.rewards import GraderPool, exact_match_reward, math_verify_reward
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides
-from jaxrl_llm.train.learn import grade
+from jaxrl_llm.train.grading import grade
 from jaxrl_llm.train.prompts import task_from_config
 from tests.train import user_plugins
 
