@@ -6,7 +6,7 @@ history, its metrics and batch statistics equal the uninterrupted run's, and the
 parameters are the same. "Nothing lost or duplicated": the step rows are exactly
 1..SOAK_STEPS, each step's batch is the uninterrupted run's batch (its rewards, lengths,
 losses and sampler logprob statistics agree), and the last session's sample ledger balances.
-Prints the numbers the README records.
+Prints the numbers docs/benchmarks.md records (soak).
 """
 from __future__ import annotations
 
