@@ -1,7 +1,7 @@
 """jaxrl_llm.core: the pure math of RL post-training (stated in docs/objectives.md).
 
 Imports jax, chex and numpy only; no I/O. Topic files:
-  advantages   GRPO, Dr. GRPO, RLOO, batch-std, REINFORCE++, GAE
+  advantages   GRPO, Dr. GRPO, RLOO, batch-std, REINFORCE++, OPO, pass@k, GAE
   losses       per-token policy losses with one common signature
   aggregation  explicit token weights and the micro-batch-exact weighted sum
   kl           k1 / k2 / k3 estimators
@@ -27,6 +27,8 @@ from jaxrl_llm.core.advantages import (
     dr_grpo_advantages,
     gae_advantages,
     grpo_advantages,
+    opo_advantages,
+    pass_at_k_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
     terminal_token_rewards,
@@ -86,6 +88,7 @@ from jaxrl_llm.core.losses import (
     is_pg_sequence_loss,
     pg_loss,
     ppo_clip_loss,
+    sapo_loss,
 )
 from jaxrl_llm.core.recipe_overrides import ADVANTAGES, customize_recipe
 from jaxrl_llm.core.recipes import (

@@ -20,6 +20,7 @@ Defined edge cases (never NaN):
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -171,6 +172,69 @@ def batch_std_advantages(rewards, *, ddof: int = 1, eps: float = 1e-6) -> jax.Ar
     _checks.check_positive("eps", eps, allow_zero=True)
     std = jnp.std(rewards, ddof=ddof)
     return _safe_divide(_group_centred(rewards), std + eps)
+
+
+def _ratio_of_binomials(top: jax.Array, bottom: int, k: int) -> jax.Array:
+    """C(top, k) / C(bottom, k) for integer-valued float arrays `top` <= bottom, as the product
+    prod_j (top - j) / (bottom - j); 0 where top < k."""
+    terms = [jnp.maximum(top - j, 0.0) / (bottom - j) for j in range(k)]
+    return functools.reduce(jnp.multiply, terms, jnp.ones_like(top))
+
+
+def pass_at_k_advantages(rewards, *, k: int) -> jax.Array:
+    """Pass@k advantages in closed form: every response's mean normalised advantage over the
+    size-k subsets of its group that contain it, a subset scoring 1 when any member is correct.
+
+    With N samples of which c are correct (r > 0.5; the rewards are 0/1):
+      R = 1 - C(N-c, k) / C(N, k)              the group's mean pass@k over subsets
+      s = sqrt(R (1 - R))                       their std
+      A_correct   = (1 - R) / s
+      A_incorrect = (1 - R - C(N-c-1, k-1) / C(N-1, k-1)) / s
+
+    Source: Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and
+    Exploitation of Large Reasoning Models" (arXiv 2508.10751), the analytical derivation. k = 1
+    is GRPO's advantage with the population std (ddof 0) and no eps.
+
+    Args:
+      rewards: [P, G] 0/1 rewards.
+      k: subset size, 1 <= k <= G.
+    Returns:
+      [P, G] float32; 0 in groups whose subsets all score alike (R = 0 or 1).
+    """
+    rewards = _prepare_rewards(rewards)
+    group = rewards.shape[1]
+    if not isinstance(k, int) or not 1 <= k <= group:
+        raise ValueError(f"k={k!r} is invalid for groups of {group} samples; valid: an int from 1 to {group}")
+    correct = rewards > 0.5
+    wrong = jnp.sum(~correct, axis=1, keepdims=True).astype(jnp.float32)  # N - c
+    mean = 1.0 - _ratio_of_binomials(wrong, group, k)
+    std = jnp.sqrt(mean * (1.0 - mean))
+    wrong_rest = _ratio_of_binomials(wrong - 1.0, group - 1, k - 1)  # subsets of the others, all wrong
+    return _safe_divide(jnp.where(correct, 1.0 - mean, 1.0 - mean - wrong_rest), std)
+
+
+def opo_advantages(rewards, mask) -> jax.Array:
+    """OPO: a length-weighted group baseline, the variance-minimising one when each response's
+    gradient norm grows with its length.
+
+    A_it = (r_i - b_g) m_it,  b_g = sum_{j in g} L_j r_j / sum_{j in g} L_j,  L_j = sum_t m_jt
+
+    Source: Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline" (arXiv 2505.23585).
+
+    Args:
+      rewards: [P, G].
+      mask: [N, T], N = P * G, non-zero on valid tokens.
+    Returns:
+      [N, T] float32, 0 on invalid tokens; groups of empty responses get the plain mean.
+    """
+    rewards = _prepare_rewards(rewards)
+    valid = _checks.valid_tokens(mask)
+    _checks.check_rows_match(rewards.shape, valid.shape, what="rewards")
+    lengths = jnp.sum(valid, axis=1).astype(jnp.float32).reshape(rewards.shape)
+    total = jnp.sum(lengths, axis=1, keepdims=True)
+    weighted = jnp.sum(lengths * rewards, axis=1, keepdims=True) / jnp.maximum(total, 1.0)
+    baseline = jnp.where(total > 0, weighted, jnp.mean(rewards, axis=1, keepdims=True))
+    return broadcast_to_tokens(rewards - baseline, mask)
 
 
 def broadcast_to_tokens(advantages, mask) -> jax.Array:

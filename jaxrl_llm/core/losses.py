@@ -199,6 +199,39 @@ def cispo_loss(
     return _output(-weight * x.advantages * x.logp, clipped, x.valid)
 
 
+def sapo_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    sampler_logp=None,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    log_ratio_clamp: float = 20.0,
+) -> PolicyLossOutput:
+    """SAPO: PPO's hard clip replaced by a temperature-controlled sigmoid gate.
+
+    l_it = -f(rho_it) A_it,  f(rho) = 4 / tau * sigmoid(tau (rho - 1)),
+    tau = tau_pos where A_it > 0, tau_neg otherwise.
+
+    d l / d log pi = -4 s (1 - s) rho A with s = sigmoid(tau (rho - 1)): at rho = 1 the
+    policy gradient itself, decaying smoothly as rho leaves 1 (faster for the larger tau), where
+    PPO's clip cuts the gradient to 0 at a fixed band. Source: Gao et al. 2025, "Soft Adaptive
+    Policy Optimization" (arXiv 2511.20347); defaults tau_pos = 1.0, tau_neg = 1.05 as verl's.
+
+    Returns:
+      PolicyLossOutput; clipped marks tokens whose gate weight 4 s (1 - s) fell below 1/2.
+    """
+    for name, value in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
+        _checks.check_positive(name, value)
+    x = _token_inputs(logp, old_logp, advantages, mask, sampler_logp)
+    ratio = jnp.exp(jnp.clip(x.logp - x.old_logp, -log_ratio_clamp, log_ratio_clamp))
+    tau = jnp.where(x.advantages > 0, tau_pos, tau_neg)
+    gate = jax.nn.sigmoid(tau * (ratio - 1.0))
+    return _output(-(4.0 / tau) * gate * x.advantages, 4.0 * gate * (1.0 - gate) < 0.5, x.valid)
+
+
 def gspo_loss(
     logp,
     old_logp,
@@ -335,6 +368,7 @@ POLICY_LOSSES = {
     "pg": pg_loss,
     "ppo_clip": ppo_clip_loss,
     "cispo": cispo_loss,
+    "sapo": sapo_loss,
     "gspo": gspo_loss,
     "gmpo": gmpo_loss,
     "is_pg_sequence": is_pg_sequence_loss,

@@ -20,6 +20,8 @@ ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "rloo": GroupAdvantage(adv_lib.rloo_advantages),
     "batch_std": GroupAdvantage(adv_lib.batch_std_advantages),
     "reinforce_pp": TokenAdvantage(adv_lib.reinforce_pp_advantages),
+    "opo": TokenAdvantage(adv_lib.opo_advantages),
+    **{f"pass_at_{k}": GroupAdvantage(functools.partial(adv_lib.pass_at_k_advantages, k=k)) for k in (2, 4, 8)},
     "gae": GaeAdvantage(gamma=1.0, lam=1.0),
     "vineppo": MonteCarloAdvantage(),
 }

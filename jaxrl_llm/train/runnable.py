@@ -109,6 +109,11 @@ def _check(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
         raise ConfigError(
             f"recipe.advantage = 'gae' with recipe {rc.name!r} trains no critic (its value_coef is 0); valid: "
             f"recipe.name in {critic_recipes}, or another advantage")
+    subset = getattr(getattr(recipe.advantage_fn, "estimator", None), "keywords", {}).get("k")  # pass@k
+    if subset is not None and subset > cfg.rollout.samples_per_prompt:
+        raise ConfigError(f"recipe.advantage = {rc.advantage or rc.name!r} scores subsets of {subset} answers, but "
+                          f"rollout.samples_per_prompt = {cfg.rollout.samples_per_prompt}; valid: samples_per_prompt "
+                          f">= {subset}, or a pass@k advantage with k <= {cfg.rollout.samples_per_prompt}")
     if plan.dynamic_sampling and plan.env_task:
         raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
                           f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
