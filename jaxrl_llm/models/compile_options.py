@@ -3,7 +3,7 @@
 On CPU, jaxlib 0.10 hands individual matmuls to YNNPACK by default; letting it fuse each
 matmul with the elementwise work around it (``xla_cpu_experimental_ynn_fusion_type =
 LIBRARY_FUSION_TYPE_DOT``) made the float32 SmolLM2-135M forward+backward ~1.12x faster on
-a 2-core AVX2 CPU (``python -m jaxrl_llm.benchmarks.xla_flags``: every variant compiled from
+a 2-core AVX2 CPU (``benchmarks.xla_flags``, removed in issue 33, in git history: every variant compiled from
 one lowering and timed in turns in one process), gradients within 2e-6 of the default
 build's (relative to the largest). In bfloat16 it was neutral (1.02x) and moved the
 gradients by 2e-2 relative, so it is used for float32 compute only.

@@ -6,7 +6,8 @@ softmax and the backward pass; the fused kernel keeps them in on-chip memory, bl
 one H200 (``python -m jaxrl_llm.benchmarks.model --torch-device cuda``, SmolLM2-135M bf16
 forward+backward): with XLA's attention 2x2048 ran at 0.88x of PyTorch's (which uses a fused
 kernel through scaled_dot_product_attention), 8x512 at 1.83x; with this kernel 3.61x and 3.52x.
-One layer's attention forward+backward at 2x2048 (``python -m jaxrl_llm.benchmarks.fused_attention``)
+One layer's attention forward+backward at 2x2048 (``benchmarks.fused_attention``,
+removed in issue 33: ``make gpu-check``'s attention check compares the two paths now)
 took 1.299 ms with XLA and 0.621 ms with cuDNN, gradients as close to a float32 reference as XLA's
 bf16 ones; the Qwen2.5-1.5B-shaped learner step at 8 x 2048 went from 15.2k to 19.2k tokens/s.
 

@@ -4,7 +4,7 @@ products accumulate in float32, in the forward and in both matmuls of the backwa
 XLA:CPU (jaxlib 0.10) rewrites a bf16 x bf16 -> bf16 dot into converts to float32, a float32
 dot and a convert back; a bf16 x bf16 -> float32 dot (``preferred_element_type=float32``) it
 hands to YNNPACK as it is, whose kernels use the CPU's bf16 dot instructions (AVX512_BF16
-``vdpbf16ps``) where it has them. ``python -m jaxrl_llm.benchmarks.bf16_dot`` on a 2-core AVX512_BF16
+``vdpbf16ps``) where it has them. ``benchmarks.bf16_dot`` (removed in issue 33; in git history) on a 2-core AVX512_BF16
 EPYC, x[512, 576] @ w[576, 1536], float32 / bf16 -> bf16 / bf16 -> float32: 4.10 / 2.50 / 1.99 ms;
 dy[512, 1536] @ w^T: 4.19 / 4.30 / 1.19 ms; x^T @ dy: 4.13 / 2.48 / 2.31 ms. JAX's own
 transpose of such a dot takes the float32 cotangent, so the backward's dots would mix float32
