@@ -4,7 +4,7 @@
                                         [--warmup 1] [--iters 3] [--tiny]
 
 ``--tiny`` (``make bench-lora BENCH_ARGS=--tiny``, the tests): a random 2-layer decoder
-(``learner_gpu``'s "tiny" shape), ranks 1 and 4, 4 sequences of 8 + 8 tokens, one timed step.
+(``learner_gpu``'s "tiny" shape), rank 4, 4 sequences of 8 + 8 tokens, one timed step.
 
 For full fine-tuning and each LoRA rank (all seven projections adapted), one
 `Learner` (float32 compute: bf16 matmuls are slow on CPU) is built on the same
@@ -107,7 +107,7 @@ def main(argv=None) -> dict[str, dict]:
         from jaxrl_llm.benchmarks.learner_gpu import model_config
         from jaxrl_llm.models import init_params
 
-        args.ranks, args.prompt, args.completion, args.warmup, args.iters = "1,4", 8, 8, 0, 1
+        args.ranks, args.prompt, args.completion, args.warmup, args.iters = "4", 8, 8, 0, 1
         cfg = model_config("tiny", args.prompt + args.completion)
         params, model = init_params(cfg, jax.random.key(0), dtype="float32"), "tiny random decoder"
     else:
