@@ -11,7 +11,8 @@ QUIET_PIP := 2>&1 | { grep -v "is neither a file nor a directory" || true; }
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout gpu-check experiments-quick experiments clean
+.PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
+	bench-op-profile bench-sampler-paired gpu-check experiments-quick experiments clean
 
 venv: $(STAMP)
 
@@ -92,6 +93,24 @@ gpu-check:
 bench-rollout: venv vllm-env
 	$(PY) -m jaxrl_llm.benchmarks.rollout
 	$(PY) -m jaxrl_llm.benchmarks.weight_sync
+
+# Learner memory and s/step, full fine-tuning vs LoRA ranks (SmolLM2-135M; BENCH_ARGS="--tiny": a tiny model).
+bench-lora: venv
+	$(PY) -m jaxrl_llm.benchmarks.lora $(BENCH_ARGS)
+
+# A learner step with a KL term, the PPO critic and VinePPO's values vs plain GRPO (BENCH_ARGS="--tiny" too).
+bench-objectives: venv
+	$(PY) -m jaxrl_llm.benchmarks.objectives $(BENCH_ARGS)
+
+# Where one learner step's time goes, per XLA op (BENCH_ARGS: e.g. --dtype bfloat16 --by-kind, or --tiny).
+bench-op-profile: venv
+	$(PY) -m jaxrl_llm.benchmarks.op_profile $(BENCH_ARGS)
+
+# The JAX sampler of commit SAMPLER_BEFORE (default HEAD) against the working tree's, paired in one process.
+SAMPLER_BEFORE ?= HEAD
+bench-sampler-paired: venv
+	git show $(SAMPLER_BEFORE):jaxrl_llm/rollout/jax_sampler.py > $(VENV)/jax_sampler_before.py
+	$(PY) -m jaxrl_llm.benchmarks.sampler_paired --before $(VENV)/jax_sampler_before.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs

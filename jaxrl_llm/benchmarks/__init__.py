@@ -1,7 +1,6 @@
 """Benchmarks: each measures ours against a reference in the same run and prints the ratio.
 
     python -m jaxrl_llm.benchmarks.model     # learner fwd+bwd tokens/s vs PyTorch, logprob memory, weight sync
-    python -m jaxrl_llm.benchmarks.bf16_dot  # one matmul per dtype and XLA:CPU option vs torch (bf16 paths)
     python -m jaxrl_llm.benchmarks.rollout   # rollout engines (see that module)
     python -m jaxrl_llm.benchmarks.async_vs_sync --config EXP --max-lag 0 1   # jaxrl train per rollout.max_lag
 """

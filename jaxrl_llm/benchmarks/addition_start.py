@@ -53,7 +53,7 @@ E2E_TINY = E2ESetting()
 E2E_FULL = dataclasses.replace(E2ESetting(), prompts_per_step=16, samples_per_prompt=16, eval_samples=64)
 
 
-def _make_policy_from_scratch(tokenizer_dir: str, init_dir: str, hidden: int, layers: int, seed: int):
+def policy_from_scratch(tokenizer_dir: str, init_dir: str, hidden: int, layers: int, seed: int):
     """A random decoder over `tokenizer_dir`'s vocabulary, saved at `init_dir` with the tokenizer
     files and loaded back as the loop loads a policy (`train.policy.load_policy`)."""
     from tokenizers import Tokenizer
@@ -116,7 +116,7 @@ def supervised_addition_start(tokenizer_dir: str, out_dir: str, setting: E2ESett
     from jaxrl_llm.models import forward, lm_head_logits
     from jaxrl_llm.train.policy import encode_prompts
 
-    policy = _make_policy_from_scratch(tokenizer_dir, f"{out_dir}_init", setting.hidden, setting.layers, seed)
+    policy = policy_from_scratch(tokenizer_dir, f"{out_dir}_init", setting.hidden, setting.layers, seed)
     cfg = policy.cfg
     examples = make_task("addition", digits=1).all_examples(TRAIN)
     prompts = encode_prompts(policy, examples)

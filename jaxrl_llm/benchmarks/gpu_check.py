@@ -53,6 +53,7 @@ from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
 from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
 from jaxrl_llm.benchmarks.learner_phases import learner_phases
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
+from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
 from jaxrl_llm.models import init_params
 from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
 from jaxrl_llm.train.config import TrainConfig
@@ -80,17 +81,13 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
 
     def step():
         holder["state"], metrics = learner.update(holder["state"], seq, batch)
-        return jax.device_get(metrics)
+        holder["metrics"] = jax.device_get(metrics)
 
     t0 = time.perf_counter()
-    metrics = step()
+    step()
     compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        metrics = step()
-        times.append(time.perf_counter() - t0)
-    seconds = float(np.median(times))
+    times = interleaved_times({"step": step}, 0, steps)["step"]
+    seconds, metrics = float(np.median(times)), holder["metrics"]
     flops = learner_flops(cfg, seq)
     achieved = flops["flops"] / seconds
     plan = learner.plan(seq)
@@ -112,7 +109,7 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
 def attention_check(seed: int = 0) -> dict[str, Any]:
     """cuDNN segment-aware attention vs the cuDNN mask path vs float32 XLA, on packed bf16 rows:
     relative errors of the output at real slots and of dq, dk, dv."""
-    from jaxrl_llm.models.decoder import causal_attention, grouped_attention
+    from jaxrl_llm.models.attention import causal_attention, grouped_attention
     from jaxrl_llm.models.fused_attention import segment_spans, use_cudnn_attention
 
     if not use_cudnn_attention(jnp.bfloat16, 128):
@@ -149,15 +146,9 @@ def attention_check(seed: int = 0) -> dict[str, Any]:
         got = run(attend, jnp.bfloat16)
         out[name] = {part: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
                      for part, a, b in zip(("out", "dq", "dk", "dv"), got, reference)}
-        times = []
         fn = jax.jit(jax.grad(lambda *a, attend=attend: loss(attend, *a), argnums=(0, 1, 2)))
         args = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-        jax.block_until_ready(fn(*args))
-        for _ in range(20):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times.append(time.perf_counter() - t0)
-        out[name]["fwd_bwd_ms"] = 1e3 * float(np.median(times))
+        out[name]["fwd_bwd_ms"] = 1e3 * median_seconds(lambda: jax.block_until_ready(fn(*args)), 20)
     return out
 
 

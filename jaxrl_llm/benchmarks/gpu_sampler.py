@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
 
 ROOFLINE_FORMULA = (
     "roofline_fraction = steps * (weight_bytes + kv_bytes_per_step) / decode_s / copy_bandwidth_Bps; "
@@ -55,13 +56,7 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict[str, Any]:
     n = max(1, int(nbytes) // 4)
     x = jnp.zeros((n,), jnp.float32)
     bump = jax.jit(lambda a: a + jnp.float32(1))
-    bump(x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        bump(x).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    seconds = float(np.median(times))
+    seconds = median_seconds(lambda: bump(x).block_until_ready(), repeats)
     out = {"copy_bandwidth_Bps": 2.0 * n * 4 / seconds, "copy_bytes": int(n * 4), "copy_seconds_median": seconds,
            "copy_repeats": int(repeats), "device_kind": device_kind()}
     _BANDWIDTH[key] = out
@@ -153,16 +148,12 @@ def sampler_decode(shape: str, batch: int, new_tokens: int, *, dtype: str = "bfl
     generate_first = time.perf_counter() - t0
     check_full_length(rollouts, new_tokens)
     log(f"  warm-up: prefill {prefill_first:.2f} s, generate {generate_first:.2f} s (compiles included)")
-    prefill_times, generate_times = [], []
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        run_prefill()
-        prefill_times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        rollouts = run_generate()
-        generate_times.append(time.perf_counter() - t0)
+    outputs = []
+    times = interleaved_times({"prefill": run_prefill, "generate": lambda: outputs.append(run_generate())}, 0, repeats)
+    prefill_times, generate_times = times["prefill"], times["generate"]
+    for i, rollouts in enumerate(outputs):
         check_full_length(rollouts, new_tokens)
-        log(f"  run {i + 1}/{repeats}: prefill {prefill_times[-1]:.3f} s, generate {generate_times[-1]:.3f} s")
+        log(f"  run {i + 1}/{repeats}: prefill {prefill_times[i]:.3f} s, generate {generate_times[i]:.3f} s")
     prefill_s = float(np.median(prefill_times))
     total_s = float(np.median(generate_times))
     decode_s = max(total_s - prefill_s, 1e-9)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from typing import Any
 
 import jax
@@ -42,6 +41,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm import core
+from jaxrl_llm.benchmarks.timing import median_seconds
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
 from jaxrl_llm.train.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
@@ -172,23 +172,12 @@ def learner_inputs(padded: dict[str, np.ndarray], seq_len: int, prompt_width: in
     return recipe, seq, batch
 
 
-def timed(fn, steps: int) -> float:
-    """Median seconds of fn() (which blocks) over `steps` calls, after one warm-up (compile)."""
-    fn()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def matmul_ceiling(dtype: str, n: int, steps: int) -> float:
     """FLOP/s of a square matmul in `dtype` (the best this device does on dense math)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
     matmul = jax.jit(lambda x, y: x @ y)
-    return 2.0 * n ** 3 / timed(lambda: matmul(a, b).block_until_ready(), steps)
+    return 2.0 * n ** 3 / median_seconds(lambda: matmul(a, b).block_until_ready(), steps)
 
 
 def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, peak_tflops: float | None,
@@ -221,7 +210,7 @@ def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, pe
             state["params"], state["opt"], value = step(state["params"], state["opt"], device_batch)
             value.block_until_ready()
 
-        record(variant, timed(one, steps), data["tokens"].shape[0], loss)
+        record(variant, median_seconds(one, steps), data["tokens"].shape[0], loss)
 
     prompt_width = max(1, seq_len // 8)
     train_cfg = dataclasses.replace(TrainConfig(), precision=dtype_name, micro_batch_size=micro_batch, lr=1e-5,
@@ -234,7 +223,7 @@ def run(model: str, dtype_name: str, *, batch: int, seq_len: int, steps: int, pe
         holder["state"], metrics = learner.update(holder["state"], seq, step_batch)
         jax.block_until_ready(metrics)
 
-    record("learner", timed(learner_step, steps), batch, None)
+    record("learner", median_seconds(learner_step, steps), batch, None)
     return rows
 
 

@@ -21,8 +21,7 @@ the code path and the FLOP split.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,21 +29,12 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.timing import median_seconds
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, rl_length_mix
 from jaxrl_llm.models import chunked_logprobs_from_hidden, forward, init_params
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.optimizer import make_optimizer
-
-
-def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    jax.block_until_ready(fn())  # compile
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
 
 
 def phase_flops(cfg, segment_lengths: np.ndarray, completion_tokens: int) -> dict[str, float]:
@@ -114,7 +104,7 @@ def learner_phases(model: str = "qwen2.5-1.5b", tokens_per_step: int = 65536, *,
     phase_work = {"layers": flops["layers"], "head": flops["head"], "micro_step": flops["layers"] + flops["head"],
                   "optimizer": None}
     for name, fn in timings.items():
-        ms = _median_ms(fn, repeats)
+        ms = 1e3 * median_seconds(lambda fn=fn: jax.block_until_ready(fn()), repeats)
         work = phase_work[name]
         out["phases"][name] = {"ms": ms, "flops": work, "tflops": None if work is None else work / ms / 1e9}
         print(f"[learner_phases] {name}: {ms:.2f} ms" + ("" if work is None else f", {work / ms / 1e9:.1f} TFLOP/s"),

@@ -1,7 +1,10 @@
 """Learner memory and step time of SmolLM2-135M: full fine-tuning vs LoRA ranks.
 
     python -m jaxrl_llm.benchmarks.lora [--ranks 1,8,64] [--batch 4] [--prompt 32] [--completion 32]
-                                        [--warmup 1] [--iters 3]
+                                        [--warmup 1] [--iters 3] [--tiny]
+
+``--tiny`` (``make bench-lora BENCH_ARGS=--tiny``, the tests): a random 2-layer decoder
+(``learner_gpu``'s "tiny" shape), rank 4, 4 sequences of 8 + 8 tokens, one timed step.
 
 For full fine-tuning and each LoRA rank (all seven projections adapted), one
 `Learner` (float32 compute: bf16 matmuls are slow on CPU) is built on the same
@@ -31,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.benchmarks.model import interleaved_times
+from jaxrl_llm.benchmarks.timing import interleaved_times
 from jaxrl_llm.models import lora
 from jaxrl_llm.train.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
@@ -89,7 +92,7 @@ def _mib(n: int) -> str:
     return f"{n / 2 ** 20:9.1f} MiB"
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default="1,8,64", help="comma-separated LoRA ranks")
     parser.add_argument("--groups", type=int, default=2, help="prompts per step")
@@ -98,18 +101,26 @@ def main(argv=None) -> None:
     parser.add_argument("--completion", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="a random 2-layer model, 4 x 16 tokens, one step")
     args = parser.parse_args(argv)
+    if args.tiny:
+        from jaxrl_llm.benchmarks.learner_gpu import model_config
+        from jaxrl_llm.models import init_params
 
-    from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
+        args.ranks, args.prompt, args.completion, args.warmup, args.iters = "4", 8, 8, 0, 1
+        cfg = model_config("tiny", args.prompt + args.completion)
+        params, model = init_params(cfg, jax.random.key(0), dtype="float32"), "tiny random decoder"
+    else:
+        from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
 
-    cfg, params = load_hf_dir(smollm2_hf_dir(), dtype="float32")
-    params = jax.tree.map(jnp.asarray, params)
+        cfg, params = load_hf_dir(smollm2_hf_dir(), dtype="float32")
+        params, model = jax.tree.map(jnp.asarray, params), "SmolLM2-135M"
     seq, rewards = synthetic_batch(cfg.vocab_size, args.groups, args.group_size, args.prompt, args.completion)
     ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
     setups = [Setup("full", cfg, params, seq, rewards, 0)] + [Setup(f"lora r={r}", cfg, params, seq, rewards, r)
                                                              for r in ranks]
     rows = seq.tokens.shape[0]
-    print(f"SmolLM2-135M float32, {jax.devices()[0].platform} x{jax.device_count()}: GRPO step of {rows} sequences x "
+    print(f"{model} float32, {jax.devices()[0].platform} x{jax.device_count()}: GRPO step of {rows} sequences x "
           f"{seq.tokens.shape[1]} tokens ({args.prompt} prompt + {args.completion} completion), AdamW, all seven "
           f"projections adapted, alpha = r")
     times = interleaved_times({s.name: s.step for s in setups}, args.warmup, args.iters)
@@ -118,14 +129,18 @@ def main(argv=None) -> None:
     header = (f"  {'config':<12} {'trainable':>12} {'params':>13} {'optimiser':>13} {'params+opt':>13} "
               f"{'vs full':>8} {'XLA temp':>13} {'s/step':>8} {'vs full':>8}")
     print(header)
+    out = {}
     for s in setups:
         total = s.param_bytes + s.opt_bytes
         median = statistics.median(times[s.name])
         print(f"  {s.name:<12} {s.trainable_values:>12,} {_mib(s.param_bytes):>13} {_mib(s.opt_bytes):>13} "
               f"{_mib(total):>13} {total / (full.param_bytes + full.opt_bytes):>7.3f}x {_mib(s.temp_bytes):>13} "
               f"{median:>8.3f} {median / full_time:>7.2f}x")
+        out[s.name] = {"trainable_values": s.trainable_values, "param_bytes": s.param_bytes, "opt_bytes": s.opt_bytes,
+                       "temp_bytes": s.temp_bytes, "s_per_step": median, "vs_full": median / full_time}
     print("  step times (s, per round): " + "; ".join(
         f"{name}: {', '.join(f'{t:.2f}' for t in ts)}" for name, ts in times.items()))
+    return out
 
 
 if __name__ == "__main__":

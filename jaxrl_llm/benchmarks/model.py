@@ -36,7 +36,6 @@ import functools
 import os
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
 from jaxrl_llm.benchmarks.torch_worker import TorchWorker, peak_rss_bytes, reset_peak_rss
 from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forward, lm_head_logits,
                               logprobs_from_logits, params_from_hf, token_logprobs)
@@ -55,33 +55,6 @@ from jaxrl_llm.models.remat import REMAT_MODES, remat_mode
 SMOLLM2_HF_CONFIG = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
                          max_position_embeddings=8192, tie_word_embeddings=True)
-
-
-def _timed(step, warmup: int, iters: int) -> list[float]:
-    """Seconds per call of ``step()`` (which must block until its result is ready)."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def interleaved_times(steps: dict[str, Callable[[], None]], warmup: int, iters: int) -> dict[str, list[float]]:
-    """Time every step once per round, round after round, so all of them see the same
-    machine load (on a shared machine the load drifts during a run)."""
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(iters):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def needs_remat(temp_bytes: int, ram_bytes: int) -> bool:
@@ -103,8 +76,8 @@ def auto_remat_order(dtype: str, backend: str) -> tuple[str, ...]:
     """The remat modes --remat auto tries, in order; it takes the first whose memory fits.
     In bfloat16 on XLA:CPU "full" runs faster than "dots" with less memory, so "dots" is left out:
     the looped layers write the saved bf16 projections into their [nL, ...] stacks at a cost above
-    recomputing them (SmolLM2-135M, paired by ``benchmarks.learner_levers`` on a 2-core Intel Xeon,
-    load 1.2-2.2: 8x512 14.25 -> 12.28 s a step (1.16x), 2x2048 28.15 -> 26.68 s (1.06x); float32
+    recomputing them (SmolLM2-135M, paired by ``benchmarks.learner_levers`` (removed in issue 33)
+    on a 2-core Intel Xeon, load 1.2-2.2: 8x512 14.25 -> 12.28 s a step (1.16x), 2x2048 28.15 -> 26.68 s (1.06x); float32
     8x512 goes the other way, 23.82 -> 25.31 s, so float32 keeps "dots")."""
     if backend == "cpu" and dtype == "bfloat16":
         return ("off", "full")
@@ -208,8 +181,8 @@ def bench_export(cfg, params, iters: int) -> dict[str, float]:
     for label, root in roots:
         with tempfile.TemporaryDirectory(dir=root) as folder:
             for dtype in ("float32", "bfloat16"):
-                times = _timed(lambda: save_hf_dir(cfg, params, os.path.join(folder, "sync"), dtype=dtype), 1, iters)
-                out[f"{dtype} -> {label}"] = statistics.median(times)
+                out[f"{dtype} -> {label}"] = median_seconds(
+                    lambda: save_hf_dir(cfg, params, os.path.join(folder, "sync"), dtype=dtype), iters)
     return out
 
 

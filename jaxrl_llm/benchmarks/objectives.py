@@ -3,7 +3,7 @@ critic and with VinePPO's Monte-Carlo values, relative to a plain GRPO step on t
 batch.
 
     python -m jaxrl_llm.benchmarks.objectives [--batch 16] [--prompt 32] [--completion 32]
-                                              [--warmup 1] [--iters 3] [--precision fp32]
+                                              [--warmup 1] [--iters 3] [--precision fp32] [--tiny]
 
 One learner step as the loop runs it (`train/learn.py`): the pi_old pass
 (`Learner.step_logprobs`, plus reference log-probs / critic values when the recipe
@@ -22,6 +22,10 @@ extra sampling is, since it is part of its step.
 The configurations take turns every round (`interleaved_times`), so drifting load on a
 shared machine hits all alike; the report gives the median seconds per step, tokens/s
 (prompt + completion tokens of the batch) and the ratio to grpo.
+
+``--tiny`` (``make bench-objectives BENCH_ARGS=--tiny``, the tests): a random 2-layer decoder over
+SmolLM2's tokenizer (``addition_start.policy_from_scratch``), 4 sequences of 8 + 8 tokens, K = 2
+continuations every 4 tokens, one timed step.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import jax
 
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.lora import synthetic_batch
-from jaxrl_llm.benchmarks.model import interleaved_times
+from jaxrl_llm.benchmarks.timing import interleaved_times
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
 from jaxrl_llm.train import vineppo_step
 from jaxrl_llm.train.config import CriticConfig, TrainConfig
@@ -100,10 +104,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--vine-k", type=int, default=4)
     parser.add_argument("--vine-chunk", type=int, default=8)
     parser.add_argument("--only", default=",".join(RECIPES), help="comma-separated configurations (grpo always)")
+    parser.add_argument("--tiny", action="store_true", help="a random 2-layer model, 4 x 16 tokens, one step")
     args = parser.parse_args(argv)
-    from jaxrl_llm.train.policy import load_policy
+    if args.tiny:
+        import tempfile
 
-    policy = load_policy("smollm2")
+        from jaxrl_llm.benchmarks.addition_start import policy_from_scratch
+        from jaxrl_llm.bridge import smollm2_hf_dir
+
+        args.batch, args.prompt, args.completion, args.warmup, args.iters = 4, 8, 8, 0, 1
+        args.vine_k, args.vine_chunk = 2, 4
+        with tempfile.TemporaryDirectory() as folder:
+            policy, model = policy_from_scratch(smollm2_hf_dir(), folder, 64, 2, 0), "tiny random decoder"
+    else:
+        from jaxrl_llm.train.policy import load_policy
+
+        policy, model = load_policy("smollm2"), "SmolLM2-135M"
     cfg, params = policy.cfg, policy.params
     seq, rewards = synthetic_batch(cfg.vocab_size, args.batch // 4, 4, args.prompt, args.completion)
     steps, learners, vine_stats = {}, {}, {}
@@ -120,7 +136,7 @@ def main(argv=None) -> dict:
     tokens = seq.tokens.size
     base = statistics.median(times["grpo"])
     out = {}
-    print(f"SmolLM2-135M, {args.batch} sequences x ({args.prompt} + {args.completion}) tokens, {args.precision}, "
+    print(f"{model}, {args.batch} sequences x ({args.prompt} + {args.completion}) tokens, {args.precision}, "
           f"{jax.devices()[0].platform}")
     for name, t in times.items():
         median = statistics.median(t)

@@ -1,7 +1,7 @@
 """Where one learner step's time goes, per XLA op.
 
     python -m jaxrl_llm.benchmarks.op_profile [--layers 30] [--shape 4x128] [--remat off|dots|full]
-        [--dtype float32|bfloat16] [--default-options] [--top 30]
+        [--dtype float32|bfloat16] [--default-options] [--top 30] [--tiny]
 
 Traces two forward+backward steps of loss = -mean log pi on a SmolLM2-135M-shaped model
 (random weights, float32 or ``--dtype``) with ``jax.profiler``, reads the trace with
@@ -9,7 +9,8 @@ Traces two forward+backward steps of loss = -mean log pi on a SmolLM2-135M-shape
 worker threads (CPU-seconds per step) and names it by its HLO metadata (forward or backward,
 the JAX operation, the output shape). ``--default-options`` compiles without the learner's
 XLA options (``models.compile_options``), for a before/after; ``--remat`` picks what the layers
-keep for the backward pass (``models.remat``, as ``train.remat``).
+keep for the backward pass (``models.remat``, as ``train.remat``). ``--tiny`` (``make bench-op-profile
+BENCH_ARGS=--tiny``, the tests): 2 layers of hidden 64 over a 512-token vocabulary, one 2x16 batch.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def op_seconds(trace_dir: str, steps: int) -> collections.Counter:
     return totals
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--shape", default="4x128")
@@ -67,10 +68,15 @@ def main(argv=None) -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--by-kind", action="store_true",
                         help="also sum the ops by kind (the op name without its number: ynn_fusion = YNNPACK dots)")
+    parser.add_argument("--tiny", action="store_true", help="2 small layers, one 2x16 batch")
     args = parser.parse_args(argv)
+    hf_config = dict(SMOLLM2_HF_CONFIG, num_hidden_layers=args.layers)
+    if args.tiny:
+        args.shape = "2x16"
+        hf_config.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
     (rows, length), = parse_shapes(args.shape)
-    cfg = DecoderConfig.from_hf(dict(SMOLLM2_HF_CONFIG, num_hidden_layers=args.layers,
-                                     architectures=["LlamaForCausalLM"], model_type="llama"))
+    cfg = DecoderConfig.from_hf(dict(hf_config, architectures=["LlamaForCausalLM"], model_type="llama"))
     cfg = cfg.with_dtypes(param_dtype=args.dtype, compute_dtype=args.dtype)
     params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length)).astype(np.int32))
@@ -86,7 +92,7 @@ def main(argv=None) -> None:
         jax.profiler.stop_trace()
         seconds = op_seconds(trace_dir, steps=2)
     total = sum(seconds.values())
-    print(f"{args.layers} layers, {rows}x{length} {args.dtype}, remat {args.remat}, options {options}: "
+    print(f"{cfg.num_layers} layers, {rows}x{length} {args.dtype}, remat {args.remat}, options {options}: "
           f"{total:.3f} CPU-s in ops per step")
     for name, value in seconds.most_common(args.top):
         print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {name:<24} {labels.get(name, '?')}")
@@ -94,6 +100,7 @@ def main(argv=None) -> None:
         print("by kind:")
         for kind, (value, count) in sorted(seconds_by_kind(seconds).items(), key=lambda item: -item[1][0])[:args.top]:
             print(f"  {value:7.3f} s {100 * value / total:5.1f}%  {kind:<32} {count} ops")
+    return {"cfg": cfg, "rows": rows, "length": length, "seconds": seconds, "labels": labels}
 
 
 def seconds_by_kind(seconds: collections.Counter) -> dict[str, tuple[float, int]]:

@@ -145,7 +145,7 @@ def bench_export_paths(cfg, params, dtype: str, iters: int) -> dict[str, float]:
     import shutil
     import tempfile
 
-    from jaxrl_llm.benchmarks.model import interleaved_times
+    from jaxrl_llm.benchmarks.timing import interleaved_times
     from jaxrl_llm.bridge import save_hf_dir
 
     root = Path(tempfile.mkdtemp(prefix="jaxrl-export-bench-", dir=default_stage_root()))

@@ -2,14 +2,18 @@
 
     git show COMMIT:jaxrl_llm/rollout/jax_sampler.py > /tmp/jax_sampler_before.py
     python -m jaxrl_llm.benchmarks.sampler_paired --before /tmp/jax_sampler_before.py \
-        [--cells 64x32,64x256] [--rounds 2]
+        [--cells 64x32,64x256] [--rounds 2] [--tiny]
+
+or ``make bench-sampler-paired SAMPLER_BEFORE=COMMIT`` (default HEAD: the working tree's sampler
+against the last commit's).
 
 SmolLM2-135M float32, the ratio table's 8 chat prompts x batch/8 samples, temperature 1,
 seed 0, EOS stop. Each cell compiles both programs (untimed first call), then times the two
 samplers alternately ``--rounds`` times and prints the medians, their ratio, the completion
 tokens each drew (seeded draws of two programs can differ by float32 rounding, and then so
 do the lengths) and the load average. A paired ratio survives a drifting load that two
-separate runs do not.
+separate runs do not. ``--tiny`` (the tests): a random 2-layer decoder over SmolLM2's tokenizer
+(``addition_start.policy_from_scratch``), one 8x4 cell, one round.
 """
 from __future__ import annotations
 
@@ -47,7 +51,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--before", required=True, help="path of the older jax_sampler.py")
     parser.add_argument("--cells", default="8x32,64x32,256x32,8x256,64x256,256x256")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="a random 2-layer model, one 8x4 cell, one round")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.cells, args.rounds = "8x4", 1
     cells = parse_cells(args.cells)
     before = load_sampler_module(args.before)
     from jaxrl_llm.benchmarks.rollout import EOS, chat_prompts, timed_generate
@@ -56,7 +63,16 @@ def main(argv=None) -> list[dict]:
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
 
     hf_dir = smollm2_hf_dir()
-    cfg, params = load_hf_dir(hf_dir)
+    if args.tiny:
+        import tempfile
+
+        from jaxrl_llm.benchmarks.addition_start import policy_from_scratch
+
+        with tempfile.TemporaryDirectory() as folder:
+            policy = policy_from_scratch(hf_dir, folder, 64, 2, 0)
+        cfg, params = policy.cfg, policy.params
+    else:
+        cfg, params = load_hf_dir(hf_dir)
     prompts = chat_prompts(hf_dir, 8)
     engines = {"before": before.JaxSampler(cfg, params, eos_token_ids=[EOS]),
                "after": JaxSampler(cfg, params, eos_token_ids=[EOS])}

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.benchmarks.timing import interleaved_times
+
 
 def qwen2_config(shape: dict[str, Any], max_positions: int):
     """transformers' Qwen2Config of a `learner_gpu.MODELS` entry (tied head, qkv bias, theta 1e6)."""
@@ -85,11 +87,7 @@ def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.nda
     for _ in range(warmup):
         step()
     warmup_s = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    times = interleaved_times({"step": step}, 0, steps)["step"]
     return {"mode": "torch.compile" if compiled else "eager", "seconds": float(np.median(times)),
             "seconds_all": times, "warmup_s": warmup_s, "torch": torch.__version__, "device": device,
             "matmul_precision": "bf16 autocast; float32 matmuls full precision (TF32 off)",

@@ -9,14 +9,15 @@ from jaxrl_llm.data.environments import (
     SingleTurnEnv,
     StepResult,
 )
-from jaxrl_llm.data.jsonl import (
+from jaxrl_llm.data.files import (
     BOXED_INSTRUCTION,
     EXAMPLES_DIR,
+    DataFileTask,
     DatasetFormatError,
     JsonlTask,
     load_jsonl,
+    read_rows,
 )
-from jaxrl_llm.data.files import DataFileTask, read_rows
 from jaxrl_llm.data.records import HELDOUT, SPLITS, TRAIN, Example, split_of, unit_hash
 from jaxrl_llm.data.tasks import (
     DEFAULT_HELDOUT_FRACTION,

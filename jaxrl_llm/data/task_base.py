@@ -1,7 +1,7 @@
 """The :class:`Task` interface every prompt source implements, and its shared defaults.
 
 Its own module so that the task kinds (:mod:`jaxrl_llm.data.tasks`,
-:mod:`jaxrl_llm.data.jsonl`) import it without importing each other.
+:mod:`jaxrl_llm.data.files`) import it without importing each other.
 """
 from __future__ import annotations
 

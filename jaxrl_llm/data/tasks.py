@@ -16,7 +16,7 @@ Tasks:
   multiple_of       "Name a multiple of k between 1 and M": many correct answers per
                     question (for DARLING; data/many_answers.py)
   reasoning_gym     any reasoning-gym data set: make_task("reasoning_gym", dataset="maze")
-  jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...)
+  jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...) (data/files.py)
   data_file         a JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py)
   calculator_tool, guess_number   multi-turn environments (data/builtin_envs.py)
 
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_reward
 from jaxrl_llm.data.builtin_envs import CalculatorTask, GuessNumberTask
 from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
-from jaxrl_llm.data.jsonl import JsonlTask  # noqa: F401  (registers "jsonl")
+from jaxrl_llm.data.files import JsonlTask  # noqa: F401  (registers "jsonl" and "data_file")
 from jaxrl_llm.data.many_answers import multiple_of_stream, multiple_reward
 from jaxrl_llm.data.records import (
     Example,

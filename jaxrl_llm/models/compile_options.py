@@ -5,8 +5,8 @@ matmul with the elementwise work around it (``xla_cpu_experimental_ynn_fusion_ty
 LIBRARY_FUSION_TYPE_DOT``) removes part of the layout copies around the float32 backward's
 weight-gradient matmuls, with gradients equal to the default build's up to float32 rounding. In
 bfloat16 it gained little and moved the gradients by the size of bf16 rounding, so it is used for
-float32 compute only. ``python -m jaxrl_llm.benchmarks.xla_flags`` compares the options (one lowering,
-every variant compiled and timed in turns in one process); results in docs/benchmarks.md.
+float32 compute only. The comparison (``benchmarks.xla_flags``, removed in issue 33, in git
+history) is in docs/benchmarks.md.
 
 The option is passed as ``jax.jit(..., compiler_options=...)``, so it touches only the
 learner's executables, never the sampler's or a user's, and needs no environment variable

@@ -5,8 +5,8 @@ softmax and the backward pass; the fused kernel keeps them in on-chip memory, bl
 (FlashAttention, Dao et al. 2022, arXiv 2205.14135; cuDNN's implementation of it). At long T the
 score matrices are what makes XLA's bf16 attention slower than PyTorch's fused
 scaled_dot_product_attention; with this kernel the gradients stay as close to a float32 reference
-as XLA's bf16 ones. ``python -m jaxrl_llm.benchmarks.fused_attention`` times one layer both ways;
-the measurements are in docs/benchmarks.md (learner on GPUs).
+as XLA's bf16 ones. ``make gpu-check``'s attention check compares the two paths; the measurements
+are in docs/benchmarks.md (learner on GPUs).
 
 cuDNN takes bf16/fp16 inputs with a head size of at most 128 (a multiple of 8); float32 and CPUs
 keep XLA's path. A boolean mask reaches the kernel as an additive bias of a large negative

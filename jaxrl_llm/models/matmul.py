@@ -5,7 +5,7 @@ XLA:CPU (jaxlib 0.10) rewrites a bf16 x bf16 -> bf16 dot into converts to float3
 dot and a convert back; a bf16 x bf16 -> float32 dot (``preferred_element_type=float32``) it
 hands to YNNPACK as it is, whose kernels use the CPU's bf16 dot instructions (AVX512_BF16
 ``vdpbf16ps``) where it has them, so it runs faster than either the float32 dot or the converted
-bf16 -> bf16 one (``python -m jaxrl_llm.benchmarks.bf16_dot``; table in docs/benchmarks.md). JAX's own
+bf16 -> bf16 one (table in docs/benchmarks.md; ``benchmarks.bf16_dot``, removed in issue 33). JAX's own
 transpose of such a dot takes the float32 cotangent, so the backward's dots would mix float32
 and bf16 operands and fall back to float32; ``low_precision_matmul`` has a custom VJP whose
 backward casts the cotangent to the input dtype first (what the plain bf16 dot's backward

@@ -27,13 +27,13 @@ import multiprocessing
 import multiprocessing.connection
 import numbers
 import pickle
-import signal
 import time
 import weakref
 from typing import Any, Callable, Sequence
 
-OK = "ok"
-ERROR = "error"
+from jaxrl_llm.rewards.pool_worker import (ERROR, OK, Worker, describe_error, kill_worker,
+                                          shutdown_workers, worker_main)
+
 TIMEOUT = "timeout"
 
 RewardFn = Callable[[str, Any], float]
@@ -120,10 +120,6 @@ def _check_batch(completions: Sequence[str], examples: Sequence[Any]) -> None:
         )
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
-
-
 def grade_in_process(
     reward_fn: RewardFn, completions: Sequence[str], examples: Sequence[Any]
 ) -> GradeResult:
@@ -138,78 +134,10 @@ def grade_in_process(
         try:
             value = reward_fn(completion, example)
         except Exception as exc:  # a grader's bug costs one reward, not the run
-            collector.error(index, _describe(exc))
+            collector.error(index, describe_error(exc))
         else:
             collector.ok(index, value)
     return collector.result()
-
-
-def _worker_main(conn: multiprocessing.connection.Connection) -> None:
-    """Worker loop: load a reward function, then grade one answer per message."""
-    # Ctrl-C in the terminal reaches the whole process group; the parent
-    # decides what happens to workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reward_fn = None
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        kind = message[0]
-        if kind == "stop":
-            return
-        if kind == "load":
-            _, load_id, pickled_fn = message
-            try:
-                reward_fn = pickle.loads(pickled_fn)
-                warm_up = getattr(reward_fn, "warm_up", None)
-                if warm_up is not None:
-                    warm_up()
-            except Exception as exc:
-                conn.send(("load_failed", load_id, _describe(exc)))
-            else:
-                conn.send(("loaded", load_id))
-            continue
-        _, index, payload = message
-        try:
-            completion, example = pickle.loads(payload)
-            value = reward_fn(completion, example)
-        except Exception as exc:
-            conn.send((ERROR, index, _describe(exc)))
-            continue
-        try:
-            conn.send((OK, index, value))
-        except Exception as exc:  # e.g. an unpicklable return value
-            conn.send((ERROR, index, f"grader returned an unsendable value: {_describe(exc)}"))
-
-
-@dataclasses.dataclass
-class _Worker:
-    process: Any
-    conn: multiprocessing.connection.Connection
-    loaded: bytes | None = None  # pickled reward function it holds
-    load_id: int = 0  # id of the latest load sent; acks of older loads are stale
-    job: int | None = None  # completion index it is grading
-    deadline: float = math.inf  # for the current job or load
-
-
-def _kill(worker: _Worker) -> None:
-    if worker.process.is_alive():
-        worker.process.kill()
-    worker.process.join(timeout=5)
-    worker.conn.close()
-
-
-def _shutdown(workers: list[_Worker]) -> None:
-    for worker in workers:
-        try:
-            worker.conn.send(("stop",))
-        except (OSError, ValueError):
-            pass
-    for worker in workers:
-        worker.process.join(timeout=1)
-        _kill(worker)
-    workers.clear()
 
 
 class GraderPool:
@@ -250,8 +178,8 @@ class GraderPool:
         self.timeout_s = float(timeout_s)
         self.load_timeout_s = float(load_timeout_s)
         self._context = multiprocessing.get_context(start_method)
-        self._workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+        self._workers: list[Worker] = []
+        self._finalizer = weakref.finalize(self, shutdown_workers, self._workers)
 
     def __enter__(self) -> "GraderPool":
         return self
@@ -261,7 +189,7 @@ class GraderPool:
 
     def close(self) -> None:
         """Stop every worker. The pool can still be used; workers restart on demand."""
-        _shutdown(self._workers)
+        shutdown_workers(self._workers)
 
     @property
     def worker_pids(self) -> tuple[int, ...]:
@@ -290,7 +218,7 @@ class GraderPool:
             pickled_fn = pickle.dumps(reward_fn)
         except Exception as exc:
             raise TypeError(
-                f"reward_fn {reward_fn!r} cannot be sent to a worker process ({_describe(exc)}); "
+                f"reward_fn {reward_fn!r} cannot be sent to a worker process ({describe_error(exc)}); "
                 "use a module-level function, not a lambda or closure"
             ) from exc
         return self._grade_in_workers(pickled_fn, completions, examples)
@@ -334,16 +262,16 @@ class GraderPool:
                 n_busy -= self._expire(worker, pickled_fn, collector)
         return collector.result()
 
-    def _start_worker(self) -> _Worker:
+    def _start_worker(self) -> Worker:
         parent_end, child_end = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=_worker_main, args=(child_end,), daemon=True, name="jaxrl-grader"
+            target=worker_main, args=(child_end,), daemon=True, name="jaxrl-grader"
         )
         process.start()
         child_end.close()
-        return _Worker(process=process, conn=parent_end)
+        return Worker(process=process, conn=parent_end)
 
-    def _send_load(self, worker: _Worker, pickled_fn: bytes) -> None:
+    def _send_load(self, worker: Worker, pickled_fn: bytes) -> None:
         worker.load_id += 1
         worker.conn.send(("load", worker.load_id, pickled_fn))
         worker.loaded = None
@@ -355,7 +283,7 @@ class GraderPool:
         try:
             payload = pickle.dumps((completions[index], examples[index]))
         except Exception as exc:
-            collector.error(index, f"example cannot be sent to a worker: {_describe(exc)}")
+            collector.error(index, f"example cannot be sent to a worker: {describe_error(exc)}")
             return 0
         try:
             worker.conn.send(("grade", index, payload))
@@ -367,7 +295,7 @@ class GraderPool:
         worker.deadline = time.monotonic() + self.timeout_s
         return 1
 
-    def _receive(self, worker: _Worker, pickled_fn: bytes, collector: _Collector) -> int:
+    def _receive(self, worker: Worker, pickled_fn: bytes, collector: _Collector) -> int:
         """Handle one message from a worker; returns how many jobs finished (0 or 1)."""
         try:
             message = worker.conn.recv()
@@ -391,7 +319,7 @@ class GraderPool:
         worker.deadline = math.inf
         return 1
 
-    def _replace_dead(self, worker: _Worker, pickled_fn: bytes, collector: _Collector) -> int:
+    def _replace_dead(self, worker: Worker, pickled_fn: bytes, collector: _Collector) -> int:
         worker.process.join(timeout=5)
         code = worker.process.exitcode
         if worker.job is None:
@@ -402,9 +330,9 @@ class GraderPool:
         self._swap_for_fresh(worker, pickled_fn)
         return 1
 
-    def _expire(self, worker: _Worker, pickled_fn: bytes, collector: _Collector) -> int:
+    def _expire(self, worker: Worker, pickled_fn: bytes, collector: _Collector) -> int:
         if worker.job is None:
-            _kill(worker)
+            kill_worker(worker)
             raise RuntimeError(
                 f"grading worker did not load the reward function within {self.load_timeout_s:g} s"
             )
@@ -412,8 +340,8 @@ class GraderPool:
         self._swap_for_fresh(worker, pickled_fn)
         return 1
 
-    def _swap_for_fresh(self, worker: _Worker, pickled_fn: bytes) -> None:
-        _kill(worker)
+    def _swap_for_fresh(self, worker: Worker, pickled_fn: bytes) -> None:
+        kill_worker(worker)
         fresh = self._start_worker()
         self._workers[self._workers.index(worker)] = fresh
         self._send_load(fresh, pickled_fn)

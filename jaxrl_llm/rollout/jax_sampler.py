@@ -28,7 +28,7 @@ has stopped, and rows that have stopped leave the loop's batch (steps of 3/4,
 `compaction_sizes`; for long generations down to one row), so a batch whose
 completions end at different lengths is not computed at full width to the
 longest one. Each step's attention reads only the filled part of the KV cache,
-in windows of ``cache_window`` slots (`jaxrl_llm.models.decoder.windowed_cache_attention`),
+in windows of ``cache_window`` slots (`jaxrl_llm.models.attention.windowed_cache_attention`),
 so a step costs what the sequence so far needs, not what max_tokens reserves.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ import pytest
 
 import jaxrl_llm.data as data
 from jaxrl_llm.data import TRAIN, AdditionTask, Example, JsonlTask, Task, make_task, task_names
-from jaxrl_llm.data import jsonl, task_base, tasks
+from jaxrl_llm.data import files, task_base, tasks
 
 
 class GradedTask(Task):
@@ -57,7 +57,7 @@ def test_registered_tasks_call_their_reference_answer_correct(name):
 
 def test_task_lives_in_task_base_and_is_exported_unchanged():
     # one class, one default, whichever module a caller imports them from
-    assert data.Task is tasks.Task is jsonl.Task is task_base.Task
+    assert data.Task is tasks.Task is files.Task is task_base.Task
     assert data.DEFAULT_HELDOUT_FRACTION == tasks.DEFAULT_HELDOUT_FRACTION == task_base.DEFAULT_HELDOUT_FRACTION == 0.3
     assert issubclass(JsonlTask, Task) and issubclass(AdditionTask, Task)
     assert tasks.TASK_FACTORIES["jsonl"] is JsonlTask

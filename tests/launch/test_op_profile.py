@@ -25,3 +25,15 @@ def test_ops_of_a_traced_step_are_timed_and_named():
     # the weight gradient x^T @ dy is a backward op with w's shape; the forward x @ w has [128, 384]
     assert any(label.startswith("bwd") and label.endswith("f32[256,384]") for label in named), named
     assert any(label.startswith("fwd") for label in labels.values())
+
+
+def test_tiny_main_times_the_ops_of_a_two_layer_step(capsys):
+    from jaxrl_llm.benchmarks import op_profile
+
+    out = op_profile.main(["--tiny", "--by-kind"])
+    assert (out["cfg"].num_layers, out["cfg"].hidden_size, out["rows"], out["length"]) == (2, 64, 2, 16)
+    assert out["seconds"] and all(value > 0 for value in out["seconds"].values())
+    printed = capsys.readouterr().out
+    assert printed.startswith("2 layers, 2x16 float32, remat off") and "by kind:" in printed
+    # the logits of the 15 next tokens of each of the 2 rows over the 512-token vocabulary: a forward op
+    assert any(label.startswith("fwd") and label.endswith("f32[2,15,512]") for label in out["labels"].values())

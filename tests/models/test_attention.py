@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.models import DecoderConfig, decoder, forward, init_params
-from jaxrl_llm.models.decoder import attention_block_size, causal_attention, grouped_attention
+from jaxrl_llm.models import DecoderConfig, attention, decoder, forward, init_params
+from jaxrl_llm.models.attention import attention_block_size, causal_attention, grouped_attention
 from jaxrl_llm.models.fused_attention import use_cudnn_attention, with_own_key
 
 
@@ -101,7 +101,7 @@ def test_decoder_forward_uses_block_attention_without_changing_logits(monkeypatc
         calls.append(q.shape[1])
         return grouped_attention(q, k, v, visible)
 
-    monkeypatch.setattr(decoder, "grouped_attention", counted)
+    monkeypatch.setattr(attention, "grouped_attention", counted)  # what causal_attention calls
     blocked, _ = forward(params, cfg, tokens, attention_mask=mask)
     assert calls[:3] == [128, 128, 4] and len(calls) % 3 == 0  # blocks of the layer body (nn.scan may trace it twice)
     monkeypatch.setattr(decoder, "causal_attention", counted)

@@ -1,0 +1,91 @@
+"""The worker-process side of :class:`jaxrl_llm.rewards.pool.GraderPool`: the loop each grader
+process runs (load a pickled reward function and its ``warm_up``, then grade one answer per
+message), and the parent's handle on one such process, killed and replaced when it overruns.
+
+Messages, parent -> worker: ("load", load_id, pickled_fn), ("grade", index, pickled (completion,
+example)), ("stop",). Worker -> parent: ("loaded", load_id), ("load_failed", load_id, message),
+(OK, index, value), (ERROR, index, message).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing.connection
+import pickle
+import signal
+from typing import Any
+
+OK = "ok"
+ERROR = "error"
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def worker_main(conn: multiprocessing.connection.Connection) -> None:
+    """Worker loop: load a reward function, then grade one answer per message."""
+    # Ctrl-C in the terminal reaches the whole process group; the parent
+    # decides what happens to workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reward_fn = None
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        kind = message[0]
+        if kind == "stop":
+            return
+        if kind == "load":
+            _, load_id, pickled_fn = message
+            try:
+                reward_fn = pickle.loads(pickled_fn)
+                warm_up = getattr(reward_fn, "warm_up", None)
+                if warm_up is not None:
+                    warm_up()
+            except Exception as exc:
+                conn.send(("load_failed", load_id, describe_error(exc)))
+            else:
+                conn.send(("loaded", load_id))
+            continue
+        _, index, payload = message
+        try:
+            completion, example = pickle.loads(payload)
+            value = reward_fn(completion, example)
+        except Exception as exc:
+            conn.send((ERROR, index, describe_error(exc)))
+            continue
+        try:
+            conn.send((OK, index, value))
+        except Exception as exc:  # e.g. an unpicklable return value
+            conn.send((ERROR, index, f"grader returned an unsendable value: {describe_error(exc)}"))
+
+
+@dataclasses.dataclass
+class Worker:
+    process: Any
+    conn: multiprocessing.connection.Connection
+    loaded: bytes | None = None  # pickled reward function it holds
+    load_id: int = 0  # id of the latest load sent; acks of older loads are stale
+    job: int | None = None  # completion index it is grading
+    deadline: float = math.inf  # for the current job or load
+
+
+def kill_worker(worker: Worker) -> None:
+    if worker.process.is_alive():
+        worker.process.kill()
+    worker.process.join(timeout=5)
+    worker.conn.close()
+
+
+def shutdown_workers(workers: list[Worker]) -> None:
+    for worker in workers:
+        try:
+            worker.conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+    for worker in workers:
+        worker.process.join(timeout=1)
+        kill_worker(worker)
+    workers.clear()

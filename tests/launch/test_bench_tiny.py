@@ -1,0 +1,79 @@
+"""`make bench-lora`, `bench-objectives` and `bench-sampler-paired` at their --tiny sizes: parameter,
+optimiser and reference bytes counted by hand from the tiny shapes, the ratios against their
+own baselines, and the same sampler program paired with itself drawing the same tokens."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jaxrl_llm.benchmarks import lora, objectives, sampler_paired
+
+# learner_gpu's "tiny" shape: vocab 512, hidden 64, MLP 128, 2 layers, 4 heads + 2 KV heads of 16,
+# q/k/v biases, tied head. Per layer: q, k+v, o, MLP, 2 norms.
+TINY_LAYER = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64
+TINY_PARAMS = 512 * 64 + 2 * TINY_LAYER + 64
+# fan_in + fan_out of the seven adapted projections of one layer: q, k, v, o, gate, up, down
+LORA_PER_RANK_LAYER = (64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128)
+
+
+def test_lora_tiny_counts_state_bytes_by_hand():
+    out = lora.main(["--tiny"])
+    assert list(out) == ["full", "lora r=4"]
+    full = out["full"]
+    assert full["trainable_values"] == TINY_PARAMS == 107072
+    assert full["param_bytes"] == 4 * TINY_PARAMS and full["opt_bytes"] == 2 * 4 * TINY_PARAMS  # AdamW: 2 moments
+    row, adapters = out["lora r=4"], 2 * 4 * LORA_PER_RANK_LAYER
+    assert row["trainable_values"] == adapters
+    assert row["param_bytes"] == 4 * (TINY_PARAMS + adapters)  # frozen float32 base + adapters
+    assert row["opt_bytes"] == 2 * 4 * adapters
+    assert row["s_per_step"] > 0 and row["vs_full"] == pytest.approx(row["s_per_step"] / full["s_per_step"])
+    assert full["vs_full"] == 1.0
+
+
+# The KL term keeps a float32 copy of the weights: objectives' tiny policy is a random 2-layer decoder
+# of hidden 64 (MLP 128, 4 heads + 2 KV heads of 16, no biases, tied head) over SmolLM2's 49152 tokens.
+OBJECTIVES_LAYER = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+OBJECTIVES_PARAMS = 49152 * 64 + 2 * OBJECTIVES_LAYER + 64
+
+
+def check_against_grpo(out: dict) -> None:
+    tokens = 4 * (8 + 8)
+    for row in out.values():
+        assert row["tokens_per_s"] == pytest.approx(tokens / row["s_per_step"])
+        assert row["vs_grpo"] == pytest.approx(out["grpo"]["s_per_step"] / row["s_per_step"])
+    assert out["grpo"]["vs_grpo"] == 1.0 and out["grpo"]["reference_bytes"] == 0
+
+
+def test_objectives_tiny_kl_term_costs_one_float32_copy_of_the_weights():
+    out = objectives.main(["--tiny", "--only", "grpo_kl"])
+    assert set(out) == {"grpo", "grpo_kl"}
+    check_against_grpo(out)
+    assert out["grpo_kl"]["reference_bytes"] == 4 * OBJECTIVES_PARAMS
+
+
+@pytest.mark.slow  # compiles four learners and VinePPO's sampler: ~40 s on 2 cores
+def test_objectives_tiny_reports_every_configuration_against_grpo():
+    out = objectives.main(["--tiny"])
+    assert set(out) == {"grpo", "grpo_kl", "ppo", "vineppo"}
+    check_against_grpo(out)
+    assert out["grpo_kl"]["reference_bytes"] == 4 * OBJECTIVES_PARAMS and out["ppo"]["reference_bytes"] == 0
+    # 4 rows, a chunk start every 4 of 8 completion tokens: at most 2 prefixes a row, K = 2 continuations
+    # each of at most the 8-token budget
+    vine = out["vineppo"]
+    assert 0 < vine["vineppo_prefixes"] <= 4 * 2
+    assert 0 < vine["vineppo_extra_tokens"] <= vine["vineppo_prefixes"] * 2 * 8
+
+
+def test_sampler_paired_tiny_with_itself_draws_the_same_tokens():
+    import jaxrl_llm.rollout.jax_sampler as current
+
+    (row,) = sampler_paired.main(["--tiny", "--before", current.__file__])
+    assert (row["batch"], row["max_tokens"]) == (8, 4)
+    assert row["before_tokens"] == row["after_tokens"] and 0 < row["after_tokens"] <= 8 * 4  # same program, seed
+    assert row["speedup"] == pytest.approx(row["before_s"] / row["after_s"]) and row["speedup"] > 0
+
+
+def test_sampler_paired_refuses_a_missing_before_file(tmp_path: Path):
+    with pytest.raises(SystemExit, match="is not a file"):
+        sampler_paired.main(["--tiny", "--before", str(tmp_path / "missing.py")])
