@@ -69,10 +69,10 @@ QUICK = dataclasses.replace(MechanismStudy(), seeds=5, steps=40)
 
 
 def model_config():
-    from jaxrl_llm.models import DecoderConfig
+    from jaxrl_llm.models.config import tiny_decoder_config
 
-    return DecoderConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                         num_kv_heads=2, head_dim=8, max_position_embeddings=64)
+    return tiny_decoder_config(vocab_size=VOCAB, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                               max_position_embeddings=64)
 
 
 # ------------------------------------------------------------------ the start
