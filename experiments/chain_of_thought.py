@@ -22,8 +22,7 @@ from typing import Sequence
 
 from base_configs import addition_config, gpu_scale
 from jaxrl_llm.reports import stats
-from jaxrl_llm.reports.runs import (chosen_seeds, experiment_parser, output_dir, train_or_resume, variant_config,
-                                    write_summary)
+from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, write_summary
 from jaxrl_llm.reports.seed_curves import change, per_step_lengths, plot_seed_bands, reward_length_limits
 from jaxrl_llm.train.config import Config, ConfigError, replace_values
 
@@ -55,16 +54,12 @@ def get_config(arg: str = "grpo", seed: int = 0) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
-    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
     from jaxrl_llm.train.metrics import read_groups, read_metrics
-    from jaxrl_llm.train.policy import load_policy
 
-    configs = {(r, s): variant_config(get_config(r, s), out, f"{r}_s{s}", QUICK, args.overrides, quick_on=args.quick)
-               for s in seeds for r in RECIPES}
-    policy = load_policy(next(iter(configs.values())).model.source)
-    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
-    curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
+    done = run_seeded_experiment(args, out, RECIPES, get_config, QUICK)
+    seeds, configs, runs = done.seeds, done.configs, done.runs
+    curves = done.per_variant(lambda run: per_step_lengths(read_groups(run)))
     rows = []
     for r, seed_curves in curves.items():
         per_seed = [{"reward first": c["reward"][0], "reward last": c["reward"][-1],

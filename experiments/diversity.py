@@ -66,13 +66,12 @@ def digit_model(out: Path) -> str:
     from tokenizers import Tokenizer
 
     from jaxrl_llm import bridge
-    from jaxrl_llm.models import DecoderConfig, init_params
+    from jaxrl_llm.models import init_params
+    from jaxrl_llm.models.config import tiny_decoder_config
 
     tokenizer = Tokenizer.from_file(str(Path(bridge.smollm2_hf_dir()) / "tokenizer.json"))
     digits = jnp.array([tokenizer.token_to_id(str(d)) for d in range(10)])
-    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, tie_word_embeddings=False, rms_norm_eps=1e-5,
-                        max_position_embeddings=512)
+    cfg = tiny_decoder_config(tie_word_embeddings=False)
     params = init_params(cfg, jax.random.key(0))
     u = jnp.ones(32) / jnp.sqrt(32.0)
     params["embed"] = params["embed"] + 5.0 * u

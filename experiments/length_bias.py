@@ -30,15 +30,7 @@ import numpy as np
 from base_configs import addition_config
 from jaxrl_llm.reports import bias_report, stats
 from jaxrl_llm.reports.seed_curves import per_step_lengths, plot_seed_bands, reward_length_limits
-from jaxrl_llm.reports.runs import (
-    chosen_seeds,
-    experiment_parser,
-    output_dir,
-    train_or_resume,
-    variant_config,
-    window_mean,
-    write_summary,
-)
+from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, window_mean, write_summary
 from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_bias"
@@ -87,16 +79,12 @@ INTERVAL_KEYS = ("reward first", "reward last", "length_correct first", "length_
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
-    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.plots import plot_runs
 
-    configs = {(r, s): variant_config(get_config(r, s), out, f"{r}_s{s}", QUICK, args.overrides,
-                                      quick_on=args.quick) for s in seeds for r in RECIPES}
-    policy = load_policy(next(iter(configs.values())).model.source)
-    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    done = run_seeded_experiment(args, out, RECIPES, get_config, QUICK)
+    seeds, configs, runs = done.seeds, done.configs, done.runs
     first = [runs[(r, seeds[0])] for r in RECIPES]
 
     plot_runs(first, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",

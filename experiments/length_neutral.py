@@ -55,11 +55,11 @@ QUICK = ()  # --quick: the full size with seed 0 only
 TEMPERATURE = 0.7
 
 
-def get_config(arg: str = "grpo") -> Config:
-    """ARG = "<recipe>" or "<recipe>,<seed>" (CPU; seed 0 by default)."""
-    recipe, _, seed = arg.partition(",")
+def get_config(arg: str = "grpo", seed: int = 0) -> Config:
+    """ARG = "<recipe>" or "<recipe>,<seed>" (CPU; a seed in ARG wins over `seed`)."""
+    recipe, _, seed_text = arg.partition(",")
     cfg = addition_config(f"{NAME}_{recipe}", recipe=recipe, total_steps=3, max_tokens=96,
-                          seed=int(seed or 0))
+                          seed=int(seed_text) if seed_text else seed)
     # DAPO's soft overlong punishment would make the reward depend on length, and its dynamic
     # sampling would multiply the CPU cost: both off (the zero-variance filter stays).
     # Micro-batches of 8 keep a run under ~8 GB of memory.
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.train.metrics import read_groups, read_metrics
 
     # 3 x seeds runs of the same shapes share the compiled programs (from disk); one run's in memory
-    done = run_seeded_experiment(args, out, RECIPES, lambda r, s: get_config(f"{r},{s}"), QUICK, clear_caches=True)
+    done = run_seeded_experiment(args, out, RECIPES, get_config, QUICK, clear_caches=True)
     seeds = done.seeds
     curves = done.per_variant(lambda run: per_step_lengths(read_groups(run)))
     per_seed = {r: {s: seed_row(c, read_metrics(done.runs[(r, s)])) for c, s in zip(curves[r], seeds)}

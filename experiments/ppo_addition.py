@@ -33,7 +33,7 @@ FULL = ["rollout.prompts_per_step=8", "rollout.samples_per_prompt=4"]
 QUICK = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "total_steps=8"]
 
 
-def base_config():
+def get_config():
     """SmolLM2 on 1-digit addition (experiments/base_configs.py) with recipe ppo: lr 2e-5
     for the policy, 1e-3 for the value head (zero-initialised), 1 critic-only warm-up
     optimiser step so the advantages do not all come from V = 0, answers of <= 8 tokens,
@@ -75,7 +75,7 @@ def run(cfg) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME).parse_args(argv)
     out = output_dir(args, NAME)
-    cfg = variant_config(base_config(), out, "ppo", QUICK, [*FULL, *args.overrides] if not args.quick else
+    cfg = variant_config(get_config(), out, "ppo", QUICK, [*FULL, *args.overrides] if not args.quick else
                          args.overrides, quick_on=args.quick)
     result = run(cfg)
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -30,6 +30,15 @@ FULL = PrecisionStudy(prompts=32, samples=8, max_tokens=128)
 QUICK = PrecisionStudy(prompts=8, samples=4, max_tokens=64)
 # GPU scale (launch/README.md): a 1.5B math model on MATH prompts, vLLM on a GPU.
 GPU = PrecisionStudy(model="/data/Qwen2.5-Math-1.5B", prompts=256, samples=8, max_tokens=3000)
+SIZES = {"": FULL, "quick": QUICK, "gpu": GPU}
+
+
+def get_config(arg: str = "") -> PrecisionStudy:
+    """ARG = "" (CPU full size), "quick" or "gpu": the study's settings (not a `jaxrl train`
+    config: this experiment samples and scores, it does not train)."""
+    if arg not in SIZES:
+        raise ValueError(f"experiments/precision_mismatch.py:{arg} is invalid; valid: one of {tuple(SIZES)}")
+    return SIZES[arg]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of jax,vllm")
     parser.add_argument("--model", default=None, help="HF directory (default: smollm2)")
     args = parser.parse_args(argv)
-    study = QUICK if args.quick else FULL
+    study = get_config("quick" if args.quick else "")
     fields = {f.name: f.type for f in dataclasses.fields(PrecisionStudy)}
     for item in args.overrides:  # e.g. prompts=2 samples=2 max_tokens=8
         key, _, value = item.partition("=")

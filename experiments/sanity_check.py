@@ -23,15 +23,7 @@ from typing import Sequence
 from base_configs import addition_config
 from jaxrl_llm.reports import stats
 from jaxrl_llm.reports.seed_curves import per_step_lengths, plot_seed_bands
-from jaxrl_llm.reports.runs import (
-    chosen_seeds,
-    experiment_parser,
-    output_dir,
-    train_or_resume,
-    variant_config,
-    window_mean,
-    write_summary,
-)
+from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, window_mean, write_summary
 from jaxrl_llm.train.config import Config, ConfigError
 
 NAME = "sanity_check"
@@ -69,16 +61,12 @@ def seed_row(records: list[dict]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
-    seeds = chosen_seeds(args)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.plots import plot_runs
 
-    configs = {(p, s): variant_config(get_config(p, s), out, f"{p}_s{s}", QUICK, args.overrides, quick_on=args.quick)
-               for s in seeds for p in PRECISIONS}
-    policy = load_policy(next(iter(configs.values())).model.source)
-    runs = {key: train_or_resume(cfg, policy=policy) for key, cfg in configs.items()}
+    done = run_seeded_experiment(args, out, PRECISIONS, get_config, QUICK)
+    seeds, configs, runs = done.seeds, done.configs, done.runs
     plot_runs([runs[(p, seeds[0])] for p in PRECISIONS], ["reward", "pass_rate", "mismatch_k3", "grad_norm",
                                                           "entropy", "skipped"], out / "reward.png",
               title=f"Sanity check: training reward by precision (seed {seeds[0]})")

@@ -261,6 +261,16 @@ class DecoderConfig:
         return out
 
 
+def tiny_decoder_config(**overrides: Any) -> DecoderConfig:
+    """The tiny decoder of the tests and experiments (2 layers, width 32, SmolLM2's
+    49152-token vocabulary, tied embeddings as SmolLM2): seconds to train on a CPU, not a
+    model of any size that matters. `overrides` replace fields (e.g. vocab_size=16)."""
+    fields = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                  max_position_embeddings=512)
+    return DecoderConfig(**{**fields, **overrides})
+
+
 def _check_family_switches(family: str, qkv_bias: bool, o_bias: bool) -> None:
     """The bias switches HF can express: Qwen2 always has q/k/v biases and no o bias;
     Llama/Qwen3 have all four biases or none (one ``attention_bias`` flag)."""

@@ -223,7 +223,7 @@ def test_sanity_check_reduced_runs_each_precision(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_ppo_addition_reduced_writes_before_after_and_critic_metrics(tiny_model_dir, tmp_path):
     ppo = load_experiment("ppo_addition")
-    assert ppo.base_config().recipe.name == "ppo" and ppo.base_config().critic.warmup_steps == 1
+    assert ppo.get_config().recipe.name == "ppo" and ppo.get_config().critic.warmup_steps == 1
     assert ppo.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", "total_steps=2",
                      "rollout.max_tokens=6", "task.eval_size=4"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -79,11 +79,10 @@ def make_tiny_model_dir(out: Path) -> str:
     import jax
 
     from jaxrl_llm import bridge
-    from jaxrl_llm.models import DecoderConfig, init_params
+    from jaxrl_llm.models import init_params
+    from jaxrl_llm.models.config import tiny_decoder_config
 
-    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rms_norm_eps=1e-5,
-                        max_position_embeddings=512)
+    cfg = tiny_decoder_config()
     params = init_params(cfg, jax.random.key(0))
     params = {**params, "embed": params["embed"] * EMBED_SCALE}
     bridge.save_hf_dir(cfg, params, out, tokenizer_dir=bridge.smollm2_hf_dir())

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import bridge
-from jaxrl_llm.models import DecoderConfig, init_params
+from jaxrl_llm.models import init_params
+from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.train import loop, sampling
 from jaxrl_llm.train.evaluation import evaluate_params
 from jaxrl_llm.train.policy import load_policy
@@ -35,9 +36,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     """A random 2-layer decoder over SmolLM2's 49152-token vocabulary, saved as an HF
     directory with SmolLM2's tokenizer files (so prompts render and tokenise for real)."""
     smollm2 = bridge.smollm2_hf_dir()
-    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rms_norm_eps=1e-5,
-                        max_position_embeddings=512)
+    cfg = tiny_decoder_config()
     params = init_params(cfg, jax.random.key(0))
     out = tmp_path_factory.mktemp("tiny") / "model"
     bridge.save_hf_dir(cfg, params, out, tokenizer_dir=smollm2)

@@ -13,7 +13,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from jaxrl_llm import bridge, cli, core
-from jaxrl_llm.models import DecoderConfig, init_params, lora
+from jaxrl_llm.models import init_params, lora
+from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
 from jaxrl_llm.train import loop
@@ -181,9 +182,7 @@ def test_mesh_learner_keeps_base_sharded_and_matches_single_device(setup):
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A random 2-layer decoder with SmolLM2's tokenizer files (prompts tokenise for real)."""
-    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rms_norm_eps=1e-5,
-                        max_position_embeddings=512)
+    cfg = tiny_decoder_config()
     out = tmp_path_factory.mktemp("tiny") / "model"
     bridge.save_hf_dir(cfg, init_params(cfg, jax.random.key(0)), out, tokenizer_dir=bridge.smollm2_hf_dir())
     return str(out)

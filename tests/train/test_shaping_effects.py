@@ -13,7 +13,8 @@ import pytest
 
 from jaxrl_llm import bridge
 from jaxrl_llm.data import Example, Task
-from jaxrl_llm.models import DecoderConfig, init_params
+from jaxrl_llm.models import init_params
+from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.rewards import extract_integer_answer
 from jaxrl_llm.train import loop
 from jaxrl_llm.train.config import load_config
@@ -30,9 +31,7 @@ def stopping_model_dir(tmp_path_factory) -> str:
     embedding shares a direction u and the EOS row of the (untied) output layer points
     along u, so EOS gets a fixed logit of about 9.6 and answers end after ~4 tokens on
     average (1 to 12 seen), while the other 49151 tokens keep random logits near 0."""
-    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, tie_word_embeddings=False, rms_norm_eps=1e-5,
-                        max_position_embeddings=512)
+    cfg = tiny_decoder_config(tie_word_embeddings=False)
     params = init_params(cfg, jax.random.key(0))
     u = jnp.ones(32) / jnp.sqrt(32.0)
     params["embed"] = params["embed"] + 5.0 * u
