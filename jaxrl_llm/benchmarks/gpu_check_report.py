@@ -94,7 +94,7 @@ def _pct(x) -> str:
 
 
 def markdown(data: dict[str, Any]) -> str:
-    """The result file as tables (the README's accelerator table is generated from the JSON)."""
+    """The result file as tables (docs/benchmarks.md's accelerator tables are generated from the JSON)."""
     lines = [f"# gpu-check: {data['device']}, {data['date']}, commit {data['commit']}", "",
              f"jax {data['jax']}; wall {data.get('wall_s', 0):.0f} s of a {data['budget_s']:.0f} s budget; "
              f"packed rows' attention: {attention_path(data)}.", ""]

@@ -76,9 +76,8 @@ def auto_remat_order(dtype: str, backend: str) -> tuple[str, ...]:
     """The remat modes --remat auto tries, in order; it takes the first whose memory fits.
     In bfloat16 on XLA:CPU "full" runs faster than "dots" with less memory, so "dots" is left out:
     the looped layers write the saved bf16 projections into their [nL, ...] stacks at a cost above
-    recomputing them (SmolLM2-135M, paired by ``benchmarks.learner_levers`` (removed in issue 33)
-    on a 2-core Intel Xeon, load 1.2-2.2: 8x512 14.25 -> 12.28 s a step (1.16x), 2x2048 28.15 -> 26.68 s (1.06x); float32
-    8x512 goes the other way, 23.82 -> 25.31 s, so float32 keeps "dots")."""
+    recomputing them; in float32 it goes the other way, so float32 keeps "dots" (paired
+    measurements in docs/benchmarks.md, CPU learner)."""
     if backend == "cpu" and dtype == "bfloat16":
         return ("off", "full")
     return ("off", "dots", "full")

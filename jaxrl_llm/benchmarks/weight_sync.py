@@ -32,7 +32,7 @@ SmolLM2-135M uses its real weights; the Qwen2.5 models are random weights in
 the published shapes (Qwen2: q/k/v biases, tied embeddings at these sizes,
 vocabulary 151,936), served with SmolLM2's tokenizer (the probe's token ids
 are below its vocabulary). Then a least-squares line over the models gives
-each phase's cost per GB of staged file, the basis of the README's projection
+each phase's cost per GB of staged file, the basis of docs/benchmarks.md's projection
 for larger models. A model whose estimated peak memory (`peak_memory`: learner,
 server, two staged copies on /dev/shm) exceeds MemAvailable is refused before
 anything starts, in one line giving both.

@@ -30,9 +30,8 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arr
 
 
 # Causal attention in query blocks (``causal_attention``): at most this many blocks, of at least
-# this many rows. On a 2-core Xeon (AVX512_BF16/AMX), one layer's attention fwd+bwd, 9 query and 3
-# KV heads of 64: B=8, T=512 bf16 331 -> 164 ms (blocks of 128); B=2, T=2048 bf16 1368 -> 547 ms,
-# float32 1647 -> 614 ms (blocks of 256); blocks of 128 and 256 are within 10% of each other.
+# this many rows. Skipping the blocks above the diagonal roughly halves the attention's work at
+# long T; blocks of 128 and 256 rows measured alike (docs/benchmarks.md, CPU learner).
 ATTENTION_BLOCKS = 8
 MIN_ATTENTION_BLOCK = 128
 

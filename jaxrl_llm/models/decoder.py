@@ -329,10 +329,9 @@ def unroll_layer_loop(cfg: DecoderConfig, backend: str, remat: str) -> bool:
     gradients into the stacked [nL, ...] buffers by a dynamic-update-slice that XLA:CPU computes in float32,
     converting the whole stack to float32 and back in every iteration (about half of a SmolLM2-135M
     4x128 step, ``benchmarks.op_profile --dtype bfloat16``); unrolled, the stacks are assembled once.
-    SmolLM2-135M 4x128 bf16 fwd+bwd, builds timed in turns in one process (load 4.5): 3.20 -> 2.22 s
-    (1.44x); float32 1.02x (no such conversion), so float32 keeps the loop (compiles faster). With
-    remat the loop stays: unrolled, XLA:CPU's buffer assignment keeps the activations anyway (8x512
-    bf16 temp memory: 10.4 GiB with "off", "dots" and "full" alike, looped 11.9 / 3.5 / 1.2 GiB)."""
+    float32 has no such conversion, so it keeps the loop (which compiles faster). With remat the
+    loop stays: unrolled, XLA:CPU's buffer assignment keeps the activations anyway, so remat would
+    save no memory. Measurements in docs/benchmarks.md (CPU learner)."""
     return backend == "cpu" and jnp_dtype(cfg.compute_dtype) == jnp.bfloat16 and remat == "off"
 
 
