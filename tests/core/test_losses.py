@@ -20,6 +20,7 @@ BOUND_LOSSES = {
     "gspo": core.gspo_loss,
     "gmpo": core.gmpo_loss,
     "is_pg_sequence": functools.partial(core.is_pg_sequence_loss, cap=2.0),
+    "sapo": functools.partial(core.sapo_loss, tau_pos=1.0, tau_neg=1.05),
 }
 
 

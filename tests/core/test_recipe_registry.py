@@ -15,6 +15,10 @@ MASK = np.ones((4, 3), np.float32)
     ("dr_grpo", [[1.0, 0.0, 0.0, 0.0]], [0.75, -0.25, -0.25, -0.25]),
     # leave-one-out: r_i - mean of the other three
     ("rloo", [[1.0, 0.0, 0.0, 0.0]], [1.0, -1.0 / 3, -1.0 / 3, -1.0 / 3]),
+    # pass@2 of one right in four: R = 1 - C(3,2)/C(4,2) = 1/2, s = 1/2 (tests/core/test_new_estimators.py)
+    ("pass_at_2", [[1.0, 0.0, 0.0, 0.0]], [1.0, -1.0 / 3, -1.0 / 3, -1.0 / 3]),
+    # OPO with equal lengths (MASK) is the group mean baseline
+    ("opo", [[1.0, 0.0, 0.0, 0.0]], [0.75, -0.25, -0.25, -0.25]),
 ])
 def test_group_advantages_by_name(name, rewards, expected):
     out = core.ADVANTAGES[name](np.asarray(rewards, np.float32), MASK)
@@ -23,7 +27,8 @@ def test_group_advantages_by_name(name, rewards, expected):
 
 
 def test_registry_names_every_estimator_the_config_offers():
-    assert set(core.ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gae", "vineppo"}
+    assert set(core.ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gae", "vineppo", "opo",
+                                    "pass_at_2", "pass_at_4", "pass_at_8"}
     with pytest.raises(ValueError, match="needs critic values|need critic values"):
         core.ADVANTAGES["gae"](np.ones((1, 4), np.float32), MASK)
     with pytest.raises(ValueError, match="VinePPO advantages come from extra rollouts"):
