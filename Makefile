@@ -39,15 +39,23 @@ vllm-env:
 # One pytest process per test folder: memory (compiled programs, model copies, a vLLM
 # server) is released between folders, which keeps a 2-core / 24 GB CI machine safe.
 TEST_DIRS = $(sort $(dir $(wildcard tests/*/__init__.py)))
+# The run's record: the folder and test now running (.ci/run prints them when its overall
+# limit stops the run) and one file per vLLM server started (JAXRL_VLLM_PID_DIR).
+TEST_RECORD = $(CURDIR)/.test-record
+# Each run starts with an empty record.
+TEST_SETUP = rm -rf $(TEST_RECORD); mkdir -p $(TEST_RECORD)/servers; \
+  export JAXRL_TEST_RECORD=$(TEST_RECORD) JAXRL_VLLM_PID_DIR=$(TEST_RECORD)/servers
 
 test: venv vllm-env
-	@failed=""; for d in $(TEST_DIRS); do echo "== $$d"; rc=0; $(PY) -m pytest -q -m "not slow" $$d || rc=$$?; \
+	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
+	  rc=0; $(PY) -m pytest -q -m "not slow" $$d || rc=$$?; \
 	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || failed="$$failed $$d"; done; \
 	  if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed"; exit 1; fi  # 5: only slow tests there
 	@echo "make test: all test folders passed"
 
 test-all: venv vllm-env
-	@failed=""; for d in $(TEST_DIRS); do echo "== $$d"; $(PY) -m pytest -q $$d || failed="$$failed $$d"; done; \
+	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
+	  $(PY) -m pytest -q $$d || failed="$$failed $$d"; done; \
 	  if [ -n "$$failed" ]; then echo "make test-all: FAILED in$$failed"; exit 1; fi
 	@echo "make test-all: all test folders passed"
 
@@ -94,4 +102,4 @@ bench-rollout: venv vllm-env
 	$(PY) -m jaxrl_llm.benchmarks.weight_sync
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs
+	rm -rf $(VENV) .pytest_cache runs .test-record

@@ -39,6 +39,7 @@ MOVED = {"kl_loss": "kl", "ppo_critic": "value_mean"}  # a metric that is 0 unti
 
 
 # kl_loss is slow (~1 min; make test-all); ppo_critic (the critic in the checkpoint) runs in make test.
+@pytest.mark.timeout(900)  # two runs side by side, then a resume, each allowed 600 s
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "kl_loss" else n for n in sorted(RUNS)])
 def test_kill_9_then_resume_is_exact(tiny_model_dir, tmp_path, name):  # noqa: F811
     configs = {}
