@@ -45,21 +45,22 @@ SLOW_ONLY_DIRS =
 # The run's record: the folder and test now running (.ci/run prints them when its overall
 # limit stops the run) and one file per vLLM server started (JAXRL_VLLM_PID_DIR).
 TEST_RECORD = $(CURDIR)/.test-record
-# Each run starts with an empty record.
+# Each run starts with an empty record; a server still alive after the last folder fails the run.
 TEST_SETUP = rm -rf $(TEST_RECORD); mkdir -p $(TEST_RECORD)/servers; \
   export JAXRL_TEST_RECORD=$(TEST_RECORD) JAXRL_VLLM_PID_DIR=$(TEST_RECORD)/servers
+LEFTOVER_CHECK = $(PY) -m tests.leftover_servers $(TEST_RECORD)/servers || failed="$$failed (vLLM servers left running)"
 
 test: venv vllm-env
 	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
 	  rc=0; $(PY) -m pytest -q -m "not slow" $$d || rc=$$?; \
 	  if [ $$rc -eq 5 ] && [[ " $(SLOW_ONLY_DIRS) " == *" $${d%/} "* ]]; then rc=0; fi; \
-	  [ $$rc -eq 0 ] || failed="$$failed $$d"; done; \
+	  [ $$rc -eq 0 ] || failed="$$failed $$d"; done; $(LEFTOVER_CHECK); \
 	  if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed"; exit 1; fi
 	@echo "make test: all test folders passed"
 
 test-all: venv vllm-env
 	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
-	  $(PY) -m pytest -q $$d || failed="$$failed $$d"; done; \
+	  $(PY) -m pytest -q $$d || failed="$$failed $$d"; done; $(LEFTOVER_CHECK); \
 	  if [ -n "$$failed" ]; then echo "make test-all: FAILED in$$failed"; exit 1; fi
 	@echo "make test-all: all test folders passed"
 
