@@ -20,6 +20,12 @@ tests/train aborted the process (SIGABRT inside jax.device_get in the first test
 test_async_equivalence.py, while the async producer thread waited; 2026-11-25,
 jax 0.10.2); the one run without it and 5 single-module runs with it passed. Until
 that abort is understood it is an opt-in.
+
+Time limits (pytest-timeout, default in pyproject.toml): tests marked `vllm` get
+VLLM_TIMEOUT_S (the first one to use the shared server pays its startup, up to 900 s),
+`slow` ones SLOW_TIMEOUT_S; an explicit @pytest.mark.timeout wins. With JAXRL_TEST_RECORD
+set (`make test`), the id of the test now running is kept in $JAXRL_TEST_RECORD/current_test,
+so a run stopped from outside (.ci/run's overall limit) can say where it was.
 """
 import os
 
@@ -35,6 +41,8 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 
 _SESSION_CACHE_DIR = None
+VLLM_TIMEOUT_S = 1200
+SLOW_TIMEOUT_S = 1800
 
 
 # jax.config name -> value; each is also read from the environment variable of the
@@ -71,6 +79,22 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _SESSION_CACHE_DIR is not None:
         shutil.rmtree(_SESSION_CACHE_DIR, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            limit = max([VLLM_TIMEOUT_S] * bool(item.get_closest_marker("vllm"))
+                        + [SLOW_TIMEOUT_S] * bool(item.get_closest_marker("slow")), default=None)
+            if limit:
+                item.add_marker(pytest.mark.timeout(limit))
+
+
+def pytest_runtest_logstart(nodeid, location):
+    record = os.environ.get("JAXRL_TEST_RECORD")
+    if record and os.path.isdir(record):
+        with open(os.path.join(record, "current_test"), "w") as f:
+            f.write(nodeid + "\n")
 
 
 @pytest.fixture(autouse=True, scope="module")

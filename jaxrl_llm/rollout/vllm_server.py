@@ -5,7 +5,9 @@
 
 The server runs in its own Python environment (`vllm_env.vllm_python()`), in
 its own session (process group), so stopping it also stops vLLM's engine-core
-child processes: SIGTERM to the group, then SIGKILL after a grace period. Its
+child processes: SIGTERM to the group, then SIGKILL after a grace period. A watcher
+leads that group (`parent_watch.py`, see `launch_watched`): it ends the group when the
+process that started the server dies. Its
 settings, and the flags and environment they become, are in `vllm_server_config`.
 
 When the server dies, `VLLMServer.crash_cause()` names the exception from its
@@ -15,13 +17,14 @@ refused".
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import requests
@@ -66,19 +69,26 @@ def check_port_free(host: str, port: int) -> None:
             raise
 
 
-def _terminate_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM the server when the process that
-    launched it dies (even by SIGKILL or the OOM killer), so no server outlives its
-    owner holding a port and gigabytes of memory. Linux ties this to the launching
-    *thread*: start servers from a thread that lives as long as they should (the main
-    thread in practice). No-op where prctl is unavailable."""
-    try:
-        import ctypes
+PARENT_WATCH = Path(__file__).with_name("parent_watch.py")
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except OSError:
-        pass
+
+def launch_watched(command: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start `command` under `parent_watch.py`, in a new session (process group) that the
+    watcher leads: when this process dies (even by SIGKILL or the OOM killer), from whatever
+    thread it launched the command, the watcher ends the group, so no server outlives its owner
+    holding a port and gigabytes of memory. The returned process is the watcher, whose pid is
+    the group id and whose exit status is the command's. With JAXRL_VLLM_PID_DIR set (`make
+    test`), the group id, command, working directory and test are recorded in a file there,
+    for the check that none is left when the test run ends (tests/leftover_servers.py)."""
+    watched = [sys.executable, "-I", str(PARENT_WATCH), str(os.getpid()), *command]
+    process = subprocess.Popen(watched, start_new_session=True, **popen_kwargs)
+    record = os.environ.get("JAXRL_VLLM_PID_DIR")
+    if record and os.path.isdir(record):
+        cwd = os.path.abspath(popen_kwargs.get("cwd") or os.getcwd())
+        started_by = os.environ.get("PYTEST_CURRENT_TEST")  # set by pytest, inherited by the processes of a test
+        Path(record, str(process.pid)).write_text(json.dumps({"pid": process.pid, "cwd": cwd, "command": command,
+                                                              "test": started_by}))
+    return process
 
 
 class VLLMServer:
@@ -120,14 +130,10 @@ class VLLMServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
         self._stopped = False
-        with warnings.catch_warnings():
-            # JAX warns on every fork; the child here only calls prctl and then exec.
-            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-            self.process = subprocess.Popen(
-                server_command(config, python, self.port),
-                stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=server_env(config), start_new_session=True,  # own process group: killpg stops all
-                preexec_fn=_terminate_with_parent, cwd=str(self.log_path.parent))
+        self.process = launch_watched(
+            server_command(config, python, self.port),
+            stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=server_env(config), cwd=str(self.log_path.parent))
         try:
             self._wait_healthy(config.startup_timeout_s)
         except BaseException:

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(1800)  # two `jaxrl train` runs, each allowed 900 s
 def test_wrong_weights_pushed_by_the_loop_stop_the_run_with_a_resumable_checkpoint(vllm_server, smollm2, tmp_path):
     server = vllm_server.get()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as `jaxrl train` on a laptop

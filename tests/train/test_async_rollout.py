@@ -227,6 +227,7 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
 
 # ------------------------------------------------------------- the RL loop
 from jaxrl_llm.train.metrics import read_metrics  # noqa: E402
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config, learning_model_dir  # noqa: E402,F401
 from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: E402,F401
 
 
@@ -257,22 +258,40 @@ def test_loop_lag0_equals_the_reference_loop_and_lag1_runs_stale(tiny_model_dir,
     assert out.ledger == {"produced": 3 * 8, "consumed": 3 * 8, "dropped": 0}
 
 
-def test_async_loop_checkpoints_and_resumes_without_reusing_a_sample(tiny_model_dir, tmp_path):
-    """rollout.max_lag=1 through `jaxrl train`'s loop: checkpoints every step; a run stopped
-    after step 2 resumes at step 3, whose batch is sampled fresh by the restored weights
-    (version 2: staleness 0); the ledger of each session balances."""
+def test_async_loop_checkpoints_and_resumes_without_reusing_a_sample(learning_model_dir, tmp_path):  # noqa: F811
+    """rollout.max_lag=1 through `jaxrl train`'s loop on the learning setup (its parameters move
+    at every step): checkpoints every step; a run stopped after step 2 resumes at step 3, whose
+    batch is sampled fresh by the restored weights (version 2: staleness 0), so its step 3 equals
+    the same resume's with max_lag=0; the ledger of each session balances."""
+    import shutil
+
     from jaxrl_llm.train import loop
     from jaxrl_llm.train.policy import load_policy
 
-    policy = load_policy(tiny_model_dir)
-    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2", "rollout.max_lag=1")
-    first = loop.train(cfg, policy=policy)
+    policy = load_policy(learning_model_dir)
+
+    def train(run: str, steps: int, lag: int, resume: bool = False):
+        cfg = learning_config(learning_model_dir, tmp_path / run, f"total_steps={steps}", f"rollout.max_lag={lag}",
+                              "checkpoint.every_steps=1")
+        return loop.train(cfg, task=SpacesTask(), resume=resume, policy=policy)
+
+    first = train("run", 2, 1)
     # Session 1 had steps 1..2: every produced batch was consumed (none left in flight at the end).
-    assert first.ledger == {"produced": 2 * 8, "consumed": 2 * 8, "dropped": 0}
-    longer = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=3", "rollout.max_lag=1")
-    second = loop.train(longer, resume=True, policy=policy)
-    assert second.ledger == {"produced": 8, "consumed": 8, "dropped": 0}
-    rows = read_metrics(cfg.run_path)
+    assert first.ledger == {"produced": 2 * 16, "consumed": 2 * 16, "dropped": 0}
+    assert np.max(np.abs(flat_params(first.params) - flat_params(policy.params))) > 1e-3  # the weights moved
+    shutil.copytree(tmp_path / "run", tmp_path / "lag0")
+    second = train("run", 3, 1, resume=True)
+    assert second.ledger == {"produced": 16, "consumed": 16, "dropped": 0}
+    rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["staleness"] for r in rows] == [0.0, 1.0, 0.0]
     assert [r["weight_version"] for r in rows] == [0.0, 0.0, 2.0]
+    # The sampler's logprobs against the learner's: step 2, sampled one version behind, differs
+    # (the weights moved); step 3 was sampled by exactly the restored weights (measured: 0.02, 3e-13).
+    assert rows[1]["mismatch_k3"] > 1e-3 and rows[2]["mismatch_k3"] < 1e-9
+    synchronous = train("lag0", 3, 0, resume=True)
+    want, got = model_metrics(tmp_path / "lag0")[-1], model_metrics(tmp_path / "run")[-1]
+    assert want.keys() == got.keys()
+    for key in set(want) - {"time"}:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(flat_params(second.params), flat_params(synchronous.params), rtol=0, atol=1e-6)

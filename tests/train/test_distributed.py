@@ -109,6 +109,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.timeout(600)  # two jax.distributed processes, each allowed 500 s
 def test_two_processes_equal_one_process(tmp_path):
     port = _free_port()
     out = str(tmp_path / "params.npz")

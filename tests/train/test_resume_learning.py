@@ -98,6 +98,7 @@ def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
                                        err_msg=f"step {expect['step']} {key}")
 
 
+@pytest.mark.timeout(900)  # an uninterrupted run, a killed child, its resume and a control
 @pytest.mark.parametrize("case", [pytest.param("sync"), pytest.param("async_lag1", marks=pytest.mark.slow),
                                   pytest.param("lora", marks=pytest.mark.slow)])
 def test_kill_9_mid_run_then_resume_equals_the_uninterrupted_learning_run(case, model_dir, policy, tmp_path):

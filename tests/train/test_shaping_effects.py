@@ -148,4 +148,5 @@ def test_darling_keeps_more_distinct_correct_answers_than_grpo(tmp_path, smollm2
     print("distinct_correct grpo", [r["distinct_correct"] for r in grpo],
           "darling", [r["distinct_correct"] for r in darling])
     assert grpo[0]["distinct_correct"] == darling[0]["distinct_correct"]  # step 1: the same samples
-    assert late(darling, "distinct_correct") >= late(grpo, "distinct_correct")
+    # Strict: the runs share seeds, so a DARLING that changed nothing would tie.
+    assert late(darling, "distinct_correct") > late(grpo, "distinct_correct")

@@ -45,6 +45,7 @@ def logged_steps(run_dir) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+@pytest.mark.timeout(max(3600, 20 * SOAK_STEPS))  # 200 steps: ~23 min measured (docs/benchmarks.md)
 @pytest.mark.slow
 def test_soak_random_sigkills_with_automatic_resume(learning_model_dir, learning_policy, tmp_path):
     t0 = time.time()
