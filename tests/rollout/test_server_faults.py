@@ -27,7 +27,7 @@ def train_command(url: str, model_dir: str, run_dir: Path, *extra: str) -> list[
             f"run_dir={run_dir}", f"model.source={model_dir}", *extra]
 
 
-@pytest.mark.slow  # ~100 s on 2 cores (a vLLM server restart); make test-all
+# ~100 s on 2 cores (a vLLM server restart); in make test (CI)
 def test_server_killed_between_steps_stops_with_a_resumable_checkpoint(vllm_server, smollm2, tmp_path):
     server = vllm_server.get()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

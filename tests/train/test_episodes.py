@@ -272,7 +272,7 @@ def test_training_loop_runs_episodes_with_metrics_and_eval(tiny_model_dir, tmp_p
     assert "eval_pass@1" in rows[-1] and result.step == 1
 
 
-@pytest.mark.slow  # three tiny runs, ~2-3 min under load
+@pytest.mark.timeout(900)  # three tiny runs, ~2-3 min under load; in make test (CI)
 def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_path):  # noqa: F811
     """A user environment named by task.env (two turns, parity rewards, so the policy moves),
     killed with SIGKILL after step 2 and resumed: every step's metrics equal an uninterrupted

@@ -99,8 +99,7 @@ def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
 
 
 @pytest.mark.timeout(900)  # an uninterrupted run, a killed child, its resume and a control
-@pytest.mark.parametrize("case", [pytest.param("sync"), pytest.param("async_lag1", marks=pytest.mark.slow),
-                                  pytest.param("lora", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("case", ["sync", "async_lag1", "lora"])  # all three in make test (CI)
 def test_kill_9_mid_run_then_resume_equals_the_uninterrupted_learning_run(case, model_dir, policy, tmp_path):
     extra = [f"total_steps={STEPS}", *CASES[case]]
     straight_cfg = learning_config(model_dir, tmp_path / "straight", *extra, "checkpoint.every_steps=1",
