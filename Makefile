@@ -12,7 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
-	bench-op-profile bench-sampler-paired gpu-check experiments-quick experiments clean
+	bench-op-profile bench-sampler-paired bench-async gpu-check experiments-quick experiments clean
 
 venv: $(STAMP)
 
@@ -102,6 +102,10 @@ bench-learner-gpu: venv
 # (PY=... to choose); GPU_CHECK_ARGS="--tiny" runs it at CPU size.
 gpu-check:
 	PY=$${PY:-python3} bash launch/gpu_check.sh $(GPU_CHECK_ARGS)
+
+# The loop with rollout.max_lag 0 and 1 on the demo config (JAX sampler), one row per lag.
+bench-async: venv
+	$(PY) -m jaxrl_llm.benchmarks.async_vs_sync --config experiments/demo.py -- rollout.engine=jax total_steps=6
 
 bench-rollout: venv vllm-env
 	$(PY) -m jaxrl_llm.benchmarks.rollout
