@@ -110,6 +110,7 @@ class PeriodicEval:
                  enabled: bool = True):
         self.cfg, self.policy, self.task, self.pool, self.enabled = cfg, policy, task, pool, enabled
         self.every = cfg.task.eval_every
+        self.last: tuple[int, dict[str, Any]] | None = None  # (step, record) of the latest evaluation
         self.path = os.path.join(cfg.run_path, EVAL_FILE)
         if enabled and resume_step is not None:
             truncate_metrics(self.path, resume_step)
@@ -123,6 +124,7 @@ class PeriodicEval:
                                                     seed=EVAL_SEED, pool=self.pool))
         if self.enabled:
             append_eval(self.cfg, step, result)
+        self.last = (step, result)
         return {"eval_pass@1": result["pass@1"], f"eval_pass@{n}": result[f"pass@{n}"],
                 f"eval_avg@{n}": result[f"avg@{n}"]}
 
