@@ -98,11 +98,14 @@ class WandbRun:
         self._guard(self._staged, media)
 
     def finish(self) -> None:
-        """Ends the run (and with the last run, wandb's service process)."""
+        """Ends the run, and wandb's service process (wandb-core) unless another W&B run is active
+        in this process: no process outlives the run."""
         run, self.run = self.run, None
         if run is not None:
             try:
                 run.finish()
+                if self._wandb.run is None:
+                    self._wandb.teardown()
             except Exception as err:  # the run is over either way
                 log.warning("W&B: finishing the run failed (%s: %s)", type(err).__name__, err)
 
