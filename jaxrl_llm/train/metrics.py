@@ -150,6 +150,7 @@ class MetricsWriter:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        records: list[dict[str, Any]] = []  # resumed: the steps kept, which W&B gets again
         if resume_step is None:
             if self.path.exists() and read_metrics(self.path):
                 raise FileExistsError(
@@ -165,7 +166,7 @@ class MetricsWriter:
             wandb, self._owns_wandb = wandb_run(config), True
         if wandb is not None:
             self.wandb = wandb
-            wandb.start(resume_step=resume_step, run_info=info)
+            wandb.start(resume_step=resume_step, run_info=info, history=records)
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter

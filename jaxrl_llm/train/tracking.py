@@ -10,13 +10,15 @@ offline: the run is written to <run_dir>/wandb/offline-run-*/ with no network an
 uploads it later. online: the run streams to the server (`wandb login` first).
 
 Resume: the W&B run id is kept in <run_dir>/wandb_id.txt. A run resumed from checkpoint k
-continues that W&B run with resume_from="<id>?_step=k", W&B's rewind: the history after step k,
-which the killed process may already have logged, is dropped and the resumed process logs
-steps k+1.. again, exactly as metrics.jsonl is truncated to step k. Offline, the rewind is
-recorded in the new session's file and applied when `wandb sync` uploads the sessions in order.
-Where the server refuses the rewind (a run it does not hold, rewind unavailable), the run goes
-on with resume="allow": W&B then ignores steps up to its last one, so no step appears twice
-(those steps keep the killed process's values).
+continues that W&B run rewound to its start (resume_from="<id>?_step=0", W&B's rewind) and
+first logs steps 1..k again from metrics.jsonl (already truncated to k) and eval.jsonl, then
+k+1.. as it runs: no step appears twice, and the W&B history equals metrics.jsonl even where
+the killed process's W&B data is incomplete (wandb-core keeps up to
+x_transaction_log_flush_interval = 15 s of history in memory, which a kill -9 loses; observed
+with 0.31: all of it). Offline, the rewind is recorded in the new session's file and applied
+when `wandb sync` uploads the sessions in order. Where the server refuses the rewind (a run it
+does not hold, rewind unavailable), the run goes on with resume="allow": W&B then ignores steps
+up to its last one, so still no step appears twice.
 
 A W&B failure never stops training: the first one is logged (logging.warning), and W&B is off
 for the rest of the run.
@@ -66,9 +68,25 @@ class WandbRun:
         self.run = None
         self.failed = False
 
-    def start(self, *, resume_step: int | None, run_info: Mapping[str, Any]) -> None:
+    def start(self, *, resume_step: int | None, run_info: Mapping[str, Any],
+              history: list[dict[str, Any]] = ()) -> None:
+        """Opens the run; `history`: metrics.jsonl's records up to resume_step, logged again."""
         if self.run is None and not self.failed:
             self._guard(self._init, resume_step, run_info)
+        if self.run is not None and resume_step is not None:
+            self._guard(self._staged, self._replay, history, resume_step)
+
+    def _replay(self, history: list[dict[str, Any]], resume_step: int) -> None:
+        from jaxrl_llm.train.evaluation import EVAL_FILE  # evaluation imports metrics, which imports this
+        from jaxrl_llm.train.metrics import read_metrics
+
+        rows = {r["step"]: {k: v for k, v in r.items() if k not in ("step", "time")} for r in history}
+        evals = self.cfg.run_path / EVAL_FILE
+        for record in read_metrics(evals) if evals.exists() else []:
+            if record["step"] in rows and "pass_at_k" in record:
+                rows[record["step"]]["eval/pass_at_k"] = self._curve(record)
+        for step in sorted(rows):
+            self.run.log(rows[step], step=step)
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         if self.run is not None:
@@ -77,8 +95,10 @@ class WandbRun:
     def log_eval(self, step: int, result: Mapping[str, Any], key: str = "eval/pass_at_k") -> None:
         """The pass@k curve (k = 1..n) of an evaluation record as a table at `step`."""
         if self.run is not None:
-            self._guard(self._staged, lambda: self.run.log({key: self._wandb.Table(
-                columns=["k", "pass@k"], data=[[k, p] for k, p in enumerate(result["pass_at_k"], 1)])}, step=step))
+            self._guard(self._staged, lambda: self.run.log({key: self._curve(result)}, step=step))
+
+    def _curve(self, result: Mapping[str, Any]):
+        return self._wandb.Table(columns=["k", "pass@k"], data=[[k, p] for k, p in enumerate(result["pass_at_k"], 1)])
 
     def log_media(self, step: int, images: Mapping[str, str | os.PathLike] = (),
                   tables: Mapping[str, str | os.PathLike] = ()) -> None:
@@ -117,15 +137,15 @@ class WandbRun:
 
         return wandb
 
-    def _staged(self, fn: Callable[[], Any]) -> None:
+    def _staged(self, fn: Callable[..., Any], *args: Any) -> None:
         """Runs fn with W&B's staging folder (tables are copied there for the upload) under the run's
         wandb/ folder, so an offline run's files all lie in its directory; a WANDB_DATA_DIR set by the
         user is kept."""
         if "WANDB_DATA_DIR" in os.environ:
-            return fn()
+            return fn(*args)
         os.environ["WANDB_DATA_DIR"] = os.path.join(self.cfg.run_path, "wandb", "data")
         try:
-            fn()
+            fn(*args)
         finally:
             del os.environ["WANDB_DATA_DIR"]
 
@@ -154,8 +174,8 @@ class WandbRun:
             self.run = wandb.init(**kwargs)
             return
         try:
-            self.run = wandb.init(resume_from=f"{run_id}?_step={resume_step}", **kwargs)
+            self.run = wandb.init(resume_from=f"{run_id}?_step=0", **kwargs)
         except Exception as err:
-            log.warning("W&B refused to rewind run %s to step %d (%s); continuing it with resume='allow' (steps "
-                        "it already holds keep their first values)", run_id, resume_step, " ".join(str(err).split()))
+            log.warning("W&B refused to rewind run %s (%s); continuing it with resume='allow' (steps it already "
+                        "holds keep their first values)", run_id, " ".join(str(err).split()))
             self.run = wandb.init(resume="allow", **kwargs)
