@@ -190,6 +190,11 @@ def test_media_and_tables_go_to_the_step_row(tmp_path):
 
 def test_wandb_asked_for_but_not_installed_is_a_one_line_error_naming_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails as if it were not installed
+
+    def no_model(source):
+        raise AssertionError("the model was loaded before the wandb check")
+
+    monkeypatch.setattr(loop, "load_policy", no_model)
     code = cli.main(["train", "--config", str(REPO / "experiments/demo.py"), "metrics.wandb=offline",
                      f"run_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
