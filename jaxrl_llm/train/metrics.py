@@ -42,6 +42,7 @@ METRICS_FILE = "metrics.jsonl"
 RUN_INFO_FILE = "run_info.json"
 TB_DIR = "tb"
 GROUPS_FILE = "groups.jsonl"
+EVAL_FILE = "eval.jsonl"  # held-out evaluations (train/evaluation.py)
 
 # Distributions whose versions identify the software a run used.
 TRACKED_PACKAGES = (
@@ -166,7 +167,10 @@ class MetricsWriter:
             wandb, self._owns_wandb = wandb_run(config), True
         if wandb is not None:
             self.wandb = wandb
-            wandb.start(resume_step=resume_step, run_info=info, history=records)
+            eval_path = self.run_dir / EVAL_FILE  # truncated later by PeriodicEval: filtered here
+            evals = read_metrics(eval_path) if records and eval_path.exists() else []
+            evals = [r for r in evals if r["step"] <= resume_step]
+            wandb.start(resume_step=resume_step, run_info=info, history=records, evals=evals)
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter

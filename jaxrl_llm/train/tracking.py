@@ -30,7 +30,7 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from jaxrl_llm.train.config import Config, ConfigError
 from jaxrl_llm.utils.atomic_files import write_text_atomic
@@ -69,20 +69,17 @@ class WandbRun:
         self.failed = False
 
     def start(self, *, resume_step: int | None, run_info: Mapping[str, Any],
-              history: list[dict[str, Any]] = ()) -> None:
-        """Opens the run; `history`: metrics.jsonl's records up to resume_step, logged again."""
+              history: Sequence[Mapping[str, Any]] = (), evals: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Opens the run. Resumed: `history` (metrics.jsonl's records up to resume_step) and
+        `evals` (eval.jsonl's) are logged again, after the rewind."""
         if self.run is None and not self.failed:
             self._guard(self._init, resume_step, run_info)
         if self.run is not None and resume_step is not None:
-            self._guard(self._staged, self._replay, history, resume_step)
+            self._guard(self._staged, self._replay, history, evals)
 
-    def _replay(self, history: list[dict[str, Any]], resume_step: int) -> None:
-        from jaxrl_llm.train.evaluation import EVAL_FILE  # evaluation imports metrics, which imports this
-        from jaxrl_llm.train.metrics import read_metrics
-
+    def _replay(self, history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]]) -> None:
         rows = {r["step"]: {k: v for k, v in r.items() if k not in ("step", "time")} for r in history}
-        evals = self.cfg.run_path / EVAL_FILE
-        for record in read_metrics(evals) if evals.exists() else []:
+        for record in evals:
             if record["step"] in rows and "pass_at_k" in record:
                 rows[record["step"]]["eval/pass_at_k"] = self._curve(record)
         for step in sorted(rows):
