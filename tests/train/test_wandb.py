@@ -158,7 +158,7 @@ def test_a_wandb_failure_is_logged_once_and_training_goes_on(tmp_path, monkeypat
         raise RuntimeError("W&B is down")
 
     monkeypatch.setattr(wandb.Run, "log", broken_log)
-    monkeypatch.setattr(logging.getLogger("jaxrl_llm"), "propagate", True)  # cli.main may have turned it off
+    monkeypatch.setattr(logging.getLogger("jaxrl_llm"), "propagate", True)  # another test's cli.main may turn it off
     with caplog.at_level(logging.WARNING, logger="jaxrl_llm"):
         with MetricsWriter(cfg.run_path, tensorboard=False, config=cfg) as writer:
             for step in (1, 2, 3):
@@ -195,6 +195,7 @@ def test_wandb_asked_for_but_not_installed_is_a_one_line_error_naming_the_extra(
         raise AssertionError("the model was loaded before the wandb check")
 
     monkeypatch.setattr(loop, "load_policy", no_model)
+    monkeypatch.setattr(cli, "_configure_logging", lambda debug: None)  # leave the session's loggers alone
     code = cli.main(["train", "--config", str(REPO / "experiments/demo.py"), "metrics.wandb=offline",
                      f"run_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
