@@ -20,8 +20,8 @@ when `wandb sync` uploads the sessions in order. Where the server refuses the re
 does not hold, rewind unavailable), the run goes on with resume="allow": W&B then ignores steps
 up to its last one, so still no step appears twice.
 
-A W&B failure never stops training: the first one is logged (logging.warning), and W&B is off
-for the rest of the run.
+A W&B failure never stops training: it is logged once (logging.warning) and W&B is off for the
+rest of the run.
 """
 from __future__ import annotations
 
