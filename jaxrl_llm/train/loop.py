@@ -15,7 +15,7 @@ One step (`run_step`):
    filters, corrections and the global aggregation weights per mini-batch, and the
    learner takes epochs x mini-batches optimiser steps (`learn.learn`).
 5. The new weights go to the rollout engine (merged, with LoRA).
-6. Metrics (JSONL + TensorBoard), the progress bar, and an orbax checkpoint every K
+6. Metrics (JSONL + TensorBoard + W&B with metrics.wandb), the progress bar, and an orbax checkpoint every K
    steps and on SIGTERM. `resume=True` restores the latest checkpoint and continues
    exactly: the RNG of every step derives from (seed, step).
 
@@ -61,6 +61,7 @@ from jaxrl_llm.train.progress import Progress
 from jaxrl_llm.train.prompts import task_from_config
 from jaxrl_llm.train.runnable import RunPlan, plan_run
 from jaxrl_llm.train.sampling import step_sampling
+from jaxrl_llm.train.tracking import WandbRun, require_wandb
 from jaxrl_llm.train.run_state import (RunPosition, check_lora_base, checkpoint_state, lora_checkpoint_metadata,
                                        make_learner, position_of)
 
@@ -97,14 +98,17 @@ class TrainResult:
 
 
 def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy: Policy | None = None,
-          engine=None) -> TrainResult:
+          engine=None, wandb: WandbRun | None = None) -> TrainResult:
     """Run (or resume) RL training as configured.
 
     `task` replaces the configured task (e.g. a user's own Task object), `policy` a
     preloaded model, and `engine` a rollout engine the caller owns (e.g. one that also
     serves evaluations; it must serve `policy`'s weights, and holds the trained weights
     afterwards); by default the loop starts the configured engine and stops it at the end.
+    `wandb` is a W&B run the caller owns (tracking.py); by default, with metrics.wandb on,
+    the metrics writer opens and finishes its own.
     """
+    require_wandb(cfg)  # a one-line error before any model loads
     distributed.initialize_from_env()  # before any JAX computation; no-op for one process
     distributed.warm_up_collectives()
     run_dir = os.fspath(cfg.run_path)
@@ -126,7 +130,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                                start.weight_version, {"produced": 0, "consumed": 0, "dropped": 0})
         writer = stack.enter_context(contextlib.closing(MetricsWriter(
             run_dir, tensorboard=cfg.metrics.tensorboard, resume_step=start.step if resume else None, config=cfg,
-            enabled=lead)))
+            enabled=lead, wandb=wandb)))
         groups = GroupLog(run_dir, resume_step=start.step if resume else None, enabled=lead)
         if engine is None:
             engine = make_engine(cfg, policy, host_params(learner.full_params(state.params)),
@@ -168,6 +172,8 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                     metrics.update(evaluator(step, producer.with_engine))
                 version = engine.weight_version
                 writer.write(step, metrics)
+                if evaluator.last is not None and evaluator.last[0] == step:
+                    writer.log_eval(step, evaluator.last[1])
                 groups.write(step, step_groups.rewards, step_groups.lengths, step_groups.truncated)
                 if lead:
                     progress.update(step, metrics)

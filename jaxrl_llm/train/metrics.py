@@ -5,6 +5,7 @@ Layout of a run directory:
     run_dir/metrics.jsonl   one JSON object per logged step:
                             {"step": 3, "time": 1731...., "reward/mean": 0.4, ...}
     run_dir/tb/             TensorBoard event files (tensorboardX)
+    run_dir/wandb/          Weights & Biases run files, with metrics.wandb on (train/tracking.py)
     run_dir/run_info.json   config, git commit, package versions, host, date
     run_dir/groups.jsonl    per step, every prompt group's rewards [P][G] and
                             completion lengths [P][G] (`GroupLog`): what the
@@ -34,12 +35,14 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.tracking import WandbRun, wandb_run
 from jaxrl_llm.utils.atomic_files import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 RUN_INFO_FILE = "run_info.json"
 TB_DIR = "tb"
 GROUPS_FILE = "groups.jsonl"
+EVAL_FILE = "eval.jsonl"  # held-out evaluations (train/evaluation.py)
 
 # Distributions whose versions identify the software a run used.
 TRACKED_PACKAGES = (
@@ -123,6 +126,9 @@ class MetricsWriter:
       config: if given, run_info.json is written (see `write_run_info`).
       enabled: False makes every method a no-op (e.g. on JAX processes other
         than 0 in a multi-host run).
+      wandb: a W&B run the caller owns and finishes (e.g. the demo, which adds its
+        figures after training). None: with config.metrics.wandb on, the writer
+        opens one itself and finishes it on close. Either is started here.
     """
 
     def __init__(
@@ -133,6 +139,7 @@ class MetricsWriter:
         resume_step: int | None = None,
         config: Config | Mapping[str, Any] | None = None,
         enabled: bool = True,
+        wandb: WandbRun | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
@@ -140,9 +147,11 @@ class MetricsWriter:
         self._last_step: int | None = None
         self._file = None
         self._tb = None
+        self.wandb, self._owns_wandb = None, False
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        records: list[dict[str, Any]] = []  # resumed: the steps kept, which W&B gets again
         if resume_step is None:
             if self.path.exists() and read_metrics(self.path):
                 raise FileExistsError(
@@ -153,8 +162,15 @@ class MetricsWriter:
             truncate_metrics(self.path, resume_step)
             records = read_metrics(self.path) if self.path.exists() else []
             self._last_step = max((r["step"] for r in records), default=None)
-        if config is not None:
-            write_run_info(self.run_dir, config, resumed_from_step=resume_step)
+        info = write_run_info(self.run_dir, config, resumed_from_step=resume_step) if config is not None else {}
+        if wandb is None and isinstance(config, Config):
+            wandb, self._owns_wandb = wandb_run(config), True
+        if wandb is not None:
+            self.wandb = wandb
+            eval_path = self.run_dir / EVAL_FILE  # truncated later by PeriodicEval: filtered here
+            evals = read_metrics(eval_path) if records and eval_path.exists() else []
+            evals = [r for r in evals if r["step"] <= resume_step]
+            wandb.start(resume_step=resume_step, run_info=info, history=records, evals=evals)
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -189,7 +205,14 @@ class MetricsWriter:
                 if isinstance(value, (bool, int, float)) and math.isfinite(value):
                     self._tb.add_scalar(key, float(value), global_step=int(step), walltime=record["time"])
             self._tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, values)
         self._last_step = int(step)
+
+    def log_eval(self, step: int, result: Mapping[str, Any]) -> None:
+        """An evaluation record's pass@k curve to W&B, where it is on (eval.jsonl has the record)."""
+        if self.enabled and self.wandb is not None:
+            self.wandb.log_eval(step, result)
 
     def close(self) -> None:
         if self._file is not None:
@@ -198,6 +221,9 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._owns_wandb and self.wandb is not None:
+            self.wandb.finish()
+        self.wandb = None
 
     def __enter__(self) -> "MetricsWriter":
         return self
