@@ -50,7 +50,6 @@ MOVED = {"kl_loss": "kl", "ppo_critic": "value_mean"}  # a metric that is 0 unti
 
 # kl_loss is slow (~1 min; make test-all); ppo_critic (the critic in the checkpoint) runs in make test.
 @pytest.mark.timeout(900)  # three runs and a resume, each allowed 600 s
-# kl_loss is slow (~1 min; make test-all); ppo_critic (the critic in the checkpoint) runs in make test.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "kl_loss" else n for n in sorted(RUNS)])
 def test_kill_9_then_resume_is_exact(tiny_model_dir, tmp_path, name):  # noqa: F811
     # 5 steps, a checkpoint every 2: killed once step 3 is logged, the newest checkpoint is step 2.
