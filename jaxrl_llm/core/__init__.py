@@ -12,6 +12,8 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   bias         implied gradient weights and difficulty weights
   evaluation   pass@k, avg@k
   vineppo      VinePPO chunk starts, Monte-Carlo values, chunk advantages
+  remax        ReMax: the greedy response's reward as the baseline
+  multi_reward GDPO: several rewards, each normalised within its group, then summed
   recipe_overrides  ADVANTAGES by name and customize_recipe (parts of a recipe by name)
   recipes      named compositions (grpo, dr_grpo, dapo, ...): Recipe, RECIPES, get_recipe
   step_batch   the two functions the learner calls with a recipe: prepare_step_batch,
@@ -90,13 +92,17 @@ from jaxrl_llm.core.losses import (
     ppo_clip_loss,
     sapo_loss,
 )
+from jaxrl_llm.core.multi_reward import gdpo_advantages
+from jaxrl_llm.core.remax import remax_advantages
 from jaxrl_llm.core.recipe_overrides import ADVANTAGES, customize_recipe
 from jaxrl_llm.core.recipes import (
     KL_MODES,
     RECIPES,
     GaeAdvantage,
+    GreedyBaselineAdvantage,
     GroupAdvantage,
     MonteCarloAdvantage,
+    MultiRewardAdvantage,
     OverlongPenalty,
     Recipe,
     TokenAdvantage,

@@ -8,12 +8,13 @@ import functools
 from collections.abc import Callable
 
 from jaxrl_llm.core import advantages as adv_lib, corrections, losses
-from jaxrl_llm.core.recipes import (GaeAdvantage, GroupAdvantage, MonteCarloAdvantage, Recipe, TokenAdvantage,
-                                    TokenAdvantages)
+from jaxrl_llm.core.recipes import (GaeAdvantage, GreedyBaselineAdvantage, GroupAdvantage, MonteCarloAdvantage,
+                                    MultiRewardAdvantage, Recipe, TokenAdvantage, TokenAdvantages)
 
 # Advantage estimators by name, like losses.POLICY_LOSSES and corrections.CORRECTIONS.
 # "gae" needs critic values at prepare_step_batch time (values=...), "vineppo" the
-# Monte-Carlo chunk advantages of extra rollouts (advantages=...).
+# Monte-Carlo chunk advantages of extra rollouts (advantages=...), "remax" each prompt's greedy
+# reward (baseline_rewards=...), "gdpo" each grader's reward (reward_parts=...).
 ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "grpo": GroupAdvantage(adv_lib.grpo_advantages),
     "dr_grpo": GroupAdvantage(adv_lib.dr_grpo_advantages),
@@ -24,6 +25,8 @@ ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     **{f"pass_at_{k}": GroupAdvantage(functools.partial(adv_lib.pass_at_k_advantages, k=k)) for k in (2, 4, 8)},
     "gae": GaeAdvantage(gamma=1.0, lam=1.0),
     "vineppo": MonteCarloAdvantage(),
+    "remax": GreedyBaselineAdvantage(),
+    "gdpo": MultiRewardAdvantage(),
 }
 
 

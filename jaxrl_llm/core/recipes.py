@@ -14,15 +14,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, kl, losses
+from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, kl, losses, multi_reward, remax
 
 
-def _fold_sequence(rewards, token_rewards):
+def fold_sequence_rewards(rewards, token_rewards):
     """rewards [P, G] plus each response's summed per-token rewards [N, T] (None: unchanged)."""
     if token_rewards is None:
         return rewards
@@ -43,7 +43,7 @@ class GroupAdvantage:
     def __call__(self, rewards, mask, *, values=None, token_rewards=None) -> TokenAdvantages:
         """token_rewards: optional [N, T] per-token rewards (e.g. a KL penalty), summed over
         each response into its scalar reward, since the estimator sees one reward per response."""
-        rewards = _fold_sequence(rewards, token_rewards)
+        rewards = fold_sequence_rewards(rewards, token_rewards)
         return TokenAdvantages(adv_lib.broadcast_to_tokens(self.estimator(rewards), mask), None)
 
 
@@ -55,7 +55,7 @@ class TokenAdvantage:
 
     def __call__(self, rewards, mask, *, values=None, token_rewards=None) -> TokenAdvantages:
         """token_rewards: as GroupAdvantage (summed into each response's reward)."""
-        return TokenAdvantages(self.estimator(_fold_sequence(rewards, token_rewards), mask), None)
+        return TokenAdvantages(self.estimator(fold_sequence_rewards(rewards, token_rewards), mask), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +86,8 @@ class MonteCarloAdvantage:
     train/vineppo_step.py) and enter as `prepare_step_batch(..., advantages=)`; this
     estimator only places them on the valid tokens (filtered tokens get 0)."""
 
+    inputs: ClassVar[tuple[str, ...]] = ("advantages",)  # prepare_step_batch's extra inputs it needs
+
     def __call__(self, rewards, mask, *, values=None, token_rewards=None, advantages=None) -> TokenAdvantages:
         if advantages is None:
             raise ValueError("VinePPO advantages come from extra rollouts: pass advantages= [N, T] (the RL loop's "
@@ -96,6 +98,43 @@ class MonteCarloAdvantage:
         _checks.check_same_shape(advantages=advantages, mask=mask)
         valid = _checks.valid_tokens(mask)
         return TokenAdvantages(jnp.where(valid, _checks.to_float32(advantages), 0.0), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class GreedyBaselineAdvantage:
+    """ReMax (Li et al. 2023, arXiv 2310.10505; `remax.remax_advantages`): each group's baseline
+    is the reward of a greedy response to its prompt, which the RL loop draws and grades with the
+    group (train/sampling.py) and passes as `prepare_step_batch(..., baseline_rewards=[P])`."""
+
+    inputs: ClassVar[tuple[str, ...]] = ("baseline_rewards",)
+
+    def __call__(self, rewards, mask, *, values=None, token_rewards=None, baseline_rewards=None) -> TokenAdvantages:
+        """token_rewards (kl_mode='reward'): summed into each sampled response's reward."""
+        if baseline_rewards is None:
+            raise ValueError("ReMax's baseline is the reward of a greedy response per prompt: pass "
+                             "baseline_rewards= [P] to prepare_step_batch (the RL loop draws and grades them)")
+        advantages = remax.remax_advantages(fold_sequence_rewards(rewards, token_rewards), baseline_rewards)
+        return TokenAdvantages(adv_lib.broadcast_to_tokens(advantages, mask), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiRewardAdvantage:
+    """GDPO (Liu et al. 2026, arXiv 2601.05242; `multi_reward.gdpo_advantages`) over each grader's
+    reward, `prepare_step_batch(..., reward_parts=[P, G, K])`, with `weights` (the run's
+    task.reward_weights; None: 1 for every reward)."""
+
+    weights: tuple[float, ...] | None = None
+    inputs: ClassVar[tuple[str, ...]] = ("reward_parts",)
+
+    def __call__(self, rewards, mask, *, values=None, token_rewards=None, reward_parts=None) -> TokenAdvantages:
+        if token_rewards is not None:
+            raise ValueError("GDPO normalises each grader's reward; per-token rewards (kl_mode='reward') are not "
+                             "one of them: use kl_mode='loss'")
+        if reward_parts is None:
+            raise ValueError("GDPO needs each reward separately: pass reward_parts= [P, G, K] to prepare_step_batch")
+        weights = self.weights if self.weights is not None else (1.0,) * jnp.shape(reward_parts)[2]
+        advantages = multi_reward.gdpo_advantages(reward_parts, weights)
+        return TokenAdvantages(adv_lib.broadcast_to_tokens(advantages, mask), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +267,22 @@ RECIPES: dict[str, Recipe] = {
             aggregation="seq_mean_token_sum",
             source="Ahmadian et al. 2024 (arXiv 2402.14740): REINFORCE with a leave-one-out "
             "baseline, the whole response as one action",
+        ),
+        Recipe(
+            name="remax",
+            advantage_fn=GreedyBaselineAdvantage(),
+            policy_loss_fn=losses.pg_loss,
+            aggregation="seq_mean_token_sum",
+            source="Li et al. 2023, ReMax (arXiv 2310.10505): REINFORCE with the reward of a greedy "
+            "response to the same prompt as the baseline, the whole response as one action",
+        ),
+        Recipe(
+            name="gdpo",
+            advantage_fn=MultiRewardAdvantage(),
+            policy_loss_fn=_ppo,
+            aggregation="seq_mean_token_mean",
+            source="Liu et al. 2026, GDPO (arXiv 2601.05242): GRPO with each of task.reward_fns normalised "
+            "within its group, summed with task.reward_weights, then normalised over the batch",
         ),
         Recipe(
             name="reinforce_pp",

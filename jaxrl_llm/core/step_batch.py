@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, filters, kl, losses
-from jaxrl_llm.core.recipes import MonteCarloAdvantage, Recipe
+from jaxrl_llm.core.recipes import Recipe
 
 
 class StepBatch(NamedTuple):
@@ -93,6 +93,8 @@ def prepare_step_batch(
     truncated=None,
     correct=None,
     advantages=None,
+    baseline_rewards=None,
+    reward_parts=None,
 ) -> tuple[StepBatch, dict[str, jax.Array]]:
     """Everything a step needs before the model runs, on the FULL step batch.
 
@@ -119,6 +121,10 @@ def prepare_step_batch(
         filter and its metric judge. None: judge `rewards` (before the penalty).
       advantages: [N, T] token advantages estimated outside the step; needed by, and
         only accepted with, `MonteCarloAdvantage` (VinePPO).
+      baseline_rewards: [P] the rewards of each prompt's greedy response; needed by, and only
+        accepted with, ReMax (`remax.GreedyBaselineAdvantage`).
+      reward_parts: [P, G, K] each grader's reward; needed by, and only accepted with, GDPO
+        (`multi_reward.MultiRewardAdvantage`).
     Returns:
       (StepBatch, metrics): metrics are float32 scalars describing the step
       (rewards, filters, corrections, mismatch_* when sampler_logp is given).
@@ -163,13 +169,9 @@ def prepare_step_batch(
     if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
         kl_rewards = -recipe.kl_beta * kl.get_kl_estimator(recipe.kl_estimator)(old_logp, ref_logp, mask=response_mask)
         metrics["kl_reward_penalty_mean"] = jnp.sum(kl_rewards) / rewards.size  # per response
-    if isinstance(recipe.advantage_fn, MonteCarloAdvantage):
-        token_advantages = recipe.advantage_fn(rewards, response_mask, token_rewards=kl_rewards, advantages=advantages)
-    elif advantages is not None:
-        raise ValueError(f"advantages= was given, but recipe {recipe.name!r} estimates its own "
-                         f"({recipe.advantage_fn}); only MonteCarloAdvantage (VinePPO) takes them")
-    else:
-        token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards)
+    extras = _advantage_inputs(recipe, advantages=advantages, baseline_rewards=baseline_rewards,
+                               reward_parts=reward_parts)
+    token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards, **extras)
     has_sampler = sampler_logp is not None
     sampler_logp = _masked_constant(sampler_logp, response_mask) if has_sampler else old_logp
     if recipe.correction is None:
@@ -203,6 +205,18 @@ def prepare_step_batch(
     if has_sampler:
         metrics.update(corrections.mismatch_metrics(old_logp, sampler_logp, response_mask))
     return batch, metrics
+
+
+def _advantage_inputs(recipe: Recipe, **given) -> dict:
+    """The inputs beyond the rewards that the recipe's estimator declares (`inputs`: VinePPO's
+    `advantages`, ReMax's `baseline_rewards`, GDPO's `reward_parts`), passed to it (a missing one
+    as None: the estimator says what it needs); one it does not take is refused."""
+    needs = getattr(recipe.advantage_fn, "inputs", ())
+    extra = [name for name, value in given.items() if value is not None and name not in needs]
+    if extra:
+        raise ValueError(f"{', '.join(extra)}= given, but recipe {recipe.name!r}'s advantage {recipe.advantage_fn} "
+                         f"does not take it (it takes {list(needs) or 'only the rewards'})")
+    return {name: given[name] for name in needs}
 
 
 def _masked_constant(x, mask) -> jax.Array:

@@ -28,11 +28,15 @@ def test_group_advantages_by_name(name, rewards, expected):
 
 def test_registry_names_every_estimator_the_config_offers():
     assert set(core.ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gae", "vineppo", "opo",
-                                    "pass_at_2", "pass_at_4", "pass_at_8"}
+                                    "pass_at_2", "pass_at_4", "pass_at_8", "remax", "gdpo"}
     with pytest.raises(ValueError, match="needs critic values|need critic values"):
         core.ADVANTAGES["gae"](np.ones((1, 4), np.float32), MASK)
     with pytest.raises(ValueError, match="VinePPO advantages come from extra rollouts"):
         core.ADVANTAGES["vineppo"](np.ones((1, 4), np.float32), MASK)
+    with pytest.raises(ValueError, match="greedy response per prompt"):
+        core.ADVANTAGES["remax"](np.ones((1, 4), np.float32), MASK)
+    with pytest.raises(ValueError, match="GDPO needs each reward separately"):
+        core.ADVANTAGES["gdpo"](np.ones((1, 4), np.float32), MASK)
 
 
 def test_customize_keeps_bound_hyperparameters_and_replaces_named_parts():

@@ -66,7 +66,7 @@ def test_prepare_step_batch_places_given_advantages_only_for_vineppo():
     batch, metrics = core.prepare_step_batch(core.get_recipe("vineppo"), rewards, mask, logp, advantages=adv)
     np.testing.assert_array_equal(np.asarray(batch.advantages), [[0.5, -0.25, 0.0], [2.0, 0.0, 0.0]])
     np.testing.assert_allclose(float(metrics["advantage_token_mean"]), (0.5 - 0.25 + 2.0) / 3)
-    with pytest.raises(ValueError, match="only MonteCarloAdvantage"):
+    with pytest.raises(ValueError, match="advantages= given, but recipe .grpo.*does not take it"):
         core.prepare_step_batch(core.get_recipe("grpo"), rewards, mask, logp, advantages=adv)
     with pytest.raises(ValueError, match="VinePPO advantages come from extra rollouts"):
         core.prepare_step_batch(core.get_recipe("vineppo"), rewards, mask, logp)
