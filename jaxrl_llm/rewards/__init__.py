@@ -24,12 +24,14 @@ from jaxrl_llm.rewards.graders import (
     warm_up_with,
 )
 from jaxrl_llm.rewards.pool import GradeResult, GraderPool, grade_batch, grade_in_process
+from jaxrl_llm.rewards.weighted import WeightedRewards, reward_parts
 
 __all__ = [
     "BUILTIN_GRADERS",
     "GradeResult",
     "GraderPool",
     "RewardFn",
+    "WeightedRewards",
     "addition_reward",
     "exact_match_reward",
     "extract_integer_answer",
@@ -43,6 +45,7 @@ __all__ = [
     "normalize_math_answer",
     "reasoning_gym_answer_text",
     "reasoning_gym_reward",
+    "reward_parts",
     "trusted_in_process",
     "warm_up_with",
 ]

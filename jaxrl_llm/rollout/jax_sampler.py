@@ -186,12 +186,14 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     last_logits = lm_head_logits(hidden[:, -1], params, cfg)[source_rows]
     cache = _spread_prompt_cache(cache, source_rows, max_tokens)
 
+    greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
+
     def sample(logits, rows, step):
-        logp = filtered_logprobs(logits, temperature, top_k, top_p, use_top_p)
+        logp = filtered_logprobs(logits, jnp.where(greedy, 1.0, temperature), top_k, top_p, use_top_p)
         # Rows first_row.. of a [first_row + B] draw: with JAX's partitionable threefry an
         # element's value depends on its index only, so a split batch draws the numbers of one call.
         uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + batch,))[first_row:]
-        token = inverse_cdf_choice(logp, uniform[rows])
+        token = jnp.where(greedy, jnp.argmax(logp, axis=-1).astype(jnp.int32), inverse_cdf_choice(logp, uniform[rows]))
         return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
     def body(s: _Decode) -> _Decode:

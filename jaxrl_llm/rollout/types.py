@@ -24,8 +24,9 @@ class SamplingParams:
     """Sampling settings shared by every engine.
 
     Attributes:
-      temperature: softmax temperature, > 0. (Greedy decoding is not an RL
-        sampling mode; use a small temperature if needed.)
+      temperature: softmax temperature, > 0; or 0: greedy (the most likely
+        token; its logprob is the one at temperature 1). Greedy rows are no RL
+        samples: ReMax draws one per prompt as the baseline (train/sampling.py).
       top_p: nucleus mass in (0, 1]. RL rollouts should keep 1.0: with
         top_p < 1 the processed logprobs are renormalised over the nucleus,
         while the learner's pi_old is the full softmax
@@ -51,8 +52,8 @@ class SamplingParams:
     first_row: int = 0
 
     def __post_init__(self):
-        if not (np.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if not (np.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):

@@ -217,6 +217,10 @@ class TaskConfig(Section):
     # The grader, replacing the task's own: "exact", "math_verify", "addition", "reasoning_gym" or
     # "package.module:function" called as fn(completion, example) -> float in the grader workers.
     reward_fn: str | None = None
+    # Several graders (each named as reward_fn is), the reward = sum_k reward_weights[k] * r_k
+    # (empty weights: 1 each); the GDPO advantage (recipe.name=gdpo) normalises each r_k in its group.
+    reward_fns: tuple[str, ...] = ()
+    reward_weights: tuple[float, ...] = ()
     digits: int = field(1, ge=1)
     eval_size: int = field(100, ge=0)  # held-out prompts
     jsonl_path: str | None = None  # prompts from a file instead of a generator

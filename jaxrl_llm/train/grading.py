@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_llm.data import Example, Task
-from jaxrl_llm.rewards import GraderPool
+from jaxrl_llm.rewards import GraderPool, reward_parts
 from jaxrl_llm.rollout.types import RolloutBatch
 
 
@@ -23,26 +23,62 @@ class Graded:
     sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. dynamic sampling's metrics
     shaped: np.ndarray | None = None  # [P, G] the learner's rewards after shaping (None: `rewards`)
     advantages: np.ndarray | None = None  # [N, T_c] VinePPO's Monte-Carlo advantages (train/vineppo_step.py)
+    # [P, G] each grader's reward by its name (task.reward_fns; one grader: {"reward": rewards})
+    parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    baseline: np.ndarray | None = None  # [P] ReMax: the reward of each prompt's greedy response
 
     @property
     def learner_rewards(self) -> np.ndarray:
         return self.rewards if self.shaped is None else self.shaped
 
+    @property
+    def judged(self) -> np.ndarray:
+        """[P, G] what the task's notion of correct judges: the first grader's reward (several
+        task.reward_fns: e.g. correctness first, then format or length), else the reward."""
+        return next(iter(self.parts.values())) if self.parts else self.rewards
+
+    def advantage_inputs(self, needs: Sequence[str]) -> dict[str, np.ndarray | None]:
+        """What the recipe's estimator takes besides the rewards (its `inputs`), from these grades."""
+        have = {"advantages": lambda: self.advantages, "baseline_rewards": lambda: self.baseline,
+                "reward_parts": lambda: np.stack(list(self.parts.values()), axis=-1) if self.parts else None}
+        return {name: have[name]() for name in needs}
+
+    def part_metrics(self) -> dict[str, float]:
+        """`reward_<name>`: the mean of each named grader's reward (several task.reward_fns)."""
+        return {f"reward_{name}": float(np.mean(r)) for name, r in self.parts.items() if name != "reward"}
+
 
 def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence[Example],
           group_size: int) -> Graded:
-    """Grades texts (prompt-major: G per example) with the task's reward function."""
+    """Grades texts (prompt-major: G per example) with each of the task's graders (`reward_parts`:
+    task.reward_fns, or its one reward function); the reward is their weighted sum."""
     expanded = [e for e in examples for _ in range(group_size)]
-    result = pool.grade(task.reward_fn, list(texts), expanded)
-    rewards = np.asarray(result.rewards, np.float32).reshape(len(examples), group_size)
-    return Graded(rewards, result.n_errors, result.n_timeouts, result.wall_s)
+    graders = reward_parts(task.reward_fn)
+    results = [pool.grade(fn, list(texts), expanded) for fn in graders.fns]
+    parts = {name: np.asarray(r.rewards, np.float32).reshape(len(examples), group_size)
+             for name, r in zip(graders.names, results)}
+    rewards = sum(np.float32(w) * r for w, r in zip(graders.weights, parts.values()))
+    return Graded(rewards.astype(np.float32), sum(r.n_errors for r in results), sum(r.n_timeouts for r in results),
+                  sum(r.wall_s for r in results), parts=parts)
 
 
-def response_metrics(task: Task, rewards: np.ndarray, rollouts: RolloutBatch) -> dict[str, float]:
-    """Reward, pass rate (the task's notion of correct) and lengths of correct/incorrect answers."""
+def learner_rollouts(rollouts: RolloutBatch, graded: Graded) -> RolloutBatch:
+    """The rows the learner trains on: the first G = graded.rewards.shape[1] samples of each
+    group (ReMax's greedy row, drawn last in each group, only gives the baseline)."""
+    group = graded.rewards.shape[1]
+    if rollouts.samples_per_prompt == group:
+        return rollouts
+    records = [r for r in rollouts.records if r.sample_index < group]
+    return RolloutBatch(tuple(records), rollouts.num_prompts, group)
+
+
+def response_metrics(task: Task, rewards: np.ndarray, rollouts: RolloutBatch,
+                     judged: np.ndarray | None = None) -> dict[str, float]:
+    """Reward, pass rate (the task's notion of correct, of `judged`: `Graded.judged`, default the
+    rewards) and lengths of correct/incorrect answers."""
     lengths = np.array([r.num_completion_tokens for r in rollouts.records], np.float32)
     flat = rewards.reshape(-1)
-    correct = task.is_correct(flat)
+    correct = task.is_correct((rewards if judged is None else judged).reshape(-1))
     out = {"reward": float(flat.mean()), "pass_rate": float(correct.mean()),
            "length_mean": float(lengths.mean()),
            "truncated_fraction": float(np.mean([r.finish_reason != "stop" for r in rollouts.records]))}

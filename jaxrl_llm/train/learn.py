@@ -23,12 +23,15 @@ from jaxrl_llm.train.learner import Learner, LearnerState
 
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
           rewards: np.ndarray, correct: np.ndarray | None = None,
-          advantages: np.ndarray | None = None) -> tuple[LearnerState, dict[str, float]]:
+          advantages: np.ndarray | None = None, baseline_rewards: np.ndarray | None = None,
+          reward_parts: np.ndarray | None = None) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc).
 
     `rewards` are the learner's (shaped) rewards [P, G]; `correct` [P, G] the graders'
     verdicts, which the zero-variance group filter judges (DAPO filters on accuracy);
-    `advantages` [N, T_c] token advantages estimated outside the step (VinePPO), else None.
+    `advantages` [N, T_c] token advantages estimated outside the step (VinePPO), `baseline_rewards`
+    [P] the greedy responses' rewards (ReMax), `reward_parts` [P, G, K] each grader's reward (GDPO):
+    the inputs the recipe's estimator takes besides the rewards, else None.
     """
     core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
@@ -47,7 +50,9 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
                                        put(seq.sampler_logp[rows]), put(seq.truncated[rows]),
                                        None if ref_logp is None else ref_logp[rows],
                                        None if before.values is None else before.values[rows],
-                                       None if advantages is None else put(advantages[rows]))
+                                       None if advantages is None else put(advantages[rows]),
+                                       *(None if x is None else put(np.asarray(x)[prompt_rows])
+                                         for x in (baseline_rewards, reward_parts)))
         prepared.append((rows, batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
@@ -69,10 +74,12 @@ def _prepare(recipe: core.Recipe):
     """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
     small eager computations on arrays spanning several JAX processes each become a
     cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
-    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values, advantages):
+    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values, advantages,
+                baseline_rewards, reward_parts):
         batch, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated,
                                                  ref_logp=ref_logp, values=values, correct=correct,
-                                                 advantages=advantages)
+                                                 advantages=advantages, baseline_rewards=baseline_rewards,
+                                                 reward_parts=reward_parts)
         if values is not None:  # the critic's fit at rollout time: explained variance, value/return means
             metrics = {**metrics, **critic_metrics(batch.old_values, batch.returns, batch.mask)}
         return batch, metrics

@@ -52,7 +52,7 @@ from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.engines import engine_weights, host_params, make_engine
 from jaxrl_llm.train.evaluation import PeriodicEval
-from jaxrl_llm.train.grading import Graded, response_metrics
+from jaxrl_llm.train.grading import Graded, learner_rollouts, response_metrics
 from jaxrl_llm.train.learn import learn
 from jaxrl_llm.train.learner import Learner, LearnerState
 from jaxrl_llm.train.metrics import GroupLog, MetricsWriter
@@ -219,19 +219,21 @@ def run_step(cfg: Config, plan: RunPlan, producer: AsyncRolloutProducer, learner
     batch: ProducedBatch = producer.next_batch()
     staleness = producer.staleness(batch)  # before this step's publish bumps the learner's version
     t1 = time.perf_counter()
-    rollouts, graded = batch.rollouts, batch.extra
+    graded = batch.extra
+    rollouts = learner_rollouts(batch.rollouts, graded)  # without ReMax's greedy rows
     if jax.process_count() > 1:
         rollouts, graded = _gather_step(cfg, rollouts, graded, batch.context.prompt_width)
     state, learn_metrics = learn(learner, state, plan.recipe, cfg, rollouts, graded.learner_rewards,
-                                 correct=task.is_correct(graded.rewards), advantages=graded.advantages)
+                                 correct=task.is_correct(graded.judged),
+                                 **graded.advantage_inputs(getattr(plan.recipe.advantage_fn, "inputs", ())))
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe
         producer.publish(engine_weights(cfg, learner, state.params))  # LoRA: merged
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
-    metrics = {**response_metrics(task, graded.rewards, rollouts), **learn_metrics,
-               **graded.sampling, "reward_errors": float(graded.errors), "reward_timeouts": float(graded.timeouts),
+    metrics = {**response_metrics(task, graded.rewards, rollouts, graded.judged), **learn_metrics,
+               **graded.sampling, **graded.part_metrics(), "reward_errors": float(graded.errors), "reward_timeouts": float(graded.timeouts),
                "weight_version": float(batch.weight_version), "staleness": float(staleness),
                "time_rollout_s": batch.time_generate_s, "time_reward_s": graded.wall_s, "time_wait_s": t1 - t0,
                "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,

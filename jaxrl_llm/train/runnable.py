@@ -29,6 +29,7 @@ class RunPlan:
     sampling_rounds: int  # prompt rounds drawn per step (1 without dynamic sampling)
     env_task: bool  # a multi-turn environment: a step's groups are episodes
     vineppo: bool  # Monte-Carlo values: K continuations per chunk start after grading
+    greedy_baseline: bool  # ReMax: the job also draws one greedy response per prompt, its reward the baseline
     carries_sampled_ahead: bool  # checkpoints carry the batches sampled ahead (exact async resume)
 
 
@@ -48,10 +49,12 @@ def plan_run(cfg: Config, task: Task | None = None, *, processes: int = 1) -> Ru
         recipe=staleness_corrected(recipe, cfg.recipe.correction_cap or 2.0) if cfg.rollout.max_lag > 0 else recipe,
         dynamic_sampling=over_sample, sampling_rounds=cfg.rollout.dynamic_sampling_rounds if over_sample else 1,
         env_task=env, vineppo=isinstance(recipe.advantage_fn, core.MonteCarloAdvantage),
+        greedy_baseline="baseline_rewards" in getattr(recipe.advantage_fn, "inputs", ()),
         # Not with several processes (each holds only its share), nor dynamic sampling (a step's rows
         # come from several prompt rounds), nor an environment (its batches are resampled instead).
         carries_sampled_ahead=processes == 1 and not over_sample and not env)
     _check(cfg, plan, recipe)
+    _check_extra_inputs(cfg, plan, recipe, processes)
     return plan
 
 
@@ -65,6 +68,8 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
         constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
         kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
         correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups)
+    if isinstance(recipe.advantage_fn, core.MultiRewardAdvantage) and cfg.task.reward_weights:
+        recipe = dataclasses.replace(recipe, advantage_fn=core.MultiRewardAdvantage(tuple(cfg.task.reward_weights)))
     if recipe.aggregation == "constant" and recipe.constant_length is None:
         recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
     if rc.mask_truncated is not None:
@@ -163,3 +168,31 @@ def _check_vineppo(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
         raise ConfigError(f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment, "
                           f"with {why}: a continuation would have to replay the environment; valid: a single-turn "
                           "task, or another advantage")
+
+
+def _check_extra_inputs(cfg: Config, plan: RunPlan, recipe: core.Recipe, processes: int) -> None:
+    """ReMax's greedy baseline and GDPO's per-grader rewards come from the plain sampling stage's
+    grades of the graders' rewards; refuse what would change or lose them."""
+    needs = getattr(recipe.advantage_fn, "inputs", ())
+    if not {"baseline_rewards", "reward_parts"} & set(needs):
+        return
+    why = (f"recipe.advantage = {cfg.recipe.advantage or recipe.name!r} ("
+           + ("ReMax: the greedy response's reward as the baseline)" if plan.greedy_baseline else
+              "GDPO: each of task.reward_fns normalised within its group)"))
+    refusals = (
+        (plan.env_task, f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment",
+         "a single-turn task"),
+        (plan.dynamic_sampling, "rollout.dynamic_sampling is on", "rollout.dynamic_sampling=false"),
+        (cfg.shaping.length_reward != "off" or cfg.shaping.darling != "off",
+         f"shaping.length_reward = {cfg.shaping.length_reward!r} / shaping.darling = {cfg.shaping.darling!r} shape "
+         "the sampled rewards only", "shaping.length_reward=off and shaping.darling=off"),
+        (recipe.overlong is not None, f"recipe.overlong_buffer = {cfg.recipe.overlong_buffer!r} (recipe "
+         f"{recipe.name!r}) adds a penalty to the sampled rewards only", "recipe.overlong_buffer=0"),
+        (processes > 1, f"the run has {processes} JAX processes (the step's gather carries no greedy or per-grader "
+         "rewards)", "one process"),
+        ("reward_parts" in needs and recipe.kl_beta > 0 and recipe.kl_mode == "reward",
+         "recipe.kl_mode = 'reward' adds a per-token reward that is none of the graders'", "recipe.kl_mode=loss"),
+    )
+    for refused, what, valid in refusals:
+        if refused:
+            raise ConfigError(f"{what}, with {why}; valid: {valid}")

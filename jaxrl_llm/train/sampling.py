@@ -13,7 +13,9 @@ Every mode answers the same three questions for the rollout producer (`AsyncRoll
 Modes (`step_sampling` picks one from the run plan):
 
 - `PlainBatch`: P prompts x G samples, graded after sampling; with VinePPO, K continuations per
-  chunk start are drawn after grading, by the same weights (`vineppo_step`);
+  chunk start are drawn after grading, by the same weights (`vineppo_step`); with ReMax, the job
+  also draws one greedy response per prompt (`StepPrompts.greedy`), kept as the last row of its
+  group, graded with it and handed to the learner only as the baseline (`Graded.baseline`);
 - `DynamicRounds`: DAPO's dynamic sampling, prompt rounds until the step holds P informative
   groups (`dynamic_sampling`), graded round by round;
 - `Episodes`: multi-turn environments, the policy and the environment take turns (`episodes`).
@@ -29,14 +31,14 @@ import numpy as np
 
 from jaxrl_llm.data import TRAIN, Example, Task
 from jaxrl_llm.rewards import GraderPool
-from jaxrl_llm.rollout.types import RolloutBatch
+from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
 from jaxrl_llm.train import distributed, vineppo_step
 from jaxrl_llm.train.async_rollout import RolloutJob
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
 from jaxrl_llm.train.engines import sampling_params
 from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
-from jaxrl_llm.train.grading import Graded, grade
+from jaxrl_llm.train.grading import Graded, grade, learner_rollouts
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
 from jaxrl_llm.train.prompts import step_seed
 from jaxrl_llm.train.runnable import RunPlan
@@ -53,6 +55,7 @@ class StepPrompts:
     examples: Sequence[Example]
     prompt_width: int
     rounds: tuple = ()  # (examples, encoded prompts) of this process's share, per round
+    greedy: SamplingParams | None = None  # ReMax: one greedy response per prompt with these params
 
 
 class StepSampling:
@@ -72,8 +75,9 @@ class StepSampling:
         params = dataclasses.replace(sampling_params(cfg, seed=step_seed(cfg, step)),
                                      first_row=block.start * group)  # the samples of an unsplit batch
         width = max(len(p) for prompts in encoded for p in prompts)
+        greedy = dataclasses.replace(params, temperature=0.0, first_row=block.start) if self.plan.greedy_baseline else None
         return RolloutJob(step, encoded[0][block], group, params, StepPrompts(
-            drawn[0][block], width, tuple((e[block], p[block]) for e, p in zip(drawn, encoded))))
+            drawn[0][block], width, tuple((e[block], p[block]) for e, p in zip(drawn, encoded)), greedy))
 
     def sample(self, engine, job: RolloutJob) -> tuple[RolloutBatch, Graded | None]:
         raise NotImplementedError
@@ -99,11 +103,19 @@ class PlainBatch(StepSampling):
         self.vine = vineppo_step.vine_values(cfg, policy, task, pool) if plan.vineppo else None
 
     def sample(self, engine, job: RolloutJob) -> tuple[RolloutBatch, None]:
-        return engine.generate(job.prompts, n=job.n, params=job.params), None
+        rollouts = engine.generate(job.prompts, n=job.n, params=job.params)
+        if job.context.greedy is None:
+            return rollouts, None
+        return with_greedy_rows(rollouts, engine.generate(job.prompts, n=1, params=job.context.greedy)), None
 
     def grade(self, job: RolloutJob, rollouts: RolloutBatch, with_engine: WithEngine) -> Graded:
         examples, texts = job.context.examples, decode_completions(self.policy, rollouts)
-        graded = self.shaped(grade(self.pool, self.task, texts, examples, job.n), rollouts, examples, texts)
+        graded = grade(self.pool, self.task, texts, examples, rollouts.samples_per_prompt)
+        if rollouts.samples_per_prompt > job.n:  # ReMax: the last row of each group is the greedy one
+            graded = greedy_baseline(graded, job.n)
+            rollouts = learner_rollouts(rollouts, graded)
+            texts = [t for i, t in enumerate(texts) if i % (job.n + 1) < job.n]
+        graded = self.shaped(graded, rollouts, examples, texts)
         if self.vine is not None:  # K continuations per chunk start, by the weights that drew `rollouts`
             graded = with_engine(lambda engine: self.vine.attach(engine, rollouts, graded, examples, job.params))
         return graded
@@ -140,6 +152,24 @@ class Episodes(StepSampling):
         batch = run_episodes(engine, self.policy, self.task, job.context.examples, job.n, job.params, self.limits)
         graded = Graded(batch.rewards, 0, 0, batch.wall_s, batch.metrics, shaped=batch.returns)
         return batch.rollouts, self.shaped(graded, batch.rollouts, job.context.examples)
+
+
+def with_greedy_rows(rollouts: RolloutBatch, greedy: RolloutBatch) -> RolloutBatch:
+    """`rollouts` (P x G) with each prompt's greedy response appended to its group (P x (G + 1))."""
+    group = rollouts.samples_per_prompt
+    records = []
+    for p in range(rollouts.num_prompts):
+        records += rollouts.records[p * group:(p + 1) * group]
+        records.append(dataclasses.replace(greedy.records[p], prompt_index=p, sample_index=group))
+    return RolloutBatch(tuple(records), rollouts.num_prompts, group + 1)
+
+
+def greedy_baseline(graded: Graded, group: int) -> Graded:
+    """Grades of P x (G + 1) rows split into the G sampled rows' and the greedy row's (`baseline`)."""
+    return dataclasses.replace(
+        graded, rewards=graded.rewards[:, :group], baseline=graded.rewards[:, group],
+        parts={name: r[:, :group] for name, r in graded.parts.items()},
+        sampling={**graded.sampling, "baseline_reward": float(np.mean(graded.rewards[:, group]))})
 
 
 def step_sampling(cfg: Config, plan: RunPlan, policy: Policy, task: Task, pool: GraderPool) -> StepSampling:

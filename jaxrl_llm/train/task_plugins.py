@@ -13,6 +13,9 @@ Everything a researcher brings is named in the config, so nothing in the library
                   other fields). It runs in the grader worker processes under
                   task.reward_timeout_s; a call that raises, hangs or returns a non-finite or
                   non-number value scores 0 and is counted in reward_errors / reward_timeouts.
+  task.reward_fns several graders named as reward_fn is, with task.reward_weights (1 each when
+                  empty): the reward is their weighted sum, each one is logged (reward_<name>) and
+                  the GDPO advantage normalises each within its group (`task_graders`).
   task.data_path  a local JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py),
                   its question and answer in the columns task.prompt_field / task.answer_field.
   task.env        an environment class "package.module:Class" in which the task's examples are
@@ -35,7 +38,7 @@ from jaxrl_llm.data.environments import PluginEnvTask
 from jaxrl_llm.data.registry import TASK_FACTORIES
 from jaxrl_llm.data.files import data_file_format
 from jaxrl_llm.data.plugins import PluginError, load_object
-from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn
+from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn, WeightedRewards
 from jaxrl_llm.utils.typed_config import ConfigError, did_you_mean
 
 
@@ -55,7 +58,7 @@ def _load_callable(spec: str, field: str, valid: str) -> Any:
     return target
 
 
-def resolve_reward_fn(spec: str) -> RewardFn:
+def resolve_reward_fn(spec: str, field: str = "task.reward_fn") -> RewardFn:
     """The grader `spec` names: a built-in grader or a user "package.module:function".
 
     A user function must take (completion, example) and travel to a worker process by
@@ -64,20 +67,20 @@ def resolve_reward_fn(spec: str) -> RewardFn:
     if spec in BUILTIN_GRADERS:
         return BUILTIN_GRADERS[spec]
     if ":" not in spec:
-        raise ConfigError(f"task.reward_fn = {spec!r} is invalid; valid: one of {', '.join(BUILTIN_GRADERS)} or "
+        raise ConfigError(f"{field} = {spec!r} is invalid; valid: one of {', '.join(BUILTIN_GRADERS)} or "
                           f"'package.module:function'{did_you_mean(spec, list(BUILTIN_GRADERS))}")
-    fn = _load_callable(spec, "task.reward_fn", "fn(completion: str, example) -> float")
+    fn = _load_callable(spec, field, "fn(completion: str, example) -> float")
     try:
         inspect.signature(fn).bind("completion", None)
     except TypeError as err:
-        raise ConfigError(f"task.reward_fn = {spec!r} cannot be called as fn(completion, example) ({err}); "
+        raise ConfigError(f"{field} = {spec!r} cannot be called as fn(completion, example) ({err}); "
                           "valid: fn(completion: str, example) -> float") from None
     except ValueError:  # builtins without a signature: let the workers find out
         pass
     try:
         pickle.loads(pickle.dumps(fn))
     except Exception as err:
-        raise ConfigError(f"task.reward_fn = {spec!r} cannot be sent to a grader worker ({err}); "
+        raise ConfigError(f"{field} = {spec!r} cannot be sent to a grader worker ({err}); "
                           "valid: a module-level function, not a lambda or a nested function") from None
     return fn
 
@@ -126,15 +129,39 @@ def check_task_section(task_cfg) -> None:
         _check_name_and_kwargs(task_cfg)
     if task_cfg.reward_fn is not None:
         resolve_reward_fn(task_cfg.reward_fn)
+    if task_cfg.reward_fns or task_cfg.reward_weights:
+        task_graders(task_cfg)
     if task_cfg.env is not None:
         resolve_env_class(task_cfg.env)
     elif task_cfg.env_kwargs:
         raise ConfigError(f"task.env_kwargs = {dict(task_cfg.env_kwargs)!r} is set without task.env; valid: "
                           "task.env='package.module:Class' (a built-in task takes its arguments from task.kwargs)")
-    if task_cfg.reward_fn is not None and is_env_task(task_cfg):
-        raise ConfigError(f"task.reward_fn = {task_cfg.reward_fn!r} with an environment task (task.name = "
-                          f"{task_cfg.name!r}, task.env = {task_cfg.env!r}): the environment's step rewards are the "
-                          "rewards; valid: leave task.reward_fn unset")
+    for field in ("reward_fn", "reward_fns"):
+        if getattr(task_cfg, field) and is_env_task(task_cfg):
+            raise ConfigError(f"task.{field} = {getattr(task_cfg, field)!r} with an environment task (task.name = "
+                              f"{task_cfg.name!r}, task.env = {task_cfg.env!r}): the environment's step rewards are "
+                              f"the rewards; valid: leave task.{field} unset")
+
+
+def task_graders(task_cfg) -> WeightedRewards:
+    """task.reward_fns with task.reward_weights as one grader, each part named by its function
+    ("pkg.mod:score" -> "score", a built-in by its name)."""
+    fns, weights = task_cfg.reward_fns, task_cfg.reward_weights
+    if task_cfg.reward_fn is not None and fns:
+        raise ConfigError(f"task.reward_fn = {task_cfg.reward_fn!r} and task.reward_fns = {fns!r} are both set; "
+                          "valid: one of them (reward_fns=[the one grader, ...] names several)")
+    if not fns:
+        raise ConfigError(f"task.reward_weights = {weights!r} is set without task.reward_fns; valid: "
+                          "task.reward_fns naming one grader per weight")
+    if weights and len(weights) != len(fns):
+        raise ConfigError(f"task.reward_weights = {weights!r} has {len(weights)} weights for {len(fns)} graders in "
+                          f"task.reward_fns; valid: {len(fns)} weights, or none (1 each)")
+    names = tuple(spec.rsplit(":", 1)[-1] for spec in fns)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"task.reward_fns = {fns!r} names two graders alike ({names}); valid: graders whose "
+                          "function names differ (each reward is logged as reward_<name>)")
+    return WeightedRewards(names, tuple(resolve_reward_fn(spec, "task.reward_fns") for spec in fns),
+                           tuple(weights) or (1.0,) * len(fns))
 
 
 def resolve_env_class(spec: str) -> Any:
@@ -174,6 +201,8 @@ def build_task(task_cfg) -> Task:
         raise ConfigError(f"task.name = {name!r} with task.kwargs = {dict(task_cfg.kwargs)!r}: {err}") from err
     if task_cfg.reward_fn is not None:
         task.reward_fn = resolve_reward_fn(task_cfg.reward_fn)  # this task's grader only
+    if task_cfg.reward_fns:
+        task.reward_fn = task_graders(task_cfg)  # called as one grader: the weighted sum
     if task_cfg.env is not None:
         return PluginEnvTask(task, resolve_env_class(task_cfg.env), dict(task_cfg.env_kwargs))
     return task

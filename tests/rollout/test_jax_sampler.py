@@ -40,6 +40,24 @@ def test_greedy_matches_transformers_generate(tiny):
         np.testing.assert_allclose(record.sampler_logprobs, 0.0, atol=1e-6)
 
 
+def test_temperature_zero_is_greedy_with_temperature_one_logprobs(tiny):
+    """ReMax's baseline rows: temperature 0 picks transformers' greedy tokens, whatever the seed,
+    and reports their logprobs under the plain softmax (the learner's at temperature 1)."""
+    model, cfg, params = tiny
+    sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
+    runs = [sampler.generate(PROMPTS, n=2, params=SamplingParams(temperature=0.0, max_tokens=12, seed=s))
+            for s in (0, 5)]
+    for i, (prompt, record) in enumerate(zip([p for p in PROMPTS for _ in range(2)], runs[0].records)):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, eos_token_id=EOS,
+                                 pad_token_id=0)
+        np.testing.assert_array_equal(record.completion_token_ids, out[0, len(prompt):].numpy())
+        np.testing.assert_array_equal(runs[1].records[i].completion_token_ids, record.completion_token_ids)
+        seq = np.concatenate([record.prompt_token_ids, record.completion_token_ids])[None]
+        learner = np.asarray(token_logprobs(params, cfg, jnp.asarray(seq), temperature=1.0))[0, len(prompt) - 1:]
+        np.testing.assert_allclose(record.sampler_logprobs, learner, atol=2e-5)
+
+
 def test_sampled_logprobs_equal_learner_recompute(tiny):
     """The sampler's mu (KV-cache decode path) equals pi_old from one full forward,
     at the same temperature: the float32 mismatch of this engine is numerical only."""

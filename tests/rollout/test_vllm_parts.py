@@ -39,7 +39,7 @@ def _record(p, j, completion, logprobs, finish="length", version=0):
 # -- types ------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, word", [
-    (dict(temperature=0.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"),
     (dict(max_tokens=0), "max_tokens"), (dict(stop_token_ids=(-1,)), "stop_token_ids"),
     (dict(seed=1.5), "seed"),

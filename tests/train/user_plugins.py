@@ -33,6 +33,11 @@ def answer_length_reward(completion: str, example) -> float:
     return float(len(completion) == len(example.answer))
 
 
+def tenths_of_length_reward(completion: str, example) -> float:
+    """len(completion) / 10: a graded reward that differs between a random model's answers."""
+    return len(completion) / 10.0
+
+
 def one_argument_reward(completion: str) -> float:
     return 1.0
 
