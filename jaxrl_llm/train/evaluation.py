@@ -48,14 +48,16 @@ def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, s
         episodes = run_episodes(engine, policy, task, examples, samples, sampling_params(cfg, seed),
                                 EpisodeLimits.from_config(cfg))
         rollouts, rewards, episode_metrics = episodes.rollouts, episodes.rewards, episodes.metrics
+        judged = rewards
     else:
         rollouts = engine.generate(encode_prompts(policy, examples), n=samples, params=sampling_params(cfg, seed))
     texts = decode_completions(policy, rollouts)
     if not isinstance(task, EnvTask):
         with contextlib.ExitStack() as stack:
             pool = pool or stack.enter_context(GraderPool(num_workers=1, timeout_s=cfg.task.reward_timeout_s))
-            rewards = grade(pool, task, texts, examples, samples).rewards
-    correct = np.asarray(task.is_correct(rewards), bool)
+            graded = grade(pool, task, texts, examples, samples)
+            rewards, judged = graded.rewards, graded.judged  # several task.reward_fns: the first is judged
+    correct = np.asarray(task.is_correct(judged), bool)
     curve = pass_at_k_curve(correct)
     shown = [{"prompt": examples[i].prompt, "completion": texts[i * samples], "reward": float(rewards[i, 0])}
              for i in range(min(3, len(examples)))]

@@ -11,6 +11,7 @@ from jaxrl_llm.train.config import ConfigError, Config, apply_overrides
 from jaxrl_llm.train.metrics import read_metrics
 from tests.train import user_plugins
 from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401  (fixture)
+from tests.train.test_shaping_effects import stopping_model_dir  # noqa: F401  (fixture)
 
 LENGTH = "tests.train.user_plugins:tenths_of_length_reward"
 
@@ -103,3 +104,21 @@ def test_gdpo_weights_reach_the_estimator():
     assert plan_run(cfg).recipe.advantage_fn.weights == (2.0, 0.5)
     assert plan_run(cfg).greedy_baseline is False
     assert plan_run(apply_overrides(Config(), ["recipe.name=remax"])).greedy_baseline is True
+
+
+@pytest.mark.slow  # two 6-step runs, ~3 min on 2 cores
+def test_remax_learns_from_one_sample_per_prompt_where_grpo_gets_no_signal(tmp_path, stopping_model_dir):
+    """The effect of a baseline that is not the group's own mean: with one sample per prompt
+    GRPO's advantage is 0 (a lone sample is its own mean), ReMax's is r - r(greedy). The reward
+    is the answer's length (tenths of its characters) on a tiny model that stops early."""
+    from tests.train.test_shaping_effects import late, tiny_run
+
+    common = ["rollout.samples_per_prompt=1", "rollout.prompts_per_step=16", "rollout.max_tokens=8",
+              f"task.reward_fn={LENGTH}", "train.micro_batch_size=16"]
+    grpo = tiny_run(stopping_model_dir, tmp_path / "grpo", *common, "recipe.name=grpo")
+    remax = tiny_run(stopping_model_dir, tmp_path / "remax", *common, "recipe.name=remax")
+    assert grpo[0]["length_mean"] == remax[0]["length_mean"]  # step 1: the same samples
+    assert all(r["advantage_token_mean"] == 0.0 for r in grpo)
+    print("length_mean grpo", [r["length_mean"] for r in grpo], "remax", [r["length_mean"] for r in remax],
+          "baseline_reward", [r["baseline_reward"] for r in remax])
+    assert late(remax, "length_mean") > late(grpo, "length_mean") + 0.5
