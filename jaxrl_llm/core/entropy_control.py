@@ -111,7 +111,8 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, sampler_logp=None, selected
     x = _token_inputs(logp, old_logp, advantages, mask, sampler_logp)
     chosen = _selected(selected, x)
     log_ratio = jnp.clip(x.logp - x.old_logp, -log_ratio_clamp, log_ratio_clamp)
-    penalty = jnp.where(chosen, kl_coef * jnp.abs(log_ratio), 0.0)
+    # |x| as x sign(sg(x)): its gradient at x = 0 (the first on-policy pass) is 0, not jnp.abs's 1
+    penalty = jnp.where(chosen, kl_coef * log_ratio * jnp.sign(sg(log_ratio)), 0.0)
     return _output(-jnp.exp(log_ratio) * x.advantages + penalty, chosen, x.valid)
 
 

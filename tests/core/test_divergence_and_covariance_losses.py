@@ -128,6 +128,8 @@ def test_clip_cov_and_kl_cov_hand_values():
     np.testing.assert_allclose(out.loss, [[-1.2 + math.log(1.2), -1.4, -1.1]], rtol=1e-5)
     np.testing.assert_allclose(grad_logp(core.kl_cov_loss, logp, old, adv, mask, selected=selected),
                                [[-0.2, -1.4, -1.1]], rtol=1e-4)
+    # on policy (rho = 1) the penalty's gradient is 0, as |x|'s subgradient at 0 in the paper's code
+    np.testing.assert_allclose(grad_logp(core.kl_cov_loss, old, old, adv, mask, selected=selected), -adv)
 
 
 def ppo_numpy(logp, old, adv, eps):
@@ -182,11 +184,12 @@ def test_selection_is_global_so_the_gradient_is_the_same_for_every_micro_batch_s
     batch, metrics = core.prepare_step_batch(rec, data.rewards, data.mask, data.old_logp, data.sampler_logp)
     assert float(metrics["selected_token_fraction"]) > 0
 
+    grad = jax.jit(jax.grad(lambda lp, part: core.recipe_loss(rec, lp, part)[0]))
+
     def split_grad(k):
-        parts = core.micro_batches(batch, k)
         rows = len(data.logp) // k
-        return np.concatenate([np.asarray(jax.grad(lambda lp, part=part: core.recipe_loss(rec, lp, part)[0])(
-            data.logp[i * rows:(i + 1) * rows])) for i, part in enumerate(parts)])
+        return np.concatenate([np.asarray(grad(data.logp[i * rows:(i + 1) * rows], part))
+                               for i, part in enumerate(core.micro_batches(batch, k))])
 
     whole = split_grad(1)
     for k in (2, 4, 16):
