@@ -3,6 +3,9 @@
 Imports jax, chex and numpy only; no I/O. Topic files:
   advantages   GRPO, Dr. GRPO, RLOO, batch-std, REINFORCE++, OPO, pass@k, GAE
   losses       per-token policy losses with one common signature
+  trust_region DPPO's divergence-based trust region (TV and KL forms)
+  entropy_control  Clip-Cov / KL-Cov and their top-covariance token selection
+  gpg          GPG's rescaled group-centred advantage
   aggregation  explicit token weights and the micro-batch-exact weighted sum
   kl           k1 / k2 / k3 estimators
   corrections  training-inference mismatch (TIS / MIS) and its metrics
@@ -80,8 +83,9 @@ from jaxrl_llm.core.filters import (
 )
 from jaxrl_llm.core.length_rewards import kimi_length_reward, l1_length_reward
 from jaxrl_llm.core.kl import KL_ESTIMATORS, get_kl_estimator, kl_k1, kl_k2, kl_k3
+from jaxrl_llm.core.entropy_control import clip_cov_loss, covariance_scores, kl_cov_loss, top_covariance_tokens
+from jaxrl_llm.core.gpg import gpg_advantages
 from jaxrl_llm.core.losses import (
-    POLICY_LOSSES,
     PolicyLossOutput,
     cispo_loss,
     clipped_value_loss,
@@ -94,7 +98,7 @@ from jaxrl_llm.core.losses import (
 )
 from jaxrl_llm.core.multi_reward import gdpo_advantages
 from jaxrl_llm.core.remax import remax_advantages
-from jaxrl_llm.core.recipe_overrides import ADVANTAGES, customize_recipe
+from jaxrl_llm.core.recipe_overrides import ADVANTAGES, POLICY_LOSSES, customize_recipe
 from jaxrl_llm.core.recipes import (
     KL_MODES,
     RECIPES,
@@ -109,5 +113,6 @@ from jaxrl_llm.core.recipes import (
     TokenAdvantages,
     get_recipe,
 )
+from jaxrl_llm.core.trust_region import binary_kl, binary_tv, dppo_kl_loss, dppo_tv_loss
 from jaxrl_llm.core.step_batch import StepBatch, micro_batches, prepare_step_batch, recipe_loss, restrict_rows
 from jaxrl_llm.core.vineppo import chunk_advantages, chunk_starts, mc_values

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from jaxrl_llm.core import advantages as adv_lib, corrections, losses
+from jaxrl_llm.core import advantages as adv_lib, corrections, entropy_control, gpg, losses, trust_region
 from jaxrl_llm.core.recipes import (GaeAdvantage, GreedyBaselineAdvantage, GroupAdvantage, MonteCarloAdvantage,
                                     MultiRewardAdvantage, Recipe, TokenAdvantage, TokenAdvantages)
 
@@ -23,11 +23,17 @@ ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "reinforce_pp": TokenAdvantage(adv_lib.reinforce_pp_advantages),
     "opo": TokenAdvantage(adv_lib.opo_advantages),
     **{f"pass_at_{k}": GroupAdvantage(functools.partial(adv_lib.pass_at_k_advantages, k=k)) for k in (2, 4, 8)},
+    "gpg": GroupAdvantage(gpg.gpg_advantages),
     "gae": GaeAdvantage(gamma=1.0, lam=1.0),
     "vineppo": MonteCarloAdvantage(),
     "remax": GreedyBaselineAdvantage(),
     "gdpo": MultiRewardAdvantage(),
 }
+
+
+# Every policy loss by name: core/losses.py's, DPPO's (trust_region) and Clip-/KL-Cov (entropy_control).
+POLICY_LOSSES: dict[str, Callable] = {**losses.POLICY_LOSSES, **trust_region.POLICY_LOSSES,
+                                      **entropy_control.POLICY_LOSSES}
 
 
 def _named(registry: dict, kind: str, name: str):
@@ -59,6 +65,8 @@ def customize_recipe(
     correction: str | None = None,
     correction_cap: float | None = None,
     filter_zero_variance_groups: bool | None = None,
+    loss_params: dict | None = None,
+    selection_params: dict | None = None,
 ) -> Recipe:
     """`recipe` with the named parts replaced; None keeps the recipe's own choice.
 
@@ -67,7 +75,11 @@ def customize_recipe(
     correction="off" removes the correction). Hyperparameters (eps_low,
     eps_high, dual_clip, correction_cap) are bound onto the recipe's loss or
     correction, keeping its other bound values, unless `loss` / `correction`
-    names a new function, which then starts from its own defaults.
+    names a new function, which then starts from its own defaults. `loss_params` are
+    further keywords bound the same way (e.g. {"threshold": 0.1} for DPPO, {"tau_pos": 2.0}
+    for SAPO); `selection_params` are bound onto the recipe's token selection (Clip-Cov /
+    KL-Cov: fraction, lower, upper). A loss that needs a token selection
+    (entropy_control.SELECTIONS) gets its default one when named; another loss drops it.
 
     Example: customize_recipe(get_recipe("grpo"), aggregation="constant",
     constant_length=1024) is GRPO with Dr. GRPO's aggregation.
@@ -81,11 +93,21 @@ def customize_recipe(
     if advantage is not None:
         over["advantage_fn"] = _named(ADVANTAGES, "advantage", advantage)
     loss_kw = {k: v for k, v in dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip).items() if v is not None}
+    loss_kw.update(loss_params or {})
+    fn, bound = _bound_parts(recipe.policy_loss_fn)
+    selection = recipe.token_selection
+    if loss is not None:
+        fn, bound = _named(POLICY_LOSSES, "policy loss", loss), {}
+        selection = entropy_control.SELECTIONS.get(fn)
     if loss is not None or loss_kw:
-        fn, bound = _bound_parts(recipe.policy_loss_fn)
-        if loss is not None:
-            fn, bound = _named(losses.POLICY_LOSSES, "policy loss", loss), {}
         over["policy_loss_fn"] = functools.partial(fn, **{**bound, **loss_kw})
+    if selection_params:
+        if selection is None:
+            raise ValueError(f"selection_params {selection_params} are set but the policy loss {fn.__name__} "
+                             f"selects no tokens; valid with: {[f.__name__ for f in entropy_control.SELECTIONS]}")
+        select_fn, select_bound = _bound_parts(selection)
+        selection = functools.partial(select_fn, **{**select_bound, **selection_params})
+    over["token_selection"] = selection
     if correction == "off":
         if correction_cap is not None:
             raise ValueError("correction_cap is set but correction='off'; set one or the other")

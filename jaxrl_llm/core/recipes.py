@@ -19,7 +19,8 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, kl, losses, multi_reward, remax
+from jaxrl_llm.core import (_checks, advantages as adv_lib, aggregation, corrections, entropy_control, gpg, kl, losses,
+                            multi_reward, remax, trust_region)
 
 
 def fold_sequence_rewards(rewards, token_rewards):
@@ -176,6 +177,10 @@ class Recipe:
         RL loop, train/dynamic_sampling.py, not by these functions).
       value_coef, value_clip: critic loss weight and clip (used when
         recipe_loss gets `values`).
+      token_selection: (advantages, old_logp, mask) -> [N, T] 0/1, the tokens a loss such as
+        Clip-Cov / KL-Cov treats apart, picked once on the whole step batch by
+        prepare_step_batch and passed to the loss as `selected=` (entropy_control.SELECTIONS);
+        required by exactly those losses, None otherwise.
       source: where the composition comes from.
     """
 
@@ -194,6 +199,7 @@ class Recipe:
     dynamic_sampling: bool = False
     value_coef: float = 0.0
     value_clip: float | None = None
+    token_selection: Callable[..., jax.Array] | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -202,6 +208,12 @@ class Recipe:
         if self.kl_mode not in KL_MODES:
             raise ValueError(f"kl_mode={self.kl_mode!r}; valid: {', '.join(KL_MODES)}")
         _checks.check_positive("kl_beta", self.kl_beta, allow_zero=True)
+        loss_fn = getattr(self.policy_loss_fn, "func", self.policy_loss_fn)
+        needs = loss_fn in entropy_control.SELECTIONS
+        if needs != (self.token_selection is not None):
+            raise ValueError(f"recipe {self.name!r}: token_selection is {self.token_selection} with policy loss "
+                             f"{loss_fn.__name__}; the losses {[f.__name__ for f in entropy_control.SELECTIONS]} "
+                             "need one (entropy_control.SELECTIONS), the others none")
 
 
 _ppo = functools.partial(losses.ppo_clip_loss, eps_low=0.2, eps_high=0.2)
@@ -322,6 +334,38 @@ RECIPES: dict[str, Recipe] = {
             aggregation="token_mean",
             source="Kazemnejad et al. 2024, VinePPO (arXiv 2410.01679): PPO-clip without a critic, "
             "chunk advantages from Monte-Carlo values of K continuations per chunk start",
+        ),
+        Recipe(
+            name="dppo_tv",
+            advantage_fn=_grpo_std,
+            policy_loss_fn=functools.partial(trust_region.dppo_tv_loss, threshold=0.15),
+            aggregation="token_mean",
+            source="Qi et al. 2026, DPPO-Binary-TV (arXiv 2602.04879): a trust region on the sampled "
+            "token's probability change |p - p_old| <= 0.15 instead of the ratio clip",
+        ),
+        Recipe(
+            name="dppo_kl",
+            advantage_fn=_grpo_std,
+            policy_loss_fn=functools.partial(trust_region.dppo_kl_loss, threshold=0.05),
+            aggregation="token_mean",
+            source="Qi et al. 2026, DPPO-Binary-KL (arXiv 2602.04879): binary KL(pi_old || pi) <= 0.05",
+        ),
+        *(Recipe(
+            name=name,
+            advantage_fn=_grpo_std,
+            policy_loss_fn=loss_fn,
+            aggregation="token_mean",
+            token_selection=entropy_control.SELECTIONS[loss_fn],
+            source=f"Cui et al. 2025, {label} (arXiv 2505.22617): entropy control on the top-covariance tokens",
+        ) for name, label, loss_fn in (("clip_cov", "Clip-Cov", entropy_control.clip_cov_loss),
+                                       ("kl_cov", "KL-Cov", entropy_control.kl_cov_loss))),
+        Recipe(
+            name="gpg",
+            advantage_fn=GroupAdvantage(gpg.gpg_advantages),
+            policy_loss_fn=losses.pg_loss,
+            aggregation="token_mean",
+            source="Chu et al. 2025, GPG (arXiv 2504.02546): REINFORCE on the group-centred reward "
+            "scaled by B / (B - M), token-mean loss, no clip, no KL",
         ),
     )
 }

@@ -44,6 +44,8 @@ class StepBatch(NamedTuple):
       when no sampler log-probs were given).
     ref_logp: reference log-probs for the KL term, or None.
     old_values, returns: critic values at rollout time and GAE returns, or None.
+    selected: the recipe's token_selection on the whole step batch (Clip-Cov / KL-Cov),
+      passed to the policy loss as `selected=`; None for recipes without one.
     """
 
     advantages: jax.Array
@@ -56,6 +58,7 @@ class StepBatch(NamedTuple):
     ref_logp: jax.Array | None = None
     old_values: jax.Array | None = None
     returns: jax.Array | None = None
+    selected: jax.Array | None = None
 
 
 def _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values) -> None:
@@ -100,7 +103,8 @@ def prepare_step_batch(
 
     Order: overlong penalty -> response filters (truncation, zero-variance
     groups) -> advantages -> correction -> aggregation weights over
-    mask * keep, so rejected tokens leave the denominators.
+    mask * keep, so rejected tokens leave the denominators -> the recipe's
+    token selection (Clip-Cov / KL-Cov) among the kept tokens.
 
     The zero-variance group filter judges ACCURACY, as DAPO's dynamic sampling
     does (Yu et al. 2025, arXiv 2503.14476, eq. 11: keep groups with
@@ -181,6 +185,10 @@ def prepare_step_batch(
 
     loss_mask = response_mask * correction.keep
     metric_weights = aggregation.token_weights(response_mask, "token_mean")
+    selected = None
+    if recipe.token_selection is not None:  # on the whole batch, so no micro-batch split changes it
+        selected = recipe.token_selection(token_advantages.advantages, old_logp, loss_mask)
+        metrics["selected_token_fraction"] = jnp.sum(metric_weights * selected)
     batch = StepBatch(
         advantages=token_advantages.advantages,
         loss_weights=aggregation.token_weights(
@@ -194,6 +202,7 @@ def prepare_step_batch(
         ref_logp=None if ref_logp is None else _masked_constant(ref_logp, response_mask),
         old_values=None if values is None else _masked_constant(values, response_mask),
         returns=token_advantages.returns,
+        selected=selected,
     )
     metrics.update(
         num_loss_tokens=jnp.sum(loss_mask),
@@ -245,8 +254,9 @@ def recipe_loss(
       (loss, metrics) with metrics policy_loss, clip_fraction (token mean),
       and kl / kl_loss, value_loss when used. All additive over slices.
     """
+    selection = {} if batch.selected is None else {"selected": batch.selected}
     output = recipe.policy_loss_fn(
-        logp, batch.old_logp, batch.advantages, batch.mask, sampler_logp=batch.sampler_logp
+        logp, batch.old_logp, batch.advantages, batch.mask, sampler_logp=batch.sampler_logp, **selection
     )
     policy_loss = aggregation.aggregate(output.loss * batch.correction_weights, batch.loss_weights)
     metrics = {

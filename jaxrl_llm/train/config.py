@@ -23,8 +23,9 @@ from pathlib import Path
 import json
 from typing import Any, Literal, Mapping, Sequence
 
-from jaxrl_llm import core
 from jaxrl_llm.train.mesh_config import MeshConfig
+from jaxrl_llm.train.recipe_config import (ADVANTAGE_NAMES, AGGREGATION_NAMES, CORRECTION_NAMES, KL_ESTIMATOR_NAMES,
+                                          POLICY_LOSS_NAMES, RECIPE_NAMES, RecipeConfig)
 from jaxrl_llm.train.runnable import check_runnable
 from jaxrl_llm.train.task_plugins import check_task_section
 from jaxrl_llm.utils import config_files, typed_config
@@ -35,14 +36,6 @@ __all__ = [
     "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
     "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values", "save_config",
     "schema_help"]
-
-# Names come from core's registries, so a config can only name what the learner has.
-RECIPE_NAMES = tuple(core.RECIPES)
-AGGREGATION_NAMES = tuple(core.AGGREGATION_MODES)
-POLICY_LOSS_NAMES = tuple(core.POLICY_LOSSES)
-KL_ESTIMATOR_NAMES = tuple(core.KL_ESTIMATORS)
-CORRECTION_NAMES = ("off", *core.CORRECTIONS)  # "off": no correction, whatever the recipe says
-ADVANTAGE_NAMES = tuple(core.ADVANTAGES)
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -91,39 +84,6 @@ class RolloutConfig(Section):
     dynamic_sampling: bool | None = None
     dynamic_sampling_rounds: int = field(4, ge=1)
     _path_prefix = "rollout."
-
-
-@dataclasses.dataclass(frozen=True)
-class RecipeConfig(Section):
-    """A named objective (core's recipe registry) plus optional overrides.
-
-    None means "whatever the recipe defines"; a value replaces that part.
-    """
-
-    name: str = field("grpo", choices=RECIPE_NAMES)
-    advantage: str | None = field(None, choices=ADVANTAGE_NAMES)
-    loss: str | None = field(None, choices=POLICY_LOSS_NAMES)
-    aggregation: str | None = field(None, choices=AGGREGATION_NAMES)
-    # L_const of the "constant" aggregation; None: rollout.max_tokens.
-    constant_length: int | None = field(None, ge=1)
-    eps_low: float | None = field(None, ge=0.0, lt=1.0)
-    eps_high: float | None = field(None, ge=0.0)
-    dual_clip_c: float | None = field(None, gt=1.0)
-    kl_beta: float | None = field(None, ge=0.0)
-    kl_estimator: str | None = field(None, choices=KL_ESTIMATOR_NAMES)
-    # "loss": beta * KL in the loss; "reward": -beta * k_t (pi_old vs reference) in the rewards.
-    kl_mode: str | None = field(None, choices=tuple(core.KL_MODES))
-    correction: str | None = field(None, choices=CORRECTION_NAMES)
-    correction_cap: float | None = field(None, gt=0.0)
-    filter_zero_variance_groups: bool | None = None
-    # DAPO soft overlong punishment (Yu et al. 2025, eq. 13): a ramp from 0 to -overlong_factor
-    # over the last overlong_buffer tokens before rollout.max_tokens. None: the recipe's own
-    # (dapo: 20% of max_tokens, as 4096 of 20480 in the paper); 0: off.
-    overlong_buffer: int | None = field(None, ge=0)
-    overlong_factor: float | None = field(None, ge=0.0)
-    # DAPO overlong filtering: truncated responses (no EOS) leave the loss. None: the recipe's own.
-    mask_truncated: bool | None = None
-    _path_prefix = "recipe."
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ a factory function or a `task=` object may turn out to be an environment only th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import TYPE_CHECKING
 
 from jaxrl_llm import core
@@ -63,11 +64,14 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
     the recipe's own choice), through `core.customize_recipe`. The constant aggregation's
     L_const defaults to rollout.max_tokens."""
     rc = cfg.recipe
+    base = core.get_recipe(rc.name)
+    _check_loss_fields(rc, base)
     recipe = core.customize_recipe(
-        core.get_recipe(rc.name), advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
+        base, advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
         constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
         kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
-        correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups)
+        correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups,
+        loss_params=_set_values(rc, LOSS_FIELDS), selection_params=_set_values(rc, SELECTION_FIELDS))
     if isinstance(recipe.advantage_fn, core.MultiRewardAdvantage) and cfg.task.reward_weights:
         recipe = dataclasses.replace(recipe, advantage_fn=core.MultiRewardAdvantage(tuple(cfg.task.reward_weights)))
     if recipe.aggregation == "constant" and recipe.constant_length is None:
@@ -75,6 +79,36 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
     if rc.mask_truncated is not None:
         recipe = dataclasses.replace(recipe, mask_truncated=rc.mask_truncated)
     return dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
+
+
+# recipe.<field> -> the keyword it binds on the policy loss / on the token selection (Clip-Cov, KL-Cov).
+LOSS_FIELDS = {"eps_low": "eps_low", "eps_high": "eps_high", "dual_clip_c": "dual_clip", "dppo_threshold": "threshold",
+               "sapo_tau_pos": "tau_pos", "sapo_tau_neg": "tau_neg", "kl_cov_coef": "kl_coef"}
+SELECTION_FIELDS = {"cov_fraction": "fraction", "clip_cov_lower": "lower", "clip_cov_upper": "upper"}
+_CORE_KEYWORDS = ("eps_low", "eps_high", "dual_clip_c")  # customize_recipe's own arguments
+
+
+def _set_values(rc: RecipeConfig, fields: dict[str, str]) -> dict:
+    return {keyword: getattr(rc, name) for name, keyword in fields.items()
+            if getattr(rc, name) is not None and name not in _CORE_KEYWORDS}
+
+
+def _check_loss_fields(rc: RecipeConfig, base: core.Recipe) -> None:
+    """Refuses, naming the field, a loss hyperparameter that the run's loss (recipe.loss, else the
+    recipe's own) does not take, e.g. recipe.sapo_tau_pos with ppo_clip."""
+    loss_fn = core.POLICY_LOSSES[rc.loss] if rc.loss else getattr(base.policy_loss_fn, "func", base.policy_loss_fn)
+    loss_name = rc.loss or next(n for n, f in core.POLICY_LOSSES.items() if f is loss_fn)
+    selection = core.entropy_control.SELECTIONS.get(loss_fn)
+    for name, keyword in {**LOSS_FIELDS, **SELECTION_FIELDS}.items():
+        value = getattr(rc, name)
+        target = loss_fn if name in LOSS_FIELDS else getattr(selection, "func", None)
+        if value is None or (target is not None and keyword in inspect.signature(target).parameters):
+            continue
+        takes = [n for n, f in core.POLICY_LOSSES.items() if keyword in inspect.signature(f).parameters]
+        if name in SELECTION_FIELDS:
+            takes = [n for n, f in core.POLICY_LOSSES.items() if f in core.entropy_control.SELECTIONS]
+        raise ConfigError(f"recipe.{name} = {value!r} is set, but the run's policy loss {loss_name!r} has no "
+                          f"{keyword!r}; valid: recipe.loss in {takes}, or leave recipe.{name} unset")
 
 
 def _overlong(base: core.OverlongPenalty | None, rc: RecipeConfig, max_tokens: int) -> core.OverlongPenalty | None:

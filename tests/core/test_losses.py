@@ -21,6 +21,11 @@ BOUND_LOSSES = {
     "gmpo": core.gmpo_loss,
     "is_pg_sequence": functools.partial(core.is_pg_sequence_loss, cap=2.0),
     "sapo": functools.partial(core.sapo_loss, tau_pos=1.0, tau_neg=1.05),
+    "dppo_tv": functools.partial(core.dppo_tv_loss, threshold=0.15),
+    "dppo_kl": functools.partial(core.dppo_kl_loss, threshold=0.05),
+    # the token selection comes from prepare_step_batch; here: the tokens with A > 0.5
+    "clip_cov": lambda lp, old, adv, mask, **kw: core.clip_cov_loss(lp, old, adv, mask, selected=adv > 0.5, **kw),
+    "kl_cov": lambda lp, old, adv, mask, **kw: core.kl_cov_loss(lp, old, adv, mask, selected=adv > 0.5, **kw),
 }
 
 

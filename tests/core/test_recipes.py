@@ -10,7 +10,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_llm import core
 from tests.core.batches import lengths_to_mask, random_batch
 
-NAMES = ("grpo", "dr_grpo", "dapo", "olmo3", "ppo", "rloo", "reinforce_pp", "cispo", "gspo", "precision_rl")
+NAMES = ("grpo", "dr_grpo", "dapo", "olmo3", "ppo", "rloo", "reinforce_pp", "cispo", "gspo", "precision_rl", "dppo_tv",
+         "dppo_kl", "clip_cov", "kl_cov", "gpg")
 
 
 def recipe(name, **overrides):

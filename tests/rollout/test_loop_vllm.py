@@ -19,8 +19,17 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # ~70 s on 2 cores; its checks run in make test through test_weight_check_vllm.py
-def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smollm2, tmp_path):
+# The demo's recipe, and the losses of issue 38 part 2 (DPPO, Clip-Cov / KL-Cov with their step-batch token
+# selection, GPG, SAPO with its temperatures) through the same real server.
+RECIPES = {"demo": [], "dppo_tv": ["recipe.name=dppo_tv"], "dppo_kl": ["recipe.name=dppo_kl"],
+           "clip_cov": ["recipe.name=clip_cov", "recipe.cov_fraction=0.05"],
+           "kl_cov": ["recipe.name=kl_cov", "recipe.cov_fraction=0.05"], "gpg": ["recipe.name=gpg"],
+           "sapo": ["recipe.loss=sapo", "recipe.sapo_tau_pos=2.0"]}
+
+
+@pytest.mark.slow  # ~70 s on 2 cores each; its checks run in make test through test_weight_check_vllm.py
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smollm2, tmp_path, recipe):
     server = vllm_server.get()
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device: the learner as on a laptop
@@ -28,7 +37,7 @@ def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smoll
            "total_steps=2", "rollout.engine=vllm", f"rollout.server_urls=[{server.url}]",
            "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=8",
            "train.micro_batch_size=8", "checkpoint.every_steps=0", "checkpoint.async_save=false",
-           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}"]
+           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}", *RECIPES[recipe]]
     try:
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -38,6 +47,10 @@ def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smoll
         sync.close()
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
+    if recipe in ("clip_cov", "kl_cov"):  # max(1, floor(0.05 n)) of the step's n response tokens
+        for r in rows:
+            n = r["num_response_tokens"]
+            assert r["selected_token_fraction"] == pytest.approx(max(1, int(0.05 * n)) / n, abs=1e-6)
     assert [r["weight_version"] for r in rows] == [0.0, 1.0]  # step 2 sampled from the synced weights
     for r in rows:
         assert r["reward_errors"] == 0.0 and r["time_sync_s"] > 0.0

@@ -63,3 +63,9 @@ class CountdownTask(Task):
         picked = [numbers[(seed + i) % len(numbers)] for i in range(n)]
         return [Example(id=f"countdown/{k}", task=self.name, prompt=f"{self.word} {k}.",
                         answer=" ".join(str(j) for j in range(k, 0, -1)), split=split) for k in picked]
+
+
+def length_parity_reward(completion: str, example) -> float:
+    """1.0 for a completion of an odd number of characters: a reward a random tiny model earns for
+    about half its answers, so its groups have non-zero advantages."""
+    return float(len(completion) % 2)
