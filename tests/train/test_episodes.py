@@ -291,7 +291,8 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
     (benchmarks/offset_trials.py, results in benchmarks/results/offset_trials.json): 16 runs,
     two at a time as here, at load averages of 13-23 on 2 cores plus a busy-loop burner, with
     8 or 1 fake devices and threaded or single-threaded XLA:CPU. No offset: |mismatch_k1| <=
-    8.4e-8, every run bit-identical to the first of its condition; threading changed nothing,
+    8.4e-8, every run bit-identical to the first of its condition (4 more runs of the 11-23
+    code, 8 devices: the same, <= 7.2e-8); threading changed nothing,
     the device count changed values at the 1e-8 level (another SPMD program). Weights cannot
     change inside an episode (the producer holds the engine lock for a step's turns; mixing
     versions raises: test_an_episode_mixing_weight_versions_is_refused), and step 1 is
