@@ -83,7 +83,10 @@ def _check_cost(op: ast.operator, left: int | float, right: int | float) -> None
     if isinstance(op, ast.Pow):
         if abs(right) > MAX_EXPONENT:
             raise CalculatorError(f"exponent {right} too large (at most {MAX_EXPONENT} in magnitude)")
-        if abs(left) > 1 and _bits(left) * max(right, 0) > MAX_BITS:
+        # |left| >= 2**(bits - 1), so |left**right| >= 2**((bits - 1) * right): refused when that lower
+        # bound is already too large; below it the result has at most bits * right < MAX_BITS + right
+        # <= 2 * MAX_BITS bits, cheap to compute, and _bounded checks the exact size.
+        if abs(left) > 1 and (_bits(left) - 1) * max(right, 0) >= MAX_BITS:
             raise CalculatorError(f"power too large (results below 2**{MAX_BITS})")
         if left == 0 and right < 0:
             raise CalculatorError("division by zero")

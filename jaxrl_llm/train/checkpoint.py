@@ -30,6 +30,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxrl_llm.bridge import CheckpointError
+
 log = logging.getLogger(__name__)
 
 _STATE = "state"
@@ -135,7 +137,7 @@ class Checkpointer:
     def restore_latest(self, target: Any = None) -> Restored | None:
         """`restore(target)` of the newest checkpoint that can be read, or None when there is
         none (fresh run). Unreadable newer ones are logged and moved aside (see the module doc);
-        if none can be read, RuntimeError lists why."""
+        if none can be read, CheckpointError lists why."""
         unreadable: dict[int, str] = {}
         for step in reversed(self.all_steps()):
             try:
@@ -151,7 +153,7 @@ class Checkpointer:
                             "moved aside to <step>.unreadable", step, self.directory, sorted(unreadable))
             return restored
         if unreadable:
-            raise RuntimeError(f"no checkpoint in {self.directory} can be restored: "
+            raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
                                + "; ".join(f"step {k}: {v}" for k, v in unreadable.items()))
         return None
 

@@ -150,9 +150,10 @@ def resolve_mesh_axes(data: int, fsdp: int, tensor: int, device_count: int | Non
     known = int(np.prod([size for size in sizes.values() if size != -1]))
     if inferred:
         if count % known:
-            fixed = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != -1)
-            raise ValueError(f"mesh {fixed} = {known} does not divide the {count} devices, so mesh.{inferred[0]}=-1 "
-                             f"cannot be inferred; valid: sizes whose product divides {count}")
+            fixed = " x ".join(f"mesh.{k}={v}" for k, v in sizes.items() if v != -1)
+            raise ValueError(f"{fixed} = {known} does not divide the {count} devices ({jax.process_count()} "
+                             f"process(es)), so mesh.{inferred[0]}=-1 cannot be inferred; valid: sizes whose product "
+                             f"divides {count}, e.g. the default mesh.data=1 mesh.fsdp=-1 mesh.tensor=1")
         sizes[inferred[0]] = count // known
     total = int(np.prod(list(sizes.values())))
     if total != count:
@@ -160,6 +161,19 @@ def resolve_mesh_axes(data: int, fsdp: int, tensor: int, device_count: int | Non
                          f"but there are {count} devices ({jax.process_count()} process(es)); "
                          f"valid: sizes whose product is {count}, e.g. data=-1")
     return {k: int(v) for k, v in sizes.items()}
+
+
+def learner_mesh(mesh_cfg: Any) -> jax.sharding.Mesh | None:
+    """The learner's mesh of a config's `mesh` section: None on one device (no sharding), but the
+    sizes are checked against the device count there too (ConfigError naming the axis), so a
+    config asking for more devices than exist is refused instead of run on another mesh."""
+    from jaxrl_llm.utils.typed_config import ConfigError
+
+    try:
+        axes = resolve_mesh_axes(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return make_mesh(**axes) if jax.device_count() > 1 else None
 
 
 def global_mesh(mesh_cfg: Any = None, *, data: int = -1, fsdp: int = 1, tensor: int = 1) -> jax.sharding.Mesh:

@@ -60,6 +60,22 @@ def host_params(params):
     return gather_to_host(params)
 
 
+def check_server_urls(cfg: Config) -> None:
+    """ConfigError naming rollout.server_urls when a vLLM server there does not answer /health."""
+    urls = list(cfg.rollout.server_urls)
+    if cfg.rollout.engine != "vllm" or not urls:
+        return
+    from jaxrl_llm.rollout import VLLMClient
+    from jaxrl_llm.train.config import ConfigError
+
+    with VLLMClient(urls) as client:
+        down = [url for url, ok in zip(client.urls, client.health()) if not ok]
+    if down:
+        raise ConfigError(f"rollout.server_urls: {', '.join(down)} does not answer GET /health (nothing listening, or "
+                          "not a vLLM server); valid: URLs of running vLLM servers (python -m "
+                          "jaxrl_llm.rollout.vllm_server), or leave rollout.server_urls empty to start one")
+
+
 def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0, stack: contextlib.ExitStack):
     """The configured rollout engine serving `params`; servers it starts are stopped by `stack`."""
     if cfg.rollout.engine == "jax":

@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_llm.bridge import CheckpointError
 from jaxrl_llm.data import Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
@@ -50,7 +51,7 @@ from jaxrl_llm.train import distributed, sampled_ahead, step_failure, weight_che
 from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch
 from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.engines import engine_weights, host_params, make_engine
+from jaxrl_llm.train.engines import check_server_urls, engine_weights, host_params, make_engine
 from jaxrl_llm.train.evaluation import PeriodicEval
 from jaxrl_llm.train.grading import Graded, learner_rollouts, response_metrics
 from jaxrl_llm.train.learn import learn
@@ -115,8 +116,10 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     os.makedirs(run_dir, exist_ok=True)
     task = task or task_from_config(cfg)  # before the model: a bad task config fails fast
     plan = plan_run(cfg, task, processes=jax.process_count())  # refuses what the task cannot run
+    mesh = distributed.learner_mesh(cfg.mesh)  # refuses sizes the devices cannot hold
+    if engine is None:
+        check_server_urls(cfg)  # a server that does not answer is named before any model loads
     policy = policy or load_policy(cfg.model.source)
-    mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
     learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh)
     state = learner.init(policy.params, seed=cfg.seed)
     lead = jax.process_index() == 0
@@ -200,7 +203,11 @@ def _start_position(cfg: Config, ckpt: Checkpointer, learner: Learner, policy: P
             raise FileExistsError(f"{cfg.checkpoint_path} already holds checkpoints; pass --resume to continue "
                                   f"or choose another run_dir")
         return state, RunPosition(0, 0)
-    restored = ckpt.restore_latest(checkpoint_state(state, 0, 0))
+    try:
+        restored = ckpt.restore_latest(checkpoint_state(state, 0, 0))
+    except CheckpointError as err:
+        raise CheckpointError(f"--resume: {err}; valid: a run_dir holding a readable checkpoint, or a new run_dir "
+                              "without --resume") from err
     if restored is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {cfg.checkpoint_path}; valid: a run_dir that holds "
                                 "one, or start without --resume")

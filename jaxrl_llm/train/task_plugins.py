@@ -165,8 +165,16 @@ def task_graders(task_cfg) -> WeightedRewards:
 
 
 def resolve_env_class(spec: str) -> Any:
-    """The environment class (or factory) `spec` = "package.module:Class" names."""
-    return _load_callable(spec, "task.env", "a class (or factory) of environments")
+    """The environment class (or factory) `spec` = "package.module:Class" names; a class must
+    have the Environment methods reset() and step() (a factory is checked when it is called)."""
+    target = _load_callable(spec, "task.env", "a class (or factory) of environments")
+    if isinstance(target, type):
+        missing = [m for m in ("reset", "step") if not callable(getattr(target, m, None))]
+        if missing:
+            methods = " or ".join(m + "()" for m in missing)
+            raise ConfigError(f"task.env = {spec!r}: class {target.__name__} has no {methods} method; valid: a class with reset(example) -> (observation, info) and step(action_text) "
+                              "-> StepResult (jaxrl_llm.data.environments.Environment)")
+    return target
 
 
 def is_env_task(task_cfg) -> bool:

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.train.learning_setup import learning_model_dir  # noqa: F401 (fixture: the tiny model, saved once)
+
 REPO = Path(__file__).resolve().parents[2]
+ONE_DEVICE = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}  # as on a 1-CPU/GPU machine
 
 
-def jaxrl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "jaxrl_llm.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -39,6 +42,50 @@ def test_user_errors_are_one_line_with_exit_status_2(args, names):
     assert "Traceback" not in done.stderr and "error:" in lines[0]
     for name in names:
         assert name in lines[0], lines[0]
+
+
+def _unreadable_checkpoints(tmp_path: Path) -> list[str]:
+    """A run directory whose only checkpoint has every data file truncated (a full disk)."""
+    import numpy as np
+
+    from jaxrl_llm.train.checkpoint import Checkpointer
+
+    with Checkpointer(tmp_path / "run" / "checkpoints", every_steps=1, keep=2, async_save=False) as ckpt:
+        ckpt.save(1, {"x": np.arange(3.0)}, force=True)
+    files = [p for p in (tmp_path / "run" / "checkpoints" / "1" / "state").rglob("*") if p.is_file()]
+    for path in files:
+        path.write_bytes(b"")
+    assert files
+    return ["rollout.engine=jax", "--resume"]  # the option after the overrides
+
+
+def _half_environment(tmp_path: Path) -> list[str]:
+    """A module in the working directory with an environment class that has reset() but no step()."""
+    (tmp_path / "half_env.py").write_text("class NoStep:\n    def reset(self, example):\n        return 'hi', {}\n")
+    return ["task.env=half_env:NoStep"]
+
+
+@pytest.mark.parametrize("setup, env, names", [
+    (_unreadable_checkpoints, {}, ["--resume", "no checkpoint in", "can be restored", "step 1", "valid:"]),
+    (lambda tmp_path: ["mesh.data=64", "rollout.engine=jax"], ONE_DEVICE,
+     ["mesh.data=64", "the 1 devices", "valid:", "mesh.fsdp=-1"]),
+    (lambda tmp_path: ["rollout.server_urls=http://127.0.0.1:1"], {},
+     ["rollout.server_urls", "http://127.0.0.1:1", "does not answer", "valid:"]),
+    (_half_environment, {}, ["task.env = 'half_env:NoStep'", "no step() method", "valid:"]),
+], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step"])
+def test_refused_runs_are_one_line_with_exit_status_2(tmp_path, learning_model_dir, setup, env, names):
+    """Four refusals that were tracebacks (exit 1) or a silently different run (issue 35); each
+    before any training step, with the tiny model so it costs seconds."""
+    args = setup(tmp_path)
+    done = jaxrl("train", "--config", str(REPO / "experiments/demo.py"), f"model.source={learning_model_dir}",
+                 f"run_dir={tmp_path / 'run'}", *args, cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("[jaxrl]")]
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr and "error:" in lines[0]
+    for name in names:
+        assert name in lines[0], lines[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no step ran
 
 
 def test_debug_shows_the_traceback():

@@ -209,7 +209,7 @@ def test_mesh_validation_against_the_device_count():
     assert dict(global_mesh(MeshConfig(data=2, fsdp=-1, tensor=1)).shape) == {"data": 2, "fsdp": 4, "tensor": 1}
     with pytest.raises(ValueError, match=r"mesh data=2 x fsdp=2 x tensor=1 = 4, but there are 8 devices"):
         resolve_mesh_axes(2, 2, 1)
-    with pytest.raises(ValueError, match=r"fsdp=3 x tensor=1 = 3 does not divide the 8 devices"):
+    with pytest.raises(ValueError, match=r"mesh.fsdp=3 x mesh.tensor=1 = 3 does not divide the 8 devices"):
         resolve_mesh_axes(-1, 3, 1)
     with pytest.raises(ValueError, match=r"mesh axes \['data', 'tensor'\] are all -1"):
         resolve_mesh_axes(-1, 1, -1)
