@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, kl, losses
+from jaxrl_llm.core.distill import Distillation
 
 
 def _fold_sequence(rewards, token_rewards):
@@ -137,6 +138,8 @@ class Recipe:
         RL loop, train/dynamic_sampling.py, not by these functions).
       value_coef, value_clip: critic loss weight and clip (used when
         recipe_loss gets `values`).
+      distill: a `distill.Distillation` (on-policy distillation: the token advantages
+        get log pi_teacher - log pi_old added; needs teacher_logp), or None.
       source: where the composition comes from.
     """
 
@@ -155,6 +158,7 @@ class Recipe:
     dynamic_sampling: bool = False
     value_coef: float = 0.0
     value_clip: float | None = None
+    distill: Distillation | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -267,6 +271,16 @@ RECIPES: dict[str, Recipe] = {
             aggregation="token_mean",
             source="Kazemnejad et al. 2024, VinePPO (arXiv 2410.01679): PPO-clip without a critic, "
             "chunk advantages from Monte-Carlo values of K continuations per chunk start",
+        ),
+        Recipe(
+            name="opd",
+            advantage_fn=_grpo_std,  # the reward part, weighted by distill.reward_weight (0 here)
+            policy_loss_fn=_ppo,
+            aggregation="token_mean",
+            distill=Distillation(reward_weight=0.0),
+            source="on-policy distillation: advantage log pi_teacher - log pi_student per sampled token "
+            "(reverse KL); Agarwal et al. 2024, GKD (arXiv 2306.13649); Lu et al. 2025, Thinking "
+            "Machines Lab, 'On-Policy Distillation'",
         ),
     )
 }
