@@ -24,6 +24,7 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm import core
+from jaxrl_llm.train.distill_config import DistillConfig
 from jaxrl_llm.train.mesh_config import MeshConfig
 from jaxrl_llm.train.runnable import check_runnable
 from jaxrl_llm.train.task_plugins import check_task_section
@@ -31,10 +32,10 @@ from jaxrl_llm.utils import config_files, typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section
 
 __all__ = [
-    "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
-    "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
-    "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values", "save_config",
-    "schema_help"]
+    "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "DistillConfig", "MeshConfig", "MetricsConfig",
+    "ModelConfig", "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig",
+    "apply_overrides", "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values",
+    "save_config", "schema_help"]
 
 # Names come from core's registries, so a config can only name what the learner has.
 RECIPE_NAMES = tuple(core.RECIPES)
@@ -307,6 +308,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     metrics: MetricsConfig = section(MetricsConfig)
     mesh: MeshConfig = section(MeshConfig)
+    distill: DistillConfig = section(DistillConfig)
 
     @property
     def run_path(self) -> Path:

@@ -61,6 +61,7 @@ from jaxrl_llm.train.progress import Progress
 from jaxrl_llm.train.prompts import task_from_config
 from jaxrl_llm.train.runnable import RunPlan, plan_run
 from jaxrl_llm.train.sampling import step_sampling
+from jaxrl_llm.train.teacher import load_teacher
 from jaxrl_llm.train.tracking import WandbRun, require_wandb
 from jaxrl_llm.train.run_state import (RunPosition, check_lora_base, checkpoint_state, lora_checkpoint_metadata,
                                        make_learner, position_of)
@@ -117,7 +118,9 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     plan = plan_run(cfg, task, processes=jax.process_count())  # refuses what the task cannot run
     policy = policy or load_policy(cfg.model.source)
     mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
-    learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh)
+    teacher = None if cfg.distill.teacher is None else load_teacher(cfg.distill.teacher, policy)
+    learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh, teacher=teacher)
+    del teacher  # the learner keeps its compute-dtype copy only
     state = learner.init(policy.params, seed=cfg.seed)
     lead = jax.process_index() == 0
     with contextlib.ExitStack() as stack:
