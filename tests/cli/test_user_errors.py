@@ -21,6 +21,7 @@ def jaxrl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     (["train", "--config", "experiments/no_such_experiment.py"], ["experiments/no_such_experiment.py", "does not exist"]),
     (["train", "--config", "experiments/demo.py", "recipe.advantage=gae"], ["recipe.advantage = 'gae'", "critic"]),
     (["train", "--config", "experiments/demo.py", "recipe.kl_beta=-0.1"], ["recipe.kl_beta"]),
+    (["train", "--config", "experiments/demo.py", "recipe.name=opd"], ["recipe.name = 'opd'", "distill.teacher"]),
     (["train", "--config", "experiments/demo.py", "rollout.max_tokens=-3"], ["rollout.max_tokens", ">= 1"]),
     (["train", "--config", "experiments/demo.py", "rollout.engine=vlm"], ["rollout.engine", "did you mean 'vllm'"]),
     (["train", "--config", "experiments/demo.py", "task.name=jsonl"], ["task.jsonl_path"]),
