@@ -70,5 +70,5 @@ def check_distill(cfg: Config, recipe: core.Recipe, env_task: bool) -> None:
                           "task reward and come from extra rollouts; valid: another advantage (e.g. grpo)")
     if env_task:
         raise ConfigError(f"distill.teacher with the multi-turn environment task.name = {cfg.task.name!r} / "
-                          f"task.env = {cfg.task.env!r}: not supported in this version (no test covers a teacher scoring "
-                          "multi-turn episodes); valid: a single-turn task")
+                          f"task.env = {cfg.task.env!r}: not supported in this version (no test covers a teacher "
+                          "scoring multi-turn episodes); valid: a single-turn task")
