@@ -8,6 +8,7 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   gpg          GPG's rescaled group-centred advantage
   aggregation  explicit token weights and the micro-batch-exact weighted sum
   kl           k1 / k2 / k3 estimators
+  distill      on-policy distillation: the teacher's per-token reverse-KL advantage
   corrections  training-inference mismatch (TIS / MIS) and its metrics
   filters      zero-variance groups, truncation, DAPO overlong penalty
   length_rewards  L1 (LCPO) target-length and Kimi k1.5 group length rewards
@@ -82,6 +83,7 @@ from jaxrl_llm.core.filters import (
     zero_variance_group_mask,
 )
 from jaxrl_llm.core.length_rewards import kimi_length_reward, l1_length_reward
+from jaxrl_llm.core.distill import Distillation, distill_advantages, reverse_kl_advantages, reverse_kl_mean
 from jaxrl_llm.core.kl import KL_ESTIMATORS, get_kl_estimator, kl_k1, kl_k2, kl_k3
 from jaxrl_llm.core.entropy_control import clip_cov_loss, covariance_scores, kl_cov_loss, top_covariance_tokens
 from jaxrl_llm.core.gpg import gpg_advantages

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.core import (_checks, advantages as adv_lib, aggregation, corrections, entropy_control, gpg, kl, losses,
                             multi_reward, remax, trust_region)
+from jaxrl_llm.core.distill import Distillation
 
 
 def fold_sequence_rewards(rewards, token_rewards):
@@ -181,6 +182,8 @@ class Recipe:
         Clip-Cov / KL-Cov treats apart, picked once on the whole step batch by
         prepare_step_batch and passed to the loss as `selected=` (entropy_control.SELECTIONS);
         required by exactly those losses, None otherwise.
+      distill: a `distill.Distillation` (on-policy distillation: the token advantages
+        get log pi_teacher - log pi_old added; needs teacher_logp), or None.
       source: where the composition comes from.
     """
 
@@ -200,6 +203,7 @@ class Recipe:
     value_coef: float = 0.0
     value_clip: float | None = None
     token_selection: Callable[..., jax.Array] | None = None
+    distill: Distillation | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -366,6 +370,16 @@ RECIPES: dict[str, Recipe] = {
             aggregation="token_mean",
             source="Chu et al. 2025, GPG (arXiv 2504.02546): REINFORCE on the group-centred reward "
             "scaled by B / (B - M), token-mean loss, no clip, no KL",
+        ),
+        Recipe(
+            name="opd",
+            advantage_fn=_grpo_std,  # the reward part, weighted by distill.reward_weight (0 here)
+            policy_loss_fn=_ppo,
+            aggregation="token_mean",
+            distill=Distillation(reward_weight=0.0),
+            source="on-policy distillation: advantage log pi_teacher - log pi_student per sampled token "
+            "(reverse KL); Agarwal et al. 2024, GKD (arXiv 2306.13649); Lu et al. 2025, Thinking "
+            "Machines Lab, 'On-Policy Distillation'",
         ),
     )
 }

@@ -25,7 +25,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, filters, kl, losses
+from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, distill, filters, kl, losses
 from jaxrl_llm.core.recipes import Recipe
 
 
@@ -61,15 +61,18 @@ class StepBatch(NamedTuple):
     selected: jax.Array | None = None
 
 
-def _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values) -> None:
+def _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values, teacher_logp) -> None:
     chex.assert_rank(rewards, 2)
     _checks.check_float(old_logp, 2)
-    for optional in (sampler_logp, ref_logp, values):
+    for optional in (sampler_logp, ref_logp, values, teacher_logp):
         if optional is not None:
             _checks.check_float(optional, 2)
     _checks.check_same_shape(
-        mask=mask, old_logp=old_logp, sampler_logp=sampler_logp, ref_logp=ref_logp, values=values
-    )
+        mask=mask, old_logp=old_logp, sampler_logp=sampler_logp, ref_logp=ref_logp, values=values,
+        teacher_logp=teacher_logp)
+    if (recipe.distill is not None) != (teacher_logp is not None):
+        raise ValueError(f"recipe {recipe.name!r} has distill={recipe.distill}; teacher_logp must be given exactly "
+                         "when the recipe distils (got " + ("none" if teacher_logp is None else "one") + ")")
     _checks.check_rows_match(jnp.shape(rewards), jnp.shape(mask))
     if _checks.is_concrete(rewards):
         adv_lib.validate_rewards(rewards)
@@ -98,6 +101,7 @@ def prepare_step_batch(
     advantages=None,
     baseline_rewards=None,
     reward_parts=None,
+    teacher_logp=None,
 ) -> tuple[StepBatch, dict[str, jax.Array]]:
     """Everything a step needs before the model runs, on the FULL step batch.
 
@@ -129,11 +133,14 @@ def prepare_step_batch(
         accepted with, ReMax (`remax.GreedyBaselineAdvantage`).
       reward_parts: [P, G, K] each grader's reward; needed by, and only accepted with, GDPO
         (`multi_reward.MultiRewardAdvantage`).
+      teacher_logp: [N, T] a frozen teacher's log-probs of the sampled tokens; needed by,
+        and only accepted with, a recipe with `distill` (core/distill.py): the token
+        advantages become reward_weight * A + log pi_teacher - log pi_old.
     Returns:
       (StepBatch, metrics): metrics are float32 scalars describing the step
       (rewards, filters, corrections, mismatch_* when sampler_logp is given).
     """
-    _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values)
+    _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values, teacher_logp)
     rewards = _checks.to_float32(rewards)
     valid = _checks.valid_tokens(mask)
     response_mask = valid.astype(jnp.float32)
@@ -176,6 +183,12 @@ def prepare_step_batch(
     extras = _advantage_inputs(recipe, advantages=advantages, baseline_rewards=baseline_rewards,
                                reward_parts=reward_parts)
     token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards, **extras)
+    if recipe.distill is not None:
+        token_advantages = token_advantages._replace(advantages=distill.distill_advantages(
+            token_advantages.advantages, teacher_logp, old_logp, response_mask,
+            reward_weight=recipe.distill.reward_weight))
+        metrics["teacher_reverse_kl"] = distill.reverse_kl_mean(teacher_logp, old_logp, response_mask)
+        metrics["teacher_signal_abs_max"] = distill.reverse_kl_abs_max(teacher_logp, old_logp, response_mask)
     has_sampler = sampler_logp is not None
     sampler_logp = _masked_constant(sampler_logp, response_mask) if has_sampler else old_logp
     if recipe.correction is None:

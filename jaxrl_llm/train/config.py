@@ -23,6 +23,7 @@ from pathlib import Path
 import json
 from typing import Any, Literal, Mapping, Sequence
 
+from jaxrl_llm.train.distill_config import DistillConfig
 from jaxrl_llm.train.mesh_config import MeshConfig
 from jaxrl_llm.train.recipe_config import (ADVANTAGE_NAMES, AGGREGATION_NAMES, CORRECTION_NAMES, KL_ESTIMATOR_NAMES,
                                           POLICY_LOSS_NAMES, RECIPE_NAMES, RecipeConfig)
@@ -32,10 +33,10 @@ from jaxrl_llm.utils import config_files, typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section
 
 __all__ = [
-    "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "MeshConfig", "MetricsConfig", "ModelConfig",
-    "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig", "apply_overrides",
-    "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values", "save_config",
-    "schema_help"]
+    "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "DistillConfig", "MeshConfig", "MetricsConfig",
+    "ModelConfig", "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig",
+    "apply_overrides", "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values",
+    "save_config", "schema_help"]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -271,6 +272,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     metrics: MetricsConfig = section(MetricsConfig)
     mesh: MeshConfig = section(MeshConfig)
+    distill: DistillConfig = section(DistillConfig)
 
     @property
     def run_path(self) -> Path:

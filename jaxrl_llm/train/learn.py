@@ -35,8 +35,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     """
     core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
-    before = learner.step_logprobs(state.params, seq, critic=state.critic)  # ref_logp / values: None if unused
-    old_logp, entropy, ref_logp = before.logp, before.entropy, before.ref_logp
+    before = learner.step_logprobs(state.params, seq, critic=state.critic)  # ref / teacher / values: None if unused
+    old_logp, entropy, ref_logp, teacher_logp = before.logp, before.entropy, before.ref_logp, before.teacher_logp
     put = learner.replicated
     mask = put(seq.completion_mask)
     prompts, group = rewards.shape
@@ -51,6 +51,7 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
                                        None if ref_logp is None else ref_logp[rows],
                                        None if before.values is None else before.values[rows],
                                        None if advantages is None else put(advantages[rows]),
+                                       None if teacher_logp is None else teacher_logp[rows],
                                        *(None if x is None else put(np.asarray(x)[prompt_rows])
                                          for x in (baseline_rewards, reward_parts)))
         prepared.append((rows, batch))
@@ -66,6 +67,8 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     out["entropy"] = float(jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0))
     if ref_logp is not None:
         out["reference_bytes"] = float(learner.reference_bytes)
+    if teacher_logp is not None:
+        out["teacher_bytes"] = float(learner.teacher_bytes)
     return state, out
 
 
@@ -74,12 +77,12 @@ def _prepare(recipe: core.Recipe):
     """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
     small eager computations on arrays spanning several JAX processes each become a
     cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
-    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values, advantages,
+    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values, advantages, teacher_logp,
                 baseline_rewards, reward_parts):
         batch, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated,
                                                  ref_logp=ref_logp, values=values, correct=correct,
-                                                 advantages=advantages, baseline_rewards=baseline_rewards,
-                                                 reward_parts=reward_parts)
+                                                 advantages=advantages, teacher_logp=teacher_logp,
+                                                 baseline_rewards=baseline_rewards, reward_parts=reward_parts)
         if values is not None:  # the critic's fit at rollout time: explained variance, value/return means
             metrics = {**metrics, **critic_metrics(batch.old_values, batch.returns, batch.mask)}
         return batch, metrics

@@ -35,6 +35,9 @@
 * Reference policy (recipe.kl_beta > 0; `train.reference`): `step_logprobs` returns
   the reference log-probs next to pi_old from the same micro-batched program; the
   reference is a compute-dtype copy of the initial params, or with LoRA the frozen base.
+* Teacher (on-policy distillation, a recipe with `distill`; `train.teacher`): a frozen
+  compute-dtype copy of the teacher's params, placed like the policy's, scores the sampled
+  tokens in the same micro-batched pi_old pass (its own DecoderConfig: any architecture).
 * Critic (recipes with GAE advantages, e.g. ppo; `train.critic`): a value head on the
   trunk's hidden states, evaluated in the same forward as the policy's logprobs (values
   at rollout time from `step_logprobs`, current values in every micro-batch's loss), and
@@ -72,6 +75,7 @@ class StepLogprobs(NamedTuple):
     entropy: jax.Array
     ref_logp: jax.Array | None  # the reference policy's; None without one
     values: jax.Array | None = None  # the critic's V_t; None without one
+    teacher_logp: jax.Array | None = None  # the distillation teacher's; None without one
 
 
 class LearnerState(NamedTuple):
@@ -88,7 +92,7 @@ class Learner:
     `update` (one optimiser step on one StepBatch)."""
 
     def __init__(self, model_cfg: DecoderConfig, recipe: core.Recipe, train_cfg, *, total_steps: int,
-                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, critic_cfg=None):
+                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, critic_cfg=None, teacher=None):
         if train_cfg.precision not in PRECISION_DTYPES:
             raise ValueError(f"train.precision={train_cfg.precision!r}; valid: {sorted(PRECISION_DTYPES)}")
         dtype = PRECISION_DTYPES[train_cfg.precision]
@@ -112,6 +116,11 @@ class Learner:
             raise ValueError(f"recipe {recipe.name!r} needs a critic: pass critic_cfg (the config's critic "
                              f"section) and a recipe with value_coef > 0 (got {recipe.value_coef})")
         self.critic_cfg = critic_cfg
+        # The teacher (a train.teacher.Teacher): only its compute-dtype copy is kept, placed like the params.
+        self.teacher_cfg = None if teacher is None else teacher.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
+        self.teacher_params = None if teacher is None else reference_lib.reference_copy(
+            teacher.params if mesh is None else put_global(teacher.params, param_shardings(teacher.params, mesh)),
+            self.compute_dtype)
         self.critic_optimizer = critic_lib.make_critic_optimizer(critic_cfg) if self.needs_critic else None
         self._merge = jax.jit(self._full_params_impl)
         options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
@@ -171,6 +180,11 @@ class Learner:
         dtype, or 0 (no KL term, or LoRA, whose frozen base is the reference)."""
         return reference_lib.tree_bytes(self.reference)
 
+    @property
+    def teacher_bytes(self) -> int:
+        """Memory the distillation teacher costs: its weights in the compute dtype (0 without one)."""
+        return reference_lib.tree_bytes(self.teacher_params)
+
     def _full_params_impl(self, frozen, adapters):
         return lora.merge(frozen, adapters, self.lora.scale)
 
@@ -217,43 +231,51 @@ class Learner:
         """(logp, entropy), each float32 [N, T_c]: the learner's pi_old of the
         completion tokens at the sampling temperature, and the entropy of its
         next-token distribution there. No gradient; micro-batched."""
-        out = self.step_logprobs(params, seq, with_reference=False)
+        out = self.step_logprobs(params, seq, with_reference=False, with_teacher=False)
         return out.logp, out.entropy
 
     def step_logprobs(self, params, seq: SequenceBatch, *, with_reference: bool | None = None,
-                      critic: critic_lib.CriticState | None = None) -> StepLogprobs:
+                      critic: critic_lib.CriticState | None = None, with_teacher: bool | None = None) -> StepLogprobs:
         """pi_old, entropy, (with_reference; default: when the recipe has a KL term) the
-        reference policy's log-probs and (given the `critic`) its values, all from one
-        jitted, micro-batched pass: each micro-batch runs the policy's forward (the value
-        head reads its hidden states) and then the reference's."""
+        reference policy's log-probs, (with_teacher; default: when the recipe distils) the
+        teacher's, and (given the `critic`) its values, all from one jitted, micro-batched
+        pass: each micro-batch runs the policy's forward (the value head reads its hidden
+        states), then the reference's and the teacher's."""
         with_reference = self.needs_reference if with_reference is None else with_reference
+        with_teacher = self.recipe.distill is not None if with_teacher is None else with_teacher
+        if with_teacher and self.teacher_params is None:
+            raise ValueError(f"recipe {self.recipe.name!r} distils from a teacher: pass teacher= (train.teacher."
+                             "load_teacher) to the Learner")
         if with_reference and self.reference is None and self.frozen is None:
             raise ValueError("no reference policy: the learner keeps one when recipe.kl_beta > 0 (or with LoRA, "
                              "whose frozen base is the reference); call init first")
         critic_params = None if critic is None else critic.params
         plan = self.plan(seq)
-        return self._logprobs(params, self.frozen, self.reference, critic_params, self._device_rows(plan),
-                              with_reference=with_reference, max_segments=plan.max_segments)
+        return self._logprobs(params, self.frozen, self.reference, self.teacher_params if with_teacher else None,
+                              critic_params, self._device_rows(plan), with_reference=with_reference,
+                              max_segments=plan.max_segments)
 
-    def _logprobs_impl(self, params, frozen, reference, critic_params, rows: DeviceRows, *, with_reference,
+    def _logprobs_impl(self, params, frozen, reference, teacher, critic_params, rows: DeviceRows, *, with_reference,
                        max_segments):
         params = self.compute_params(params, frozen)
         if with_reference and reference is None:  # LoRA: the frozen base, in the compute dtype
             reference = self.compute_params(frozen)
 
-        def run(weights, *micro, **kwargs):
-            return head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
+        def run(weights, *micro, cfg=self.compute_cfg, **kwargs):
+            return head_logprobs(weights, cfg, *micro, temperature=self.temperature, remat="off",
                                   max_segments=max_segments, **kwargs)
 
         n, completion_width = rows.completion_index.shape
         zeros = jnp.zeros((n, completion_width), jnp.float32)
         empty = StepLogprobs(zeros, zeros, zeros if with_reference else None,
-                             zeros if critic_params is not None else None)
+                             zeros if critic_params is not None else None, zeros if teacher is not None else None)
 
         def one(m, micro):
             (logp, entropy), values = run(params, *micro, return_entropy=True, critic_params=critic_params)
             ref_logp = run(reference, *micro, return_entropy=False)[0] if with_reference else None
-            flat = StepLogprobs(logp, entropy, ref_logp, values)
+            teacher_logp = (None if teacher is None else
+                            run(teacher, *micro, cfg=self.teacher_cfg, return_entropy=False)[0])
+            flat = StepLogprobs(logp, entropy, ref_logp, values, teacher_logp)
             return jax.tree.map(lambda x: to_step_layout(x, rows, m, 0.0), flat)
 
         def accumulate(total, xs):

@@ -62,6 +62,7 @@ from jaxrl_llm.train.progress import Progress
 from jaxrl_llm.train.prompts import task_from_config
 from jaxrl_llm.train.runnable import RunPlan, plan_run
 from jaxrl_llm.train.sampling import step_sampling
+from jaxrl_llm.train.teacher import load_teacher
 from jaxrl_llm.train.tracking import WandbRun, require_wandb
 from jaxrl_llm.train.run_state import (RunPosition, check_lora_base, checkpoint_state, lora_checkpoint_metadata,
                                        make_learner, position_of)
@@ -120,7 +121,9 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     if engine is None:
         check_server_urls(cfg)  # a server that does not answer is named before any model loads
     policy = policy or load_policy(cfg.model.source)
-    learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh)
+    teacher = None if cfg.distill.teacher is None else load_teacher(cfg.distill.teacher, policy)
+    learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh, teacher=teacher)
+    del teacher  # the learner keeps its compute-dtype copy only
     state = learner.init(policy.params, seed=cfg.seed)
     lead = jax.process_index() == 0
     with contextlib.ExitStack() as stack:

@@ -37,10 +37,11 @@ def position_of(restored_state: dict) -> RunPosition:
     return RunPosition(int(restored_state["step"]), int(restored_state["weight_version"]))
 
 
-def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None) -> Learner:
-    """The run's learner; `recipe` None: the run plan's."""
+def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None, teacher=None) -> Learner:
+    """The run's learner; `recipe` None: the run plan's; `teacher` (train.teacher.Teacher) the
+    distillation teacher of a recipe that distils (only evaluation and export may leave it out)."""
     return Learner(policy.cfg, recipe or plan_run(cfg).recipe, cfg.train, total_steps=cfg.total_steps,
-                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic)
+                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic, teacher=teacher)
 
 
 def restore_params(cfg: Config, policy: Policy, step: int | None = None):

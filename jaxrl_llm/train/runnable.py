@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from jaxrl_llm import core
 from jaxrl_llm.data import EnvTask, Task
 from jaxrl_llm.train.async_rollout import staleness_corrected
+from jaxrl_llm.train.distill_config import check_distill, with_distillation
 from jaxrl_llm.train.task_plugins import is_env_task
 from jaxrl_llm.utils.typed_config import ConfigError
 
@@ -78,6 +79,7 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
         recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
     if rc.mask_truncated is not None:
         recipe = dataclasses.replace(recipe, mask_truncated=rc.mask_truncated)
+    recipe = with_distillation(recipe, cfg.distill)
     return dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
 
 
@@ -157,6 +159,7 @@ def _check(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
         raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
                           f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
                           "rollout.dynamic_sampling=false")
+    check_distill(cfg, recipe, plan.env_task)
     if plan.vineppo:
         _check_vineppo(cfg, plan, recipe)
     if plan.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:

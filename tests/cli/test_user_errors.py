@@ -26,6 +26,7 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
     (["train", "--config", "experiments/demo.py", "recipe.kl_beta=-0.1"], ["recipe.kl_beta"]),
     (["train", "--config", "experiments/demo.py", "recipe.sapo_tau_pos=2.0"],
      ["recipe.sapo_tau_pos = 2.0", "policy loss 'ppo_clip' has no 'tau_pos'", "recipe.loss in ['sapo']"]),
+    (["train", "--config", "experiments/demo.py", "recipe.name=opd"], ["recipe.name = 'opd'", "distill.teacher"]),
     (["train", "--config", "experiments/demo.py", "rollout.max_tokens=-3"], ["rollout.max_tokens", ">= 1"]),
     (["train", "--config", "experiments/demo.py", "rollout.engine=vlm"], ["rollout.engine", "did you mean 'vllm'"]),
     (["train", "--config", "experiments/demo.py", "task.name=jsonl"], ["task.jsonl_path"]),

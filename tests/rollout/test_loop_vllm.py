@@ -98,3 +98,36 @@ def test_dapo_dynamic_sampling_and_eval_every_through_vllm(vllm_server, smollm2,
     for r in records:
         assert np.asarray(r["correct"]).shape == (4, 2)
         assert r["pass@1"] == pytest.approx(np.mean(r["correct"]), abs=1e-6)
+
+
+@pytest.mark.slow  # ~70 s on 2 cores beside the shared server's start, as the GRPO case above
+def test_opd_through_vllm_with_the_student_as_teacher_gives_a_zero_signal(vllm_server, smollm2, tmp_path):
+    """On-policy distillation on the vLLM engine (`jaxrl train`, SmolLM2-135M): the teacher (the
+    bundled SmolLM2, the student's own weights) scores the server's samples in the learner's
+    pi_old pass; its signal is exactly 0 at every token, and its fp32 copy costs 4 bytes per
+    parameter."""
+    import jax
+    import numpy as np
+
+    server = vllm_server.get()
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(REPO / "experiments/demo.py"),
+           "recipe.name=opd", "distill.teacher=smollm2", "total_steps=2", "rollout.engine=vllm",
+           f"rollout.server_urls=[{server.url}]", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+           "rollout.max_tokens=8", "train.micro_batch_size=8", "checkpoint.every_steps=0",
+           "checkpoint.async_save=false", "metrics.tensorboard=false", f"run_dir={run_dir}",
+           f"model.source={smollm2.hf_dir}"]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:  # the shared server goes back to the base weights for the other tests
+        sync = DiskWeightSync(VLLMClient([server.url]), bridge_export(smollm2.cfg))
+        sync.push(smollm2.params, version=0)
+        sync.close()
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2] and [r["weight_version"] for r in rows] == [0.0, 1.0]
+    params = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(smollm2.params))
+    for r in rows:
+        assert r["teacher_signal_abs_max"] == 0.0 and r["teacher_reverse_kl"] == 0.0, r
+        assert r["num_response_tokens"] > 0 and r["teacher_bytes"] == 4 * params  # demo.py: train.precision=fp32

@@ -73,9 +73,9 @@ class SpacesTask(Task):
         return self._prompts.examples(split, n, seed=seed, unique=unique)
 
 
-def make_tiny_model_dir(out: Path) -> str:
-    """A random 2-layer decoder over SmolLM2's vocabulary, saved as an HF directory with
-    SmolLM2's tokenizer files (prompts render and tokenise for real)."""
+def make_tiny_model_dir(out: Path, seed: int = 0) -> str:
+    """A random 2-layer decoder over SmolLM2's vocabulary (init from PRNGKey(seed)), saved as an
+    HF directory with SmolLM2's tokenizer files (prompts render and tokenise for real)."""
     import jax
 
     from jaxrl_llm import bridge
@@ -83,7 +83,7 @@ def make_tiny_model_dir(out: Path) -> str:
     from jaxrl_llm.models.config import tiny_decoder_config
 
     cfg = tiny_decoder_config()
-    params = init_params(cfg, jax.random.key(0))
+    params = init_params(cfg, jax.random.key(seed))
     params = {**params, "embed": params["embed"] * EMBED_SCALE}
     bridge.save_hf_dir(cfg, params, out, tokenizer_dir=bridge.smollm2_hf_dir())
     return str(out)

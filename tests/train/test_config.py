@@ -31,7 +31,7 @@ TRAIN_KEYS = [
     "loss_scale_min",
 ]
 TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train", "critic", "vineppo",
-            "task", "shaping", "checkpoint", "metrics", "mesh"]
+            "task", "shaping", "checkpoint", "metrics", "mesh", "distill"]
 
 
 def test_unknown_key_lists_valid_keys_and_suggests_closest():
