@@ -40,6 +40,8 @@ def experiment_parser(description: str, *, name: str,
     parser.add_argument("--out", default=None,
                         help=f"output directory (default runs/experiments/{name}/<quick|full>)")
     parser.add_argument("--fresh", action="store_true", help="delete earlier results in --out first")
+    parser.add_argument("--results", default=None, help="also write the stored result (verdict computed by the "
+                        f"experiment's rule) here; a deciding run writes experiments/results/{name}.json")
     parser.add_argument("overrides", nargs="*",
                         help="dotted overrides applied to every variant, e.g. total_steps=4 train.lr=1e-5")
     return parser
