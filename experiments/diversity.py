@@ -210,6 +210,15 @@ def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: s
     plt.close(fig)
 
 
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE (`verdict`) on the stored paired intervals of the kept seeds."""
+    from jaxrl_llm.reports.results import number
+
+    return verdict(number(numbers, "darling - grpo pass@1"), number(numbers, "darling - grpo pass@16"),
+                   min_pairs=MIN_PAIRS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)

@@ -122,6 +122,14 @@ INTERVAL_KEYS = ("reward first", "reward last", "length_correct first", "length_
                  "length_incorrect first", "length_incorrect last", "d length_incorrect")
 
 
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE (`verdict`) on the stored paired interval."""
+    from jaxrl_llm.reports.results import number
+
+    return verdict(number(numbers, "grpo - dr_grpo d length_incorrect"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     parser = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS))

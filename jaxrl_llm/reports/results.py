@@ -57,7 +57,7 @@ class ExperimentResult:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict {self.verdict!r} of {self.name} is invalid; valid: one of {VERDICTS}")
-        if self.headline not in self.numbers:
+        if (self.headline or self.verdict != "no verdict") and self.headline not in self.numbers:
             raise ValueError(f"headline {self.headline!r} of {self.name} is not among its numbers {list(self.numbers)}")
         if set(self.seeds) & set(self.tuning_seeds):
             raise ValueError(f"{self.name}: seeds {sorted(set(self.seeds) & set(self.tuning_seeds))} are tuning "
@@ -116,3 +116,31 @@ def keyed(per_seed: Mapping[int, float]) -> dict[str, float]:
 def interval_of(per_seed: Mapping[int, float] | Sequence[float]) -> stats.Interval:
     values = list(per_seed.values()) if isinstance(per_seed, Mapping) else list(per_seed)
     return stats.interval(values)
+
+
+def number(numbers: Mapping[str, Mapping[str, float]], key: str) -> stats.Interval:
+    """numbers[key] (a stored interval) as a stats.Interval: what a verdict rule reads."""
+    return stats.Interval(**{k: float(v) if k != "n" else int(v) for k, v in numbers[key].items()})
+
+
+def side(iv: stats.Interval) -> str:
+    """"above 0", "below 0" or "covers 0" (also with < 2 seeds: no interval)."""
+    if iv.n < 2 or not iv.excludes_zero():
+        return "covers 0"
+    return "above 0" if iv.low > 0 else "below 0"
+
+
+def experiment_module(name: str):
+    """experiments/<name>.py as a module (with experiments/ on sys.path, as when it runs as a
+    script): where its CLAIM, VERDICT_RULE and rule_verdict live."""
+    import importlib.util
+    import sys
+
+    folder = RESULTS_DIR.parent
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(f"experiment_{name}", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
