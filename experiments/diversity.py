@@ -221,7 +221,7 @@ def rule_verdict(numbers: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
-    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True).parse_args(argv)
     out = output_dir(args, NAME)
     from jaxrl_llm.reports.seed_curves import plot_seed_bands
     from jaxrl_llm.train.metrics import read_metrics

@@ -8,6 +8,9 @@ constant normaliser) and DAPO (token-mean), while the reward is similar?
 
     python experiments/length_bias.py --quick     # 3 runs x 8 steps, seed 0 only, ~12 min on 2 CPU cores
     python experiments/length_bias.py             # CPU full size: 3 recipes x 3 seeds x 16 steps of 8 x 8, ~3 h
+    python experiments/length_bias.py --quick --recipes grpo,dr_grpo --seeds 10,11,12,13 \\
+        --out runs/experiments/length_bias/deciding --results experiments/results/length_bias.json
+                                                  # the deciding run: paired GRPO - Dr. GRPO (VERDICT_RULE)
     jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
     jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
 
@@ -132,7 +135,7 @@ def rule_verdict(numbers: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
-    parser = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS))
+    parser = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True)
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {RECIPES} "
                         "(grpo first; the deciding run: grpo,dr_grpo)")
     args = parser.parse_args(argv)
