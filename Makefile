@@ -12,7 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
-	bench-op-profile bench-sampler-paired bench-async gpu-check experiments-quick experiments clean
+	bench-op-profile bench-sampler-paired bench-async gpu-check experiments-quick experiments results-table clean
 
 venv: $(STAMP)
 
@@ -86,6 +86,10 @@ experiments-quick: venv vllm-env
 
 experiments: venv vllm-env
 	for e in $(EXPERIMENTS); do $(PY) experiments/$$e.py; done
+
+# The results tables of README.md and experiments/README.md, from experiments/results/*.json.
+results-table: venv
+	$(PY) -m jaxrl_llm.reports.results_table
 
 # BENCH_ARGS: e.g. --shapes 4x128 --dtypes float32 --profile (see --help).
 bench-model: venv

@@ -52,6 +52,18 @@ def get_config(arg: str = "grpo", seed: int = 0) -> Config:
     return cfg
 
 
+
+# ------------------------------------------------------------- the verdict rule (issue 36)
+CLAIM = "wrong answers grow under GRPO in long reasoning (Liu et al. 2025, arXiv 2503.20783)"
+VERDICT_RULE = ("no verdict on a CPU: the GPU-scale config was never run; the CPU run is a code-path check "
+                "(reward 0 in every sample, so no gradient)")
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE: a code-path check gives no verdict."""
+    return "no verdict"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     out = output_dir(args, NAME)

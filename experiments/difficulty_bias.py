@@ -35,6 +35,23 @@ def get_config(arg: str = "") -> Config:
                            max_tokens=32, seed=1)
 
 
+
+# ------------------------------------------------------------- the verdict rule (issue 36)
+CLAIM = "the group-std normaliser up-weights too-easy and too-hard prompts (Liu et al. 2025, arXiv 2503.20783)"
+VERDICT_RULE = ("an identity on logged groups, no seed noise: reproduced if the measured E|A| agrees with the "
+                "closed form to 1e-4 on every group and the std normaliser raises the gradient share of the p = 1/8 "
+                "and p = 7/8 groups (ratio > 1); not reproduced otherwise")
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE on the stored numbers."""
+    from jaxrl_llm.reports.results import number
+
+    agree = number(numbers, "max |measured - closed form| E|A|").mean < 1e-4
+    raised = all(number(numbers, f"gradient share with / without std, p = {p}").mean > 1 for p in ("1/8", "7/8"))
+    return "reproduced" if agree and raised else "not reproduced"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = experiment_parser(__doc__, name=NAME)
     parser.add_argument("--runs", nargs="*", default=None, help="run directories with groups.jsonl to measure")

@@ -21,9 +21,9 @@ k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
 
     python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
     python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
-    python experiments/diversity.py --seeds 0,1,2,3,4,5,6,7 --out runs/experiments/diversity/decisive \\
-        rollout.max_tokens=2 train.lr=1e-2 total_steps=200 task.eval_every=50
-                                                # the decisive run (experiments/README.md section 8)
+    python experiments/diversity.py --seeds 100,101,...,115 --out runs/experiments/diversity/deciding \\
+        --results experiments/results/diversity.json rollout.max_tokens=2 train.lr=1e-2 total_steps=200 \\
+        task.eval_every=50              # the deciding run: DECIDING_SEEDS x DECIDING, VERDICT_RULE
 
 Writes to runs/experiments/diversity/<quick|full>/: <variant>_s<seed>/ (runs), model/ (the
 digit decoder), pass_at_k.png (final pass@k curve, mean and 95% band over seeds, seeds as
@@ -34,6 +34,9 @@ and the verdict).
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -120,15 +123,63 @@ def seed_row(metrics: Sequence[dict], evals: Sequence[dict]) -> dict:
             "train pass rate (last third)": window_mean(metrics, "pass_rate", last=third)}
 
 
-def verdict(diff_pass1: stats.Interval, diff_passk: stats.Interval) -> str:
-    """The claim, read off paired DARLING - GRPO intervals over seeds: reproduced when
-    pass@16 rises (interval above 0) and pass@1 does not fall (interval not below 0); not
-    reproduced when pass@16 falls or pass@1 falls; otherwise inconclusive at this scale."""
-    if diff_passk.n < 2:
-        return "inconclusive at this scale (one seed: no interval)"
+# ------------------------------------------- the deciding run: fixed before it ran (issue 36)
+# Seed 0 chose the learning rate (the gate of experiments/README.md section 8): a tuning seed,
+# never counted. The deciding run uses 16 fresh seeds and the settings below, all fixed here
+# before it ran; its verdict is `verdict` applied to the pairs `diverged` keeps.
+TUNING_SEEDS = (0,)
+DECIDING_SEEDS = tuple(range(100, 116))
+DECIDING = ("rollout.max_tokens=2", "train.lr=1e-2", "total_steps=200", "task.eval_every=50")
+MIN_PAIRS = 8
+CLAIM = "DARLING raises pass@16 without lowering pass@1 (Li et al. 2025, arXiv 2509.02534)"
+EXCLUSION_RULE = ("a run has diverged when its held-out pass@16 at the final evaluation is 0 (no held-out "
+                  "prompt solved in 16 samples: the non-digit output seen at lr 3e-2); a seed counts only when "
+                  "neither variant diverged; each variant's divergence count is reported")
+VERDICT_RULE = (f"on the kept seeds, paired DARLING - GRPO at the final evaluation, 95% Student-t: reproduced if "
+                f"the pass@16 interval lies above 0 and the pass@1 interval's upper end is >= 0; not reproduced if "
+                f"the pass@16 or the pass@1 interval lies below 0; otherwise, or with fewer than {MIN_PAIRS} kept "
+                f"seeds, inconclusive")
+
+
+def diverged(row: dict) -> bool:
+    """EXCLUSION_RULE on one run's `seed_row`."""
+    return row["pass@16"] == 0
+
+
+def verdict(diff_pass1: stats.Interval, diff_passk: stats.Interval, *, min_pairs: int = 2) -> str:
+    """VERDICT_RULE on paired DARLING - GRPO intervals over the kept seeds."""
+    if diff_passk.n < max(2, min_pairs):
+        return "inconclusive"
     if diff_passk.high < 0 or diff_pass1.high < 0:
         return "not reproduced"
-    return "reproduced" if diff_passk.low > 0 else "inconclusive at this scale"
+    return "reproduced" if diff_passk.low > 0 else "inconclusive"
+
+
+def deciding_result(per_seed: dict, seeds: Sequence[int], *, command: str, wall_s: float | None):
+    """The stored result (reports/results.py) of a run: EXCLUSION_RULE, then VERDICT_RULE."""
+    from jaxrl_llm.reports.results import ExperimentResult, keyed, paired
+
+    out = {v: {s: per_seed[(v, s)] for s in seeds} for v in VARIANTS}
+    excluded = {str(s): "+".join(v for v in VARIANTS if diverged(out[v][s])) + " diverged"
+                for s in seeds if any(diverged(out[v][s]) for v in VARIANTS)}
+    kept = [s for s in seeds if str(s) not in excluded]
+    keys = ("pass@1", "pass@16", "distinct correct / prompt")
+    diffs = {k: paired({s: out["darling"][s][k] for s in kept}, {s: out["grpo"][s][k] for s in kept}) for k in keys}
+    numbers = {f"darling - grpo {k}": stats.interval(list(d.values())).to_dict() for k, d in diffs.items()}
+    for v in VARIANTS:
+        numbers[f"{v} diverged (of {len(seeds)})"] = {"mean": float(sum(diverged(out[v][s]) for s in seeds)),
+                                                       "low": float("nan"), "high": float("nan"), "n": len(seeds)}
+    reading = verdict(stats.Interval(**numbers["darling - grpo pass@1"]),
+                      stats.Interval(**numbers["darling - grpo pass@16"]), min_pairs=MIN_PAIRS)
+    return ExperimentResult(
+        name=NAME, title="diversity: GRPO vs DARLING, many-answers task, tiny digit decoder", claim=CLAIM,
+        setting="multiple_of, digit decoder, 4 prompts x 8 samples, " + ", ".join(DECIDING),
+        command=command, seeds=tuple(kept), tuning_seeds=TUNING_SEEDS, statistic="paired DARLING - GRPO, "
+        "held-out pass@1 / pass@16 (unbiased, 16 prompts x 16 samples) at the final step",
+        interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE, verdict=reading,
+        headline="darling - grpo pass@16", numbers=numbers, exclusion_rule=EXCLUSION_RULE, excluded=excluded,
+        per_seed={f"{v} {k}": keyed({s: out[v][s][k] for s in seeds}) for v in VARIANTS for k in keys},
+        wall_s=wall_s)
 
 
 def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: str) -> None:
@@ -159,8 +210,18 @@ def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: s
     plt.close(fig)
 
 
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE (`verdict`) on the stored paired intervals of the kept seeds."""
+    from jaxrl_llm.reports.results import number
+
+    return verdict(number(numbers, "darling - grpo pass@1"), number(numbers, "darling - grpo pass@16"),
+                   min_pairs=MIN_PAIRS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    start = time.perf_counter()
+    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True).parse_args(argv)
     out = output_dir(args, NAME)
     from jaxrl_llm.reports.seed_curves import plot_seed_bands
     from jaxrl_llm.train.metrics import read_metrics
@@ -203,6 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                   config={"name": NAME, "quick": args.quick, "seeds": list(seeds),
                           "variants": {f"{v}_s{s}": c.to_dict() for (v, s), c in done.configs.items()}})
     print(f"wrote {out}/pass_at_k.png, seeds.png, summary.md")
+    if args.results:
+        from jaxrl_llm.reports.results import write_result
+
+        command = "python experiments/diversity.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        path = write_result(deciding_result(per_seed, seeds, command=command, wall_s=time.perf_counter() - start),
+                            args.results)
+        print(f"wrote {path}")
     return 0
 
 

@@ -8,6 +8,9 @@ constant normaliser) and DAPO (token-mean), while the reward is similar?
 
     python experiments/length_bias.py --quick     # 3 runs x 8 steps, seed 0 only, ~12 min on 2 CPU cores
     python experiments/length_bias.py             # CPU full size: 3 recipes x 3 seeds x 16 steps of 8 x 8, ~3 h
+    python experiments/length_bias.py --quick --recipes grpo,dr_grpo --seeds 10,11,12,13 \\
+        --out runs/experiments/length_bias/deciding --results experiments/results/length_bias.json
+                                                  # the deciding run: paired GRPO - Dr. GRPO (VERDICT_RULE)
     jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
     jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
 
@@ -23,6 +26,9 @@ Writes to runs/experiments/length_bias/<quick|full>/:
 """
 from __future__ import annotations
 
+import shlex
+import sys
+import time
 from typing import Sequence
 
 import numpy as np
@@ -38,6 +44,48 @@ RECIPES = ("grpo", "dr_grpo", "dapo")
 # The --quick size: half the prompts per step, half the steps, one seed.
 QUICK = ("total_steps=8", "rollout.prompts_per_step=4")
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
+
+# ------------------------------------------- the deciding run: fixed before it ran (issue 36)
+# The claim is comparative, so the statistic is the paired GRPO - Dr. GRPO difference of the
+# change in incorrect-response length, seed by seed (same seed = same prompts and first samples).
+# Seeds 0-2 ran the earlier sizes; the deciding run (the --quick size, GRPO and Dr. GRPO only)
+# uses fresh seeds. No setting was tuned on any seed; no exclusion rule (every seed counts).
+DECIDING_SEEDS = (10, 11, 12, 13)
+CLAIM = "incorrect responses grow longer under GRPO than under Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)"
+STATISTIC = ("paired GRPO - Dr. GRPO difference of the change in mean incorrect-response length "
+             "(last 3 steps minus first 3, pooled over their responses), per seed")
+VERDICT_RULE = ("95% Student-t interval of the paired difference over seeds: reproduced if it lies above 0, "
+                "not reproduced if it lies below 0, otherwise inconclusive (also with one seed)")
+
+
+def verdict(diff: stats.Interval) -> str:
+    """VERDICT_RULE on the paired GRPO - Dr. GRPO interval."""
+    if diff.n < 2 or not diff.excludes_zero():
+        return "inconclusive"
+    return "reproduced" if diff.low > 0 else "not reproduced"
+
+
+def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], *, setting: str, command: str,
+                    wall_s: float | None):
+    """The stored result (reports/results.py): VERDICT_RULE on the paired difference."""
+    from jaxrl_llm.reports.results import ExperimentResult, keyed, paired
+
+    by_seed = {r: {s: row for s, row in zip(seeds, rows)} for r, rows in per_seed.items()}
+    per = {f"{r} {k}": keyed({s: by_seed[r][s][k] for s in seeds}) for r in by_seed
+           for k in ("d length_incorrect", "d length_correct", "reward last")}
+    numbers = {}
+    for k in ("d length_incorrect", "d length_correct"):
+        diff = paired({s: by_seed["grpo"][s][k] for s in seeds}, {s: by_seed["dr_grpo"][s][k] for s in seeds})
+        per[f"grpo - dr_grpo {k}"] = keyed(diff)
+        numbers[f"grpo - dr_grpo {k}"] = stats.interval(list(diff.values())).to_dict()
+    for r in by_seed:
+        numbers[f"{r} d length_incorrect"] = stats.interval(list(per[f"{r} d length_incorrect"].values())).to_dict()
+    return ExperimentResult(
+        name=NAME, title="length bias, length-dependent reward (SmolLM2-135M, 1-digit addition)", claim=CLAIM,
+        setting=setting, command=command, seeds=tuple(seeds), statistic=STATISTIC,
+        interval_method="mean and 95% Student-t over seeds, paired by seed", verdict_rule=VERDICT_RULE,
+        verdict=verdict(stats.Interval(**numbers["grpo - dr_grpo d length_incorrect"])),
+        headline="grpo - dr_grpo d length_incorrect", numbers=numbers, per_seed=per, wall_s=wall_s)
 
 
 def get_config(arg: str = "grpo", seed: int = 0) -> Config:
@@ -77,30 +125,45 @@ INTERVAL_KEYS = ("reward first", "reward last", "length_correct first", "length_
                  "length_incorrect first", "length_incorrect last", "d length_incorrect")
 
 
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE (`verdict`) on the stored paired interval."""
+    from jaxrl_llm.reports.results import number
+
+    return verdict(number(numbers, "grpo - dr_grpo d length_incorrect"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    start = time.perf_counter()
+    parser = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True)
+    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {RECIPES} "
+                        "(grpo first; the deciding run: grpo,dr_grpo)")
+    args = parser.parse_args(argv)
+    recipes = tuple(r.strip() for r in args.recipes.split(","))
+    if recipes[0] != "grpo" or len(recipes) < 2 or not set(recipes) <= set(RECIPES):
+        parser.error(f"--recipes {args.recipes!r} is invalid; valid: grpo first, then one or both of {RECIPES[1:]}")
     out = output_dir(args, NAME)
     from jaxrl_llm.train.metrics import read_groups, read_metrics
     from jaxrl_llm.train.plots import plot_runs
 
-    done = run_seeded_experiment(args, out, RECIPES, get_config, QUICK)
+    done = run_seeded_experiment(args, out, recipes, get_config, QUICK)
     seeds, configs, runs = done.seeds, done.configs, done.runs
-    first = [runs[(r, seeds[0])] for r in RECIPES]
+    first = [runs[(r, seeds[0])] for r in recipes]
 
     plot_runs(first, ["reward", "length_correct", "length_incorrect", "length_mean", "truncated_fraction",
-                      "entropy"], out / "training.png", title=f"Length bias: seed {seeds[0]}, three recipes")
-    curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in RECIPES}
-    max_tokens = configs[(RECIPES[0], seeds[0])].rollout.max_tokens
+                      "entropy"], out / "training.png", title=f"Length bias: seed {seeds[0]}, {len(recipes)} recipes")
+    curves = {r: [per_step_lengths(read_groups(runs[(r, s)])) for s in seeds] for r in recipes}
+    max_tokens = configs[(recipes[0], seeds[0])].rollout.max_tokens
     plot_seed_bands(curves, ("reward", "length_correct", "length_incorrect"), out / "seeds.png",
                     title=f"Length bias: {len(seeds)} seed(s) per recipe", limits=reward_length_limits(max_tokens))
     # The analytic view on real data: each recipe's implied per-token weight, from the
     # gradient of its loss, on the groups the GRPO runs actually sampled (all seeds pooled).
     batch = bias_report.batch_from_groups([g for s in seeds for g in read_groups(runs[("grpo", s)])], max_tokens)
-    analytic = bias_report.run(str(out / "analytic"), recipes=RECIPES, batch=batch)
+    analytic = bias_report.run(str(out / "analytic"), recipes=recipes, batch=batch)
     exponents = {row["recipe"]: row["length_exponent"] for row in analytic}
 
     rows = []
-    for r in RECIPES:
+    for r in recipes:
         per_seed = [summarise(r, read_metrics(runs[(r, s)]), read_groups(runs[(r, s)])) for s in seeds]
         row = {"recipe": r, "seeds": len(seeds), "steps": per_seed[0]["steps"]}
         for key in INTERVAL_KEYS:
@@ -130,6 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                   config={"name": NAME, "quick": args.quick, "seeds": list(seeds), "overrides": list(args.overrides),
                           "variants": {f"{r}_s{s}": c.to_dict() for (r, s), c in configs.items()}})
     print(f"wrote {out}/training.png, seeds.png, {out}/analytic/length_bias.png, {out}/summary.md")
+    if args.results and "dr_grpo" in recipes:
+        from jaxrl_llm.reports.results import write_result
+
+        cfg = configs[("grpo", seeds[0])]
+        setting = (f"{cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
+                   f"{cfg.rollout.samples_per_prompt} samples, max {cfg.rollout.max_tokens} tokens, lr {cfg.train.lr}, "
+                   f"{cfg.train.precision}, {cfg.rollout.engine} sampler; recipes {', '.join(recipes)}")
+        command = "python experiments/length_bias.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        per_seed = {r: row["per seed"] for r, row in zip(recipes, rows)}
+        path = write_result(deciding_result(per_seed, seeds, setting=setting, command=command,
+                                            wall_s=time.perf_counter() - start), args.results)
+        print(f"wrote {path}")
     return 0
 
 

@@ -190,6 +190,28 @@ def report(out, study: MechanismStudy, logs: dict[str, list[dict]], *, quick: bo
 
 
 
+
+# ------------------------------------------------------------- the verdict rule (issue 36)
+CLAIM = ("GRPO: wrong answers lengthen and right ones shorten on a length-neutral task; constant normaliser "
+         "(Dr. GRPO): no drift; token-mean (DAPO) in between (Liu et al. 2025, arXiv 2503.20783)")
+VERDICT_RULE = ("95% Student-t intervals over seeds of d split (q_wrong - q_right, last step minus step 0): "
+                "reproduced if GRPO's lies below 0, Dr. GRPO's covers 0 and DAPO's lies below 0 with a mean above "
+                "GRPO's; not reproduced if GRPO's lies above 0, Dr. GRPO's excludes 0 or DAPO's lies above 0; "
+                "otherwise inconclusive")
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE on the stored d split intervals."""
+    from jaxrl_llm.reports.results import number, side
+
+    grpo, dr, dapo = (number(numbers, f"{r} d split") for r in ("grpo", "dr_grpo", "dapo"))
+    if side(grpo) == "above 0" or side(dr) != "covers 0" or side(dapo) == "above 0":
+        return "not reproduced"
+    if side(grpo) == "below 0" and side(dapo) == "below 0" and dapo.mean > grpo.mean:
+        return "reproduced"
+    return "inconclusive"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = experiment_parser(__doc__, name=NAME)
     args = parser.parse_args(argv)

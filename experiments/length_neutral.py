@@ -117,6 +117,20 @@ def verdict(paired: dict) -> str:
     return "inconclusive"
 
 
+
+# ------------------------------------------------------------- the verdict rule (issue 36)
+CLAIM = ("under GRPO wrong answers grow and right ones shorten relative to Dr. GRPO, on a length-neutral format "
+         "(Liu et al. 2025, arXiv 2503.20783)")
+VERDICT_RULE = ("paired GRPO - Dr. GRPO length change per seed, 95% Student-t: reproduced if the incorrect interval "
+                "lies above 0 and the correct one below 0, not reproduced if either lies on the other side, "
+                "otherwise inconclusive (`verdict`)")
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE (`verdict`) on the stored paired intervals."""
+    return verdict({f"{k} interval": numbers[f"grpo - dr_grpo {k}"] for k in ("length_incorrect", "length_correct")})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     out = output_dir(args, NAME)

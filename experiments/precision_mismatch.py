@@ -41,6 +41,27 @@ def get_config(arg: str = "") -> PrecisionStudy:
     return SIZES[arg]
 
 
+
+# ------------------------------------------------------------- the verdict rule (issue 36)
+CLAIM = "FP16 cuts the sampler-learner mismatch by an order of magnitude against BF16 (Qi et al. 2025, arXiv 2510.26788)"
+VERDICT_RULE = ("k3 per token, bf16 / fp16 ratio of matched sampler-learner pairs, per sampling seed; 95% Student-t "
+                "interval of log(ratio) over seeds, exponentiated: reproduced if its lower end is >= 10 for both "
+                "engines, not reproduced if either upper end is < 10, otherwise inconclusive")
+RATIO_KEYS = ("vllm k3 bf16/fp16", "jax k3 bf16/fp16")
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE on the stored ratio intervals."""
+    from jaxrl_llm.reports.results import number
+
+    ivs = [number(numbers, k) for k in RATIO_KEYS if k in numbers]
+    if len(ivs) < len(RATIO_KEYS) or any(iv.n < 2 for iv in ivs):
+        return "inconclusive"
+    if any(iv.high < 10 for iv in ivs):
+        return "not reproduced"
+    return "reproduced" if all(iv.low >= 10 for iv in ivs) else "inconclusive"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = experiment_parser(__doc__, name=NAME)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of jax,vllm")

@@ -59,6 +59,24 @@ def seed_row(records: list[dict]) -> dict:
             "s/step": window_mean(records, "time_step_s")}
 
 
+
+# ------------------------------------------------------------- the verdict rule (issue 36)
+CLAIM = "reward -> 1.0 on a learnable set, FP16 stable"
+VERDICT_RULE = ("share of runs (every precision and seed) whose step reward reaches >= 0.9: reproduced if all do "
+                "and no fp16 update was skipped, not reproduced if fewer than half do, otherwise inconclusive")
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE on the stored numbers."""
+    from jaxrl_llm.reports.results import number
+
+    share = number(numbers, "share of runs reaching reward >= 0.9").mean
+    skipped = number(numbers, "fp16 updates skipped").mean
+    if share < 0.5:
+        return "not reproduced"
+    return "reproduced" if share == 1.0 and skipped == 0 else "inconclusive"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     out = output_dir(args, NAME)

@@ -4,10 +4,13 @@ side with references taken in the same run.
     python -m jaxrl_llm.benchmarks.rollout [--dtypes float32,bfloat16] [--prompts 8] [--n 8]
                                            [--max-tokens 64] [--sync-iters 3] [--no-jax] [--compile]
                                            [--table-batches 8,64,256] [--table-lengths 32,256] [--no-table]
+                                           [--table-modes compiled,eager] [--table-stops eos,fixed] [--table-seeds 0,1,2]
 
 First, the ratio table: JAX sampler tokens/s / vLLM-CPU (float32) tokens/s at
-each batch size and completion length, both engines timed back to back per
-cell on one server (`bench_ratio_table`).
+each batch size, completion length and stop kind (EOS stop; fixed length with
+ignore_eos on both engines, so both draw the same tokens), for vLLM compiled
+(its default) and eager, max_num_seqs >= the batch, >= 3 seeds per cell with
+both engines timed in turns (`bench_ratio_table`).
 
 For each server dtype, one real vLLM server is started and measured:
 
@@ -35,6 +38,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -172,43 +176,118 @@ def bench_jax_sampler(cfg, params, prompts, args) -> dict:
             "tokens_per_s": tokens / seconds}
 
 
-def bench_ratio_table(hf_dir: str, cfg, params, args) -> list[dict]:
-    """Generation throughput of the JAX sampler and of one float32 vLLM server, cell by cell:
-    every batch size (8 prompts x batch/8 samples) at every completion length, same prompts,
-    temperature 1, seed 0, EOS stop, float32 both; each cell times the two engines in turns,
-    ``args.table_rounds`` times each (the JAX program is compiled by an untimed first call),
-    keeps each engine's fastest round (on a shared machine the slow rounds are other jobs'
-    load, not the engine) and records the load."""
+STOPS = {"eos": False, "fixed": True}  # cell kind -> SamplingParams.ignore_eos
+
+
+class CellTiming(NamedTuple):
+    """One seed of one cell: each engine's seconds and completion tokens."""
+    seed: int
+    jax_s: float
+    jax_tokens: int
+    vllm_s: float
+    vllm_tokens: int
+
+
+def log_ratio_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of `ratios` with its Student-t interval on the log scale (a ratio's
+    interval stays positive): (mean, low, high); low = high = nan with one ratio."""
+    from scipy import stats
+
+    logs = np.log(np.asarray(ratios, np.float64))
+    mean = float(np.exp(logs.mean()))
+    if logs.size < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + level / 2, logs.size - 1)) * float(logs.std(ddof=1)) / np.sqrt(logs.size)
+    return mean, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+
+
+def time_cell(sampler, engine, prompts, n: int, max_tokens: int, stop: str, seeds: list[int]) -> list[CellTiming]:
+    """Both engines on one cell, seed by seed, in turns (the first engine alternates); an
+    untimed call of each first (the JAX program of this shape compiles, vLLM warms up). A
+    fixed-length cell must draw batch x max_tokens tokens on both engines."""
+    sampling = {s: SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=s, ignore_eos=STOPS[stop])
+                for s in seeds}
+    sampler.generate(prompts, n, sampling[seeds[0]])
+    engine.generate(prompts, n, sampling[seeds[0]])
+    timings = []
+    for i, seed in enumerate(seeds):
+        engines = (sampler, engine) if i % 2 == 0 else (engine, sampler)
+        got = {id(e): timed_generate(e, prompts, n, sampling[seed])[1:] for e in engines}
+        (jax_s, jax_tokens), (vllm_s, vllm_tokens) = got[id(sampler)], got[id(engine)]
+        if STOPS[stop] and not jax_tokens == vllm_tokens == len(prompts) * n * max_tokens:
+            raise RuntimeError(f"fixed-length cell drew {jax_tokens} (JAX) / {vllm_tokens} (vLLM) tokens, "
+                               f"not {len(prompts) * n} x {max_tokens}: ignore_eos did not hold")
+        timings.append(CellTiming(seed, jax_s, jax_tokens, vllm_s, vllm_tokens))
+    return timings
+
+
+def cell_summary(mode: str, stop: str, batch: int, max_tokens: int, timings: list[CellTiming], load: tuple) -> dict:
+    ratios = [(t.jax_tokens / t.jax_s) / (t.vllm_tokens / t.vllm_s) for t in timings]
+    ratio, low, high = log_ratio_interval(ratios)
+    return {"vllm_mode": mode, "stop": stop, "batch": batch, "max_tokens": max_tokens,
+            "load_before": load[0], "load_after": os.getloadavg()[0], "seeds": [t.seed for t in timings],
+            "jax_tokens_per_s": float(np.mean([t.jax_tokens / t.jax_s for t in timings])),
+            "vllm_tokens_per_s": float(np.mean([t.vllm_tokens / t.vllm_s for t in timings])),
+            "jax_tokens": sum(t.jax_tokens for t in timings), "vllm_tokens": sum(t.vllm_tokens for t in timings),
+            "ratio": ratio, "ratio_low": low, "ratio_high": high, "ratio_per_seed": ratios,
+            "per_seed": [t._asdict() for t in timings]}
+
+
+def ratio_markdown(cells: list[dict], startups: dict[str, float]) -> str:
+    """The table of docs/benchmarks.md: one row per cell, each number's vLLM mode named."""
+    lines = ["| vLLM mode (startup) | stop | batch x new tokens | JAX tok/s | vLLM tok/s | JAX / vLLM, geometric mean "
+             "[95% t on log] (n seeds) | tokens JAX / vLLM | load |", "|" + "---|" * 8]
+    for c in cells:
+        interval = f"[{c['ratio_low']:.2f}, {c['ratio_high']:.2f}]" if np.isfinite(c["ratio_low"]) else "(no interval)"
+        lines.append(f"| {c['vllm_mode']} ({startups[c['vllm_mode']]:.0f} s) | {c['stop']} | {c['batch']} x "
+                     f"{c['max_tokens']} | {c['jax_tokens_per_s']:.0f} | {c['vllm_tokens_per_s']:.0f} | "
+                     f"**{c['ratio']:.2f}x** {interval} ({len(c['seeds'])}) | {c['jax_tokens']} / {c['vllm_tokens']} | "
+                     f"{c['load_before']:.1f}-{c['load_after']:.1f} |")
+    return "\n".join(lines)
+
+
+def bench_ratio_table(hf_dir: str, cfg, params, args) -> tuple[list[dict], dict[str, float]]:
+    """Generation throughput of the JAX sampler and of a float32 vLLM server, cell by cell, for
+    each vLLM mode (`compiled`: vLLM's default torch.compile; `eager`: --enforce-eager): every
+    batch size (8 prompts x batch/8 samples) x completion length x stop kind (`eos`: each
+    engine stops at EOS, so the two draw different numbers of tokens; `fixed`: ignore_eos on
+    both, every row runs to max_tokens, the same number of tokens), temperature 1, float32
+    both, the server's max_num_seqs >= the largest batch. Each cell runs `args.table_seeds`
+    sampling seeds, both engines in turns per seed, and reports the geometric mean of the
+    per-seed ratios with its interval on the log scale, and the load. Returns the cells and
+    each mode's server startup seconds."""
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
 
     prompts = chat_prompts(hf_dir, 8)
     sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])
-    config = VLLMServerConfig(model_dir=hf_dir, dtype="float32", max_model_len=512, kv_cache_gib=args.table_kv_gib,
-                              enforce_eager=not args.compile)
-    cells = []
-    with VLLMServer(config) as server:
-        engine = VLLMEngine(VLLMClient([server.url]), None, servers=[server])
-        engine.generate(prompts[:1], 1, SamplingParams(max_tokens=4))  # first-request warm-up
-        print(f"  JAX sampler / vLLM float32, tokens/s ({len(prompts)} prompts x batch/{len(prompts)} samples, "
-              f"temperature 1, EOS stop; fastest of {args.table_rounds} calls each, in turns):", flush=True)
-        print("    batch  new tokens |   JAX tok/s   vLLM tok/s |  JAX / vLLM | load", flush=True)
-        for max_tokens in (int(x) for x in args.table_lengths.split(",")):
-            for batch in (int(x) for x in args.table_batches.split(",")):
-                n = max(1, batch // len(prompts))
-                sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0)
-                sampler.generate(prompts, n, sampling)  # compiles this shape
-                rounds = [(timed_generate(sampler, prompts, n, sampling)[1:],
-                           timed_generate(engine, prompts, n, sampling)[1:]) for _ in range(args.table_rounds)]
-                jax_s, jax_tokens = min(r[0] for r in rounds)  # same seed: the same tokens every round
-                vllm_s, vllm_tokens = min(r[1] for r in rounds)
-                cell = {"batch": len(prompts) * n, "max_tokens": max_tokens, "load": os.getloadavg()[0],
-                        "jax_tokens_per_s": jax_tokens / jax_s, "vllm_tokens_per_s": vllm_tokens / vllm_s,
-                        "jax_tokens": jax_tokens, "vllm_tokens": vllm_tokens}
-                cell["ratio"] = cell["jax_tokens_per_s"] / cell["vllm_tokens_per_s"]
-                cells.append(cell)
-                print(f"    {cell['batch']:5d}  {max_tokens:10d} | {cell['jax_tokens_per_s']:11.1f} "
-                      f"{cell['vllm_tokens_per_s']:12.1f} | {cell['ratio']:10.2f}x | {cell['load']:.1f}", flush=True)
-    return cells
+    batches = [int(x) for x in args.table_batches.split(",")]
+    seeds = [int(x) for x in args.table_seeds.split(",")]
+    cells, startups = [], {}
+    for mode in args.table_modes.split(","):
+        config = VLLMServerConfig(model_dir=hf_dir, dtype="float32", max_model_len=512,
+                                  kv_cache_gib=args.table_kv_gib, enforce_eager=mode == "eager",
+                                  max_num_seqs=max(max(batches), 128))
+        start = time.perf_counter()
+        with VLLMServer(config) as server:
+            startups[mode] = time.perf_counter() - start
+            engine = VLLMEngine(VLLMClient([server.url]), None, servers=[server])
+            engine.generate(prompts[:1], 1, SamplingParams(max_tokens=4))  # first-request warm-up
+            print(f"  vLLM {mode}: startup {startups[mode]:.1f} s; JAX sampler / vLLM float32 tokens/s, "
+                  f"{len(seeds)} seeds per cell in turns:", flush=True)
+            for stop in args.table_stops.split(","):
+                for max_tokens in (int(x) for x in args.table_lengths.split(",")):
+                    for batch in batches:
+                        n = max(1, batch // len(prompts))
+                        load = os.getloadavg()
+                        timings = time_cell(sampler, engine, prompts, n, max_tokens, stop, seeds)
+                        cells.append(cell_summary(mode, stop, len(prompts) * n, max_tokens, timings, load))
+                        c = cells[-1]
+                        print(f"    {mode:8s} {stop:5s} {c['batch']:4d} x {max_tokens:4d} | JAX "
+                              f"{c['jax_tokens_per_s']:8.1f} vLLM {c['vllm_tokens_per_s']:8.1f} tok/s | "
+                              f"{c['ratio']:.2f}x [{c['ratio_low']:.2f}, {c['ratio_high']:.2f}] | tokens "
+                              f"{c['jax_tokens']} / {c['vllm_tokens']} | load {c['load_before']:.1f}", flush=True)
+    print(ratio_markdown(cells, startups), flush=True)
+    return cells, startups
 
 
 def main(argv=None) -> dict:
@@ -224,9 +303,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--table-batches", default="8,64,256",
                         help="sequences per call of the JAX / vLLM ratio table (multiples of 8)")
     parser.add_argument("--table-lengths", default="32,256", help="new tokens per sequence of the ratio table")
-    parser.add_argument("--table-kv-gib", type=int, default=2, help="vLLM KV cache of the ratio table's server")
-    parser.add_argument("--table-rounds", type=int, default=2,
-                        help="timed calls per engine and cell of the ratio table, in turns; the fastest counts")
+    parser.add_argument("--table-kv-gib", type=int, default=3, help="vLLM KV cache of the ratio table's server")
+    parser.add_argument("--table-seeds", default="0,1,2", help="sampling seeds per cell of the ratio table (>= 3 "
+                        "for an interval worth the name), both engines in turns per seed")
+    parser.add_argument("--table-modes", default="compiled,eager",
+                        help="vLLM modes of the ratio table: compiled (vLLM's default) and/or eager")
+    parser.add_argument("--table-stops", default="eos,fixed",
+                        help="cell kinds: eos (each engine stops at EOS) and/or fixed (ignore_eos on both)")
     parser.add_argument("--no-table", action="store_true", help="skip the JAX / vLLM ratio table")
     parser.add_argument("--only-table", action="store_true", help="run the ratio table alone")
     args = parser.parse_args(argv)
@@ -237,7 +320,8 @@ def main(argv=None) -> dict:
     learner = make_learner_logprobs(cfg)
     results = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "servers": []}
     if not args.no_table:
-        results["ratio_table"] = bench_ratio_table(hf_dir, cfg, params, args)
+        results["ratio_table"], results["vllm_startup_s"] = bench_ratio_table(hf_dir, cfg, params, args)
+        results["load_average_end"] = os.getloadavg()
         if args.only_table:
             if args.out:
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)

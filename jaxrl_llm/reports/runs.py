@@ -26,10 +26,11 @@ from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, config_
 from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_metrics, read_run_info, write_run_info
 
 
-def experiment_parser(description: str, *, name: str,
-                      seeds: tuple[Sequence[int], Sequence[int]] | None = None) -> argparse.ArgumentParser:
+def experiment_parser(description: str, *, name: str, seeds: tuple[Sequence[int], Sequence[int]] | None = None,
+                      results: bool = False) -> argparse.ArgumentParser:
     """--quick, --out, --fresh and dotted config overrides, the same for every experiment;
-    with `seeds` = (full-size seeds, --quick seeds) also --seeds (read by `chosen_seeds`)."""
+    with `seeds` = (full-size seeds, --quick seeds) also --seeds (read by `chosen_seeds`); with
+    `results` also --results (where to write the stored result, reports/results.py)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if seeds is not None:
         full, quick = (tuple(s) for s in seeds)
@@ -40,6 +41,9 @@ def experiment_parser(description: str, *, name: str,
     parser.add_argument("--out", default=None,
                         help=f"output directory (default runs/experiments/{name}/<quick|full>)")
     parser.add_argument("--fresh", action="store_true", help="delete earlier results in --out first")
+    if results:
+        parser.add_argument("--results", default=None, help="also write the stored result (verdict computed by "
+                            f"the experiment's rule) here; a deciding run writes experiments/results/{name}.json")
     parser.add_argument("overrides", nargs="*",
                         help="dotted overrides applied to every variant, e.g. total_steps=4 train.lr=1e-5")
     return parser

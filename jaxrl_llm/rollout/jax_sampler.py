@@ -296,7 +296,8 @@ class JaxSampler:
         if params.first_row and not jax.config.jax_threefry_partitionable:
             raise ValueError("SamplingParams.first_row > 0 needs jax_threefry_partitionable=True (JAX's default "
                              "since 0.5) so that a row's noise does not depend on the batch size")
-        stop = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        # ignore_eos: only the request's own stop tokens end a row (-1, never sampled, keeps the array non-empty)
+        stop = sorted(set(() if params.ignore_eos else self.eos_token_ids) | set(params.stop_token_ids)) or [-1]
         seed = 0 if params.seed is None else params.seed
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])

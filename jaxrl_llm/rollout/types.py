@@ -37,6 +37,9 @@ class SamplingParams:
         tokenizer's EOS is always a stop token unless the engine is told
         otherwise).
       seed: base seed for reproducible sampling; None means unseeded.
+      ignore_eos: keep sampling past the engine's EOS tokens (vLLM's ignore_eos; the
+        JAX sampler drops its eos_token_ids from the stop set), so every sample runs to
+        max_tokens unless one of stop_token_ids ends it: fixed-length benchmark cells.
       first_row: index, in a larger batch, of this call's first sample (prompt
         p of the call, sample j is row first_row + p * n + j). Seeded noise is
         a function of (seed, row), so a batch split over several calls or
@@ -49,6 +52,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
     first_row: int = 0
 
     def __post_init__(self):
@@ -66,6 +70,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
         if self.seed is not None and not isinstance(self.seed, (int, np.integer)):
             raise ValueError(f"seed must be None or an int, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not isinstance(self.first_row, (int, np.integer)) or self.first_row < 0:
             raise ValueError(f"first_row must be an int >= 0, got {self.first_row!r}")
 

@@ -76,6 +76,7 @@ def completion_request_body(prompt_token_ids: Sequence[int], n: int, params: Sam
         "min_p": 0.0,
         "max_tokens": params.max_tokens,
         "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": params.ignore_eos,
         "seed": seed,
         "logprobs": 0,
         "return_token_ids": True,

@@ -88,6 +88,8 @@ class VLLMServerConfig:
         means max(max_model_len, 2048), 2048 being vLLM's CPU default.
         Without chunked prefill it must be >= max_model_len (a longer prompt
         could never be scheduled, and vLLM refuses to start).
+      max_num_seqs: sequences the server decodes at once; None leaves vLLM's CPU default
+        (128). A benchmark against an engine that decodes a whole batch sets it >= the batch.
       api_key: bearer token the server requires (required off loopback).
       seed: server-wide seed.
       enforce_eager: skip torch.compile. On CPU this saves the inductor
@@ -113,6 +115,7 @@ class VLLMServerConfig:
     kv_cache_gib: int = 2
     chunked_prefill: bool = False
     max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
     api_key: str | None = None
     seed: int = 0
     enforce_eager: bool = False
@@ -155,6 +158,10 @@ class VLLMServerConfig:
         """The limits vLLM would otherwise only report by failing to start."""
         if not isinstance(self.chunked_prefill, bool):
             raise ValueError(f"chunked_prefill must be True or False, got {self.chunked_prefill!r}")
+        seqs = self.max_num_seqs
+        if seqs is not None and (not isinstance(seqs, int) or seqs < 1 or seqs > self.token_budget):
+            raise ValueError(f"max_num_seqs must be None or an int in 1..{self.token_budget} (the step's token "
+                             f"budget, max_num_batched_tokens), got {seqs!r}")
         budget = self.max_num_batched_tokens
         if budget is None:
             return
@@ -194,6 +201,8 @@ def server_command(config: VLLMServerConfig, python: Path, port: int) -> list[st
         "--enable-chunked-prefill" if config.chunked_prefill else "--no-enable-chunked-prefill",
         "--disable-uvicorn-access-log",
     ]
+    if config.max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(config.max_num_seqs)]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
     if config.api_key:

@@ -32,7 +32,8 @@ def test_verdict_reads_the_paired_intervals():
     assert verdict(flat, up) == "reproduced"  # pass@16 up, pass@1 not down
     assert verdict(down, up) == "not reproduced"  # pass@1 fell
     assert verdict(flat, down) == "not reproduced"
-    assert verdict(flat, flat) == "inconclusive at this scale"
+    assert verdict(flat, flat) == "inconclusive"
+    assert verdict(flat, up, min_pairs=8) == "inconclusive"  # too few kept seeds
     assert verdict(Interval(0.0, math.nan, math.nan, 1), Interval(0.1, math.nan, math.nan, 1)).startswith("inconclusive")
 
 

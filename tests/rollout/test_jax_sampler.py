@@ -154,6 +154,28 @@ def test_stop_tokens_end_completions(tiny):
     assert rec.finish_reason == "stop"
 
 
+def test_ignore_eos_runs_every_row_to_max_tokens(tiny):
+    """ignore_eos (the fixed-length cells of bench-rollout): the EOS no longer ends a row, a
+    request's own stop token still does. Reference: the greedy tokens drawn with an EOS that
+    never occurs in them."""
+    _, cfg, params = tiny
+    free = JaxSampler(cfg, params, eos_token_ids=[EOS]).generate(
+        PROMPTS[:1], n=1, params=SamplingParams(top_k=1, max_tokens=6, seed=0)).records[0].completion_token_ids
+    eos = int(free[2])  # the third greedy token is this sampler's EOS
+    assert eos != EOS and len(free) == 6
+    sampler = JaxSampler(cfg, params, eos_token_ids=[eos])
+    stopped = sampler.generate(PROMPTS[:1], n=1, params=SamplingParams(top_k=1, max_tokens=6, seed=0)).records[0]
+    assert stopped.finish_reason == "stop" and len(stopped.completion_token_ids) == int(np.argmax(free == eos)) + 1
+    ignored = sampler.generate(PROMPTS, n=2, params=SamplingParams(top_k=1, max_tokens=6, seed=0, ignore_eos=True))
+    np.testing.assert_array_equal(ignored.records[0].completion_token_ids, free)
+    assert {len(r.completion_token_ids) for r in ignored} == {6} and {r.finish_reason for r in ignored} == {"length"}
+    own_stop = sampler.generate(PROMPTS[:1], n=1, params=SamplingParams(top_k=1, max_tokens=6, seed=0, ignore_eos=True,
+                                                                         stop_token_ids=(eos,))).records[0]
+    assert own_stop.finish_reason == "stop"
+    with pytest.raises(ValueError, match="ignore_eos must be True or False, got 1"):
+        SamplingParams(ignore_eos=1)
+
+
 def test_update_weights_bumps_version_and_changes_samples(tiny):
     _, cfg, params = tiny
     sampler = JaxSampler(cfg, params, eos_token_ids=[EOS])

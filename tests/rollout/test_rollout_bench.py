@@ -1,8 +1,11 @@
 """`make bench-rollout`'s JAX-sampler-vs-vLLM ratio table (`benchmarks.rollout`) at tiny size: one
 cell, both engines on the same prompts and seed, against the real vLLM CPU server it starts."""
 import json
+import math
+from types import SimpleNamespace
 
 import pytest
+from scipy import stats
 
 from jaxrl_llm.benchmarks import rollout
 
@@ -11,10 +14,47 @@ from jaxrl_llm.benchmarks import rollout
 @pytest.mark.vllm
 def test_ratio_table_at_tiny_size(vllm_env_built, tmp_path):
     out = tmp_path / "rollout.json"
-    rollout.main(["--only-table", "--table-batches", "8", "--table-lengths", "8",
-                  "--table-rounds", "1", "--out", str(out)])
-    (cell,) = json.loads(out.read_text())["ratio_table"]
-    assert cell["batch"] == 8 and cell["max_tokens"] == 8  # the table's 8 prompts x 1 sample
-    # at most 8 new tokens per sequence on each engine, and the ratio is the two rates' quotient
-    assert 0 < cell["jax_tokens"] <= 64 and 0 < cell["vllm_tokens"] <= 64
-    assert cell["ratio"] == pytest.approx(cell["jax_tokens_per_s"] / cell["vllm_tokens_per_s"])
+    rollout.main(["--only-table", "--table-batches", "8", "--table-lengths", "8", "--table-modes", "eager",
+                  "--table-seeds", "0,1", "--out", str(out)])
+    eos, fixed = json.loads(out.read_text())["ratio_table"]
+    for cell in (eos, fixed):
+        assert cell["batch"] == 8 and cell["max_tokens"] == 8 and cell["vllm_mode"] == "eager"
+        ratios = [(t["jax_tokens"] / t["jax_s"]) / (t["vllm_tokens"] / t["vllm_s"]) for t in cell["per_seed"]]
+        assert cell["ratio"] == pytest.approx(math.sqrt(ratios[0] * ratios[1]))  # geometric mean of 2 seeds
+    # at most 8 new tokens per sequence with EOS; exactly 8 on both engines with ignore_eos
+    assert 0 < eos["jax_tokens"] <= 2 * 64 and 0 < eos["vllm_tokens"] <= 2 * 64
+    assert fixed["jax_tokens"] == fixed["vllm_tokens"] == 2 * 64
+
+
+def test_log_ratio_interval_by_hand():
+    """Ratios 1, 2, 4: geometric mean 2; log sd = ln 2, so the 95% bound is 2 exp(+-t_{.975,2} ln2 / sqrt 3)."""
+    mean, low, high = rollout.log_ratio_interval([1.0, 2.0, 4.0])
+    half = stats.t.ppf(0.975, 2) * math.log(2) / math.sqrt(3)
+    assert (mean, low, high) == pytest.approx((2.0, 2 * math.exp(-half), 2 * math.exp(half)))
+    assert low > 0  # on the log scale a ratio's interval cannot go below 0
+    assert math.isnan(rollout.log_ratio_interval([3.0])[1])
+
+
+class FakeEngine:
+    """A stand-in engine (fake): every row returns `length` tokens; records the calls."""
+
+    def __init__(self, length):
+        self.length, self.calls = length, []
+
+    def generate(self, prompts, n, sampling):
+        self.calls.append(sampling)
+        return [SimpleNamespace(num_completion_tokens=self.length(sampling)) for _ in range(len(prompts) * n)]
+
+
+def test_time_cell_runs_every_seed_with_ignore_eos_and_checks_fixed_lengths():
+    jax_fake = FakeEngine(lambda sp: sp.max_tokens if sp.ignore_eos else 3)
+    vllm_fake = FakeEngine(lambda sp: sp.max_tokens if sp.ignore_eos else 2)
+    timings = rollout.time_cell(jax_fake, vllm_fake, [[1], [2]], 2, 16, "fixed", [0, 1, 2])
+    assert [t.seed for t in timings] == [0, 1, 2] and {t.jax_tokens for t in timings} == {t.vllm_tokens for t in timings} == {64}
+    assert all(sp.ignore_eos for sp in jax_fake.calls + vllm_fake.calls) and len(jax_fake.calls) == 4  # + 1 untimed
+    assert [sp.seed for sp in vllm_fake.calls] == [0, 0, 1, 2]
+    eos = rollout.time_cell(jax_fake, vllm_fake, [[1], [2]], 2, 16, "eos", [0, 1, 2])
+    assert {(t.jax_tokens, t.vllm_tokens) for t in eos} == {(12, 8)}  # EOS: each engine its own lengths
+    short = FakeEngine(lambda sp: 15)  # an engine that stops early although told to ignore EOS
+    with pytest.raises(RuntimeError, match="fixed-length cell drew 64 \\(JAX\\) / 60 \\(vLLM\\) tokens"):
+        rollout.time_cell(jax_fake, short, [[1], [2]], 2, 16, "fixed", [0])

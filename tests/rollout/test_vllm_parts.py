@@ -92,7 +92,8 @@ def test_request_body_is_explicit_about_every_sampling_field():
     assert body["prompt"] == [1, 2, 3] and body["n"] == 4 and body["seed"] == 11
     assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"]) == (0.7, 1.0, 0, 0.0)
     assert body["logprobs"] == 0 and body["return_token_ids"] and body["return_tokens_as_token_ids"]
-    assert body["stop_token_ids"] == [2] and body["max_tokens"] == 9
+    assert body["stop_token_ids"] == [2] and body["max_tokens"] == 9 and body["ignore_eos"] is False
+    assert completion_request_body([1], 1, SamplingParams(ignore_eos=True), "policy", seed=0)["ignore_eos"] is True
 
 
 def test_request_seeds_of_a_split_batch_equal_those_of_one_call(monkeypatch):
@@ -223,7 +224,11 @@ def test_server_command_and_environment_carry_the_rl_settings(tmp_path):
     assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     assert pairs["--logprobs-mode"] == "processed_logprobs" and pairs["--generation-config"] == "vllm"
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123" and pairs["--dtype"] == "float32"
-    assert pairs["--api-key"] == "k" and "--enforce-eager" in cmd
+    assert pairs["--api-key"] == "k" and "--enforce-eager" in cmd and "--max-num-seqs" not in cmd
+    wide = server_command(VLLMServerConfig(model_dir=tmp_path, max_num_seqs=256), Path("/py"), 8123)
+    assert dict(zip(wide, wide[1:]))["--max-num-seqs"] == "256"
+    with pytest.raises(ValueError, match=r"max_num_seqs must be None or an int in 1\.\.2048 .*got 0"):
+        VLLMServerConfig(model_dir=tmp_path, max_num_seqs=0)
     env = server_env(config)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["OMP_NUM_THREADS"] == "2" and "XLA_FLAGS" not in env

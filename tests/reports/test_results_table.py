@@ -1,0 +1,75 @@
+"""Stored experiment results (experiments/results/*.json, reports/results.py) and the READMEs'
+results tables written from them (`make results-table`, reports/results_table.py)."""
+import json
+import math
+
+import pytest
+
+from jaxrl_llm.reports import results_table
+from jaxrl_llm.reports.results import (RESULTS_DIR, ExperimentResult, experiment_module, read_results, write_result)
+
+FIELDS = ("name", "title", "claim", "setting", "command", "seeds", "tuning_seeds", "statistic", "interval_method",
+          "verdict_rule", "exclusion_rule", "verdict", "numbers", "per_seed", "commit", "machine", "wall_s", "source")
+
+
+def test_both_readmes_are_byte_identical_to_the_generated_tables():
+    """Issue 36 acceptance: `make results-table` regenerates both READMEs' tables from the files."""
+    rendered = results_table.rendered()
+    assert len(rendered) == 2
+    for path, text in rendered.items():
+        assert path.read_text() == text, f"{path} differs from `make results-table`; run it"
+
+
+def test_one_results_file_per_experiment_with_the_verdict_its_rule_gives():
+    stored = {r["name"]: r for r in read_results()}
+    assert set(stored) == set(results_table.SECTIONS)  # the eight experiments of experiments/README.md
+    for name, result in stored.items():
+        assert set(FIELDS) <= set(result), name
+        assert not set(result["seeds"]) & set(result["tuning_seeds"]), name
+        module = experiment_module(name)
+        assert result["verdict_rule"] == module.VERDICT_RULE and result["claim"] == module.CLAIM, name
+        # the verdict is computed by the experiment file's rule from the stored numbers, never typed
+        assert module.rule_verdict(result["numbers"]) == result["verdict"], name
+
+
+def hand_result(**changes):
+    fields = dict(name="diversity", title="T", claim="C", setting="S", command="python x.py", seeds=(3, 4, 5),
+                  statistic="d", interval_method="t", verdict_rule="R", verdict="inconclusive", headline="a - b x",
+                  numbers={"a - b x": {"mean": 0.25, "low": -0.5, "high": 1.0, "n": 3}}, tuning_seeds=(0,),
+                  excluded={"6": "grpo diverged"}, wall_s=3723.0, source="run")
+    fields.update(changes)
+    return ExperimentResult(**fields)
+
+
+def test_table_row_and_markers_from_a_hand_made_result(tmp_path):
+    path = write_result(hand_result(), tmp_path / "diversity.json",
+                        provenance={"commit": "abcdef0123", "machine": {"cpu": "CPU-X"}, "date": "d"})
+    stored = json.loads(path.read_text())
+    assert stored["seeds"] == [3, 4, 5] and stored["tuning_seeds"] == [0] and stored["commit"] == "abcdef0123"
+    text = results_table.table([stored], "experiments/README.md")
+    row = text.splitlines()[2].split(" | ")
+    assert row[0] == "| 8" and row[1].endswith("(experiments/README.md#8-diversity-grpo-vs-darling-on-a-task-with-"
+                                               "many-correct-answers)")
+    assert row[3] == "**inconclusive** (n = 3; 1 excluded by the fixed rule; tuning seed(s) 0 not counted)"
+    assert row[4] == "a - b x: +0.25 [-0.5, +1] (n = 3)"
+    assert row[5] == "1 h 2 min; CPU-X" and row[6] == "run, commit abcdef0 |"
+    readme = f"before\n{results_table.START}\nold\n{results_table.END}\nafter\n"
+    assert results_table.replace_between_markers(readme, "NEW", "R") == \
+        f"before\n{results_table.START}\nNEW\n{results_table.END}\nafter\n"
+    with pytest.raises(ValueError, match="needs exactly one"):
+        results_table.replace_between_markers("no markers", "NEW", "README.md")
+
+
+def test_result_refuses_a_tuning_seed_that_counts_and_an_unknown_verdict():
+    with pytest.raises(ValueError, match=r"seeds \[0\] are tuning seeds"):
+        hand_result(seeds=(0, 1, 2))
+    with pytest.raises(ValueError, match="verdict 'reproduced at this scale'.*valid: one of"):
+        hand_result(verdict="reproduced at this scale")
+    with pytest.raises(ValueError, match="headline 'missing'"):
+        hand_result(headline="missing")
+    assert math.isnan(hand_result(numbers={"a - b x": {"mean": 1.0, "low": math.nan, "high": math.nan, "n": 1}})
+                      .numbers["a - b x"]["low"])
+
+
+def test_results_dir_is_the_committed_folder():
+    assert RESULTS_DIR.name == "results" and RESULTS_DIR.parent.name == "experiments"
