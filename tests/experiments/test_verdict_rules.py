@@ -65,3 +65,14 @@ def test_precision_rule_asks_for_an_order_of_magnitude_on_both_engines():
     assert rule({"vllm k3 bf16/fp16": iv(66, 52, 81, 3), "jax k3 bf16/fp16": iv(6, 3, 9, 3)}) == "not reproduced"
     assert rule({"vllm k3 bf16/fp16": iv(66, 52, 81, 3), "jax k3 bf16/fp16": iv(20, 5, 40, 3)}) == "inconclusive"
     assert rule({"vllm k3 bf16/fp16": iv(66), "jax k3 bf16/fp16": iv(90)}) == "inconclusive"  # one seed
+
+
+def test_distill_addition_needs_half_the_gap_and_half_the_kl():
+    rule = experiment_module("distill_addition").rule_verdict
+    # base 0.2, teacher 0.9: half the gap is 0.35, so the student must reach 0.55; KL must fall below half
+    numbers = lambda student, kl_last: {"base pass@1": iv(0.2), "teacher pass@1": iv(0.9),  # noqa: E731
+                                        "student pass@1": iv(student), "teacher_reverse_kl first step": iv(1.0),
+                                        "teacher_reverse_kl last step": iv(kl_last)}
+    assert rule(numbers(0.56, 0.4)) == "reproduced"
+    assert rule(numbers(0.54, 0.4)) == "not reproduced"  # student short of half the gap
+    assert rule(numbers(0.9, 0.6)) == "not reproduced"  # KL fell, but not below half
