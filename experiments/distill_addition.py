@@ -88,6 +88,14 @@ def base_pass1(cfg: Config) -> float:
     return final_pass1(cfg.run_path)
 
 
+def stage_seconds(run: Path) -> float:
+    """A finished run's training wall time from its metrics.jsonl clock (model load not counted)."""
+    from jaxrl_llm.train.metrics import read_metrics
+
+    rows = read_metrics(run / "metrics.jsonl")
+    return float(rows[-1]["time"] - rows[0]["time"] + rows[0]["time_step_s"])
+
+
 def one(value: float) -> dict[str, float]:
     return {"mean": float(value), "low": float("nan"), "high": float("nan"), "n": 1}
 
@@ -101,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, results=True).parse_args(argv)
     if args.quick or args.out or args.overrides:
         raise SystemExit("distill_addition: one size only (no --quick, --out or overrides); see the docstring")
+    teacher_kept = (TEACHER_DIR / "metrics.jsonl").exists()
     teacher_run = train_or_resume(get_config("teacher"))
     student_cfg = get_config("student", str(teacher_run))
     student_run = train_or_resume(student_cfg)
@@ -109,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                "student pass@1": one(final_pass1(student_run)), "teacher_reverse_kl first step": one(kl[0]),
                "teacher_reverse_kl last step": one(kl[-1])}
     wall = time.perf_counter() - start
+    note = ""
+    if teacher_kept:  # an earlier invocation (or `jaxrl train --config ...:teacher`) trained it
+        wall += stage_seconds(teacher_run)
+        note = f"incl. the teacher stage trained before this invocation ({stage_seconds(teacher_run):.0f} s)"
     summary = {k: v["mean"] for k, v in numbers.items()} | {"teacher_reverse_kl per step": kl, "wall_s": wall}
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
@@ -122,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "student's teacher_reverse_kl at its first and last step", interval_method="none (1 seed)",
             verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), headline="student pass@1", numbers=numbers,
             per_seed={k: {"0": v["mean"]} for k, v in numbers.items()}, wall_s=wall,
-            wall_note="rerun time only" if wall < 120 else "")
+            wall_note=note)
         print(f"[experiment] wrote {write_result(result, args.results)}")
     return 0
 
