@@ -37,6 +37,7 @@ SECTIONS = {
     "length_neutral": Section(6, "6-length-bias-with-smollm2-on-a-length-neutral-format"),
     "chain_of_thought": Section(7, "7-chain-of-thought-setting"),
     "diversity": Section(8, "8-diversity-grpo-vs-darling-on-a-task-with-many-correct-answers"),
+    "distill_addition": Section(9, "9-on-policy-distillation-smollm2-1-digit-addition"),
 }
 COLUMNS = ("#", "experiment", "claim", "verdict (seeds that count)", "statistic: mean [95% interval] (n)",
            "wall time, machine", "source")
