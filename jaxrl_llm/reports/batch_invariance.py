@@ -65,10 +65,14 @@ def _token_ops(cfg: DecoderConfig, dtype, rng: np.random.RandomState) -> dict[st
     def mlp(proj):
         return lambda x, start, wg, wu, wd: proj(jax.nn.silu(proj(x, wg)) * proj(x, wu), wd)
 
-    def rope(x, start):
-        heads = x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))
-        positions = jnp.broadcast_to(start + jnp.arange(x.shape[1]), x.shape[:2])
-        return apply_rope(heads, positions, inv_freq).reshape(x.shape)
+    def rope(invariant):
+        def fn(x, start):
+            heads = x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))
+            positions = jnp.broadcast_to(start + jnp.arange(x.shape[1]), x.shape[:2])
+            if invariant:
+                return inv.apply_rope(heads, positions, inv_freq).reshape(x.shape)
+            return apply_rope(heads, positions, inv_freq).reshape(x.shape)
+        return fn
 
     def matmul(proj):
         return lambda x, start, w: proj(x, w)
@@ -82,7 +86,7 @@ def _token_ops(cfg: DecoderConfig, dtype, rng: np.random.RandomState) -> dict[st
         "q_proj": (matmul(project), matmul(inv.project), (weight(d, cfg.q_dim),), d),
         "k_proj": (matmul(project), matmul(inv.project), (weight(d, cfg.kv_dim),), d),
         "v_proj": (matmul(project), matmul(inv.project), (weight(d, cfg.kv_dim),), d),
-        "rope": (rope, rope, (), cfg.q_dim),
+        "rope": (rope(False), rope(True), (), cfg.q_dim),
         "o_proj": (matmul(project), matmul(inv.project), (weight(cfg.q_dim, d),), cfg.q_dim),
         "mlp": (mlp(project), mlp(inv.project), (weight(d, f), weight(d, f), weight(f, d)), d),
         "lm_head": (lambda x, start, e: lm_head_logits(x, {"embed": e}, cfg),
