@@ -69,7 +69,7 @@ class StepLogprobs(NamedTuple):
     """The learner's pass over a step batch before its updates, each float32 [N, T_c]."""
 
     logp: jax.Array  # pi_old
-    entropy: jax.Array
+    entropy: jax.Array | None  # None: pi_old reused from the sampler (train.reuse_sampler_logprobs), no pass
     ref_logp: jax.Array | None  # the reference policy's; None without one
     values: jax.Array | None = None  # the critic's V_t; None without one
 
@@ -88,7 +88,8 @@ class Learner:
     `update` (one optimiser step on one StepBatch)."""
 
     def __init__(self, model_cfg: DecoderConfig, recipe: core.Recipe, train_cfg, *, total_steps: int,
-                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, critic_cfg=None):
+                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, critic_cfg=None,
+                 batch_invariant: bool = False):
         if train_cfg.precision not in PRECISION_DTYPES:
             raise ValueError(f"train.precision={train_cfg.precision!r}; valid: {sorted(PRECISION_DTYPES)}")
         dtype = PRECISION_DTYPES[train_cfg.precision]
@@ -98,6 +99,8 @@ class Learner:
         self.train_cfg = train_cfg
         self.temperature = float(temperature)
         self.mesh = mesh
+        # pi_old by models.batch_invariant, one sequence per row: the JAX sampler's log-probs bit for bit
+        self.batch_invariant = bool(batch_invariant)
         # "auto": chosen at the first update from the compiled step's memory estimate (`_choose_remat`)
         self.remat = remat_setting(train_cfg.remat)
         self.remat_choice = None  # models.remat.RematChoice, once "auto" has chosen
@@ -174,11 +177,11 @@ class Learner:
     def _full_params_impl(self, frozen, adapters):
         return lora.merge(frozen, adapters, self.lora.scale)
 
-    def plan(self, seq: SequenceBatch) -> packing.RowPlan:
+    def plan(self, seq: SequenceBatch, *, pack: bool | None = None) -> packing.RowPlan:
         """Where `seq`'s sequences sit in the learner's micro-batches (`train.packing`): packed
-        first-fit-decreasing (`train.pack`) or one per row, R rows of W slots per micro-batch with
-        R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows), rounded up to
-        a multiple of the data-parallel devices."""
+        first-fit-decreasing (``pack``, default `train.pack`) or one per row, R rows of W slots per
+        micro-batch with R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows),
+        rounded up to a multiple of the data-parallel devices."""
         width = seq.tokens.shape[1]
         budget = self.train_cfg.micro_batch_tokens
         if budget is None:
@@ -189,7 +192,7 @@ class Learner:
         if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (tokens, attention_mask)):
             tokens, attention_mask = gather_to_host((tokens, attention_mask))  # rows over processes: collective
         return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
-                                 pack=self.train_cfg.pack)
+                                 pack=self.train_cfg.pack if pack is None else pack)
 
     def _device_rows(self, plan: packing.RowPlan) -> DeviceRows:
         per_micro = (plan.tokens, plan.segment_ids, plan.positions)
@@ -231,7 +234,8 @@ class Learner:
             raise ValueError("no reference policy: the learner keeps one when recipe.kl_beta > 0 (or with LoRA, "
                              "whose frozen base is the reference); call init first")
         critic_params = None if critic is None else critic.params
-        plan = self.plan(seq)
+        # batch-invariant: one sequence per row from slot 0, so each key sits at slot = position as in the sampler
+        plan = self.plan(seq, pack=False if self.batch_invariant else None)
         return self._logprobs(params, self.frozen, self.reference, critic_params, self._device_rows(plan),
                               with_reference=with_reference, max_segments=plan.max_segments)
 
@@ -243,7 +247,7 @@ class Learner:
 
         def run(weights, *micro, **kwargs):
             return head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
-                                  max_segments=max_segments, **kwargs)
+                                  max_segments=max_segments, batch_invariant=self.batch_invariant, **kwargs)
 
         n, completion_width = rows.completion_index.shape
         zeros = jnp.zeros((n, completion_width), jnp.float32)

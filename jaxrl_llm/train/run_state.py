@@ -40,7 +40,8 @@ def position_of(restored_state: dict) -> RunPosition:
 def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None) -> Learner:
     """The run's learner; `recipe` None: the run plan's."""
     return Learner(policy.cfg, recipe or plan_run(cfg).recipe, cfg.train, total_steps=cfg.total_steps,
-                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic)
+                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic,
+                   batch_invariant=cfg.rollout.batch_invariant)
 
 
 def restore_params(cfg: Config, policy: Policy, step: int | None = None):
