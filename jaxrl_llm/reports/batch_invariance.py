@@ -67,7 +67,7 @@ def _token_ops(cfg: DecoderConfig, dtype, rng: np.random.RandomState) -> dict[st
 
     def rope(invariant):
         def fn(x, start):
-            heads = x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))
+            heads = x.reshape(x.shape[:-1] + (cfg.num_heads, cfg.head_dim))
             positions = jnp.broadcast_to(start + jnp.arange(x.shape[1]), x.shape[:2])
             if invariant:
                 return inv.apply_rope(heads, positions, inv_freq).reshape(x.shape)
@@ -80,21 +80,23 @@ def _token_ops(cfg: DecoderConfig, dtype, rng: np.random.RandomState) -> dict[st
     def learner_log_softmax(z, start):  # logprobs_from_logits: z - logsumexp(z)
         return z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
 
+    tiled = lambda op: lambda x, start, *w: inv.by_tiles(lambda rows: op(rows, start, *w), x)  # as the model runs it
     return {
         "rms_norm": (lambda x, start, w: rms_norm(x, w, cfg.rms_norm_eps),
-                     lambda x, start, w: inv.rms_norm(x, w, cfg.rms_norm_eps), (weight(d) + 1,), d),
-        "q_proj": (matmul(project), matmul(inv.project), (weight(d, cfg.q_dim),), d),
-        "k_proj": (matmul(project), matmul(inv.project), (weight(d, cfg.kv_dim),), d),
-        "v_proj": (matmul(project), matmul(inv.project), (weight(d, cfg.kv_dim),), d),
+                     tiled(lambda x, start, w: inv.rms_norm(x, w, cfg.rms_norm_eps)), (weight(d) + 1,), d),
+        "q_proj": (matmul(project), tiled(matmul(project)), (weight(d, cfg.q_dim),), d),
+        "k_proj": (matmul(project), tiled(matmul(project)), (weight(d, cfg.kv_dim),), d),
+        "v_proj": (matmul(project), tiled(matmul(project)), (weight(d, cfg.kv_dim),), d),
         "rope": (rope(False), rope(True), (), cfg.q_dim),
-        "o_proj": (matmul(project), matmul(inv.project), (weight(cfg.q_dim, d),), cfg.q_dim),
-        "mlp": (mlp(project), mlp(inv.project), (weight(d, f), weight(d, f), weight(f, d)), d),
+        "o_proj": (matmul(project), tiled(matmul(project)), (weight(cfg.q_dim, d),), cfg.q_dim),
+        "mlp": (mlp(project), tiled(mlp(project)), (weight(d, f), weight(d, f), weight(f, d)), d),
         "lm_head": (lambda x, start, e: lm_head_logits(x, {"embed": e}, cfg),
-                    lambda x, start, e: inv.tiled_matmul(x, e, contract_w=1, out_dtype=jnp.float32),
+                    tiled(lambda x, start, e: jax.lax.dot_general(x, e, (((1,), (1,)), ((), ())),
+                                                                  preferred_element_type=jnp.float32)),
                     (weight(cfg.vocab_size, d),), d),
         # default: the sampler's jax.nn.log_softmax for a decode step, the learner's formula in the full forward
         "log_softmax": ((lambda z, start: jax.nn.log_softmax(z), learner_log_softmax),
-                        lambda z, start: inv.log_softmax(z), (), cfg.vocab_size),
+                        tiled(lambda z, start: inv.log_softmax(z)), (), cfg.vocab_size),
     }
 
 
