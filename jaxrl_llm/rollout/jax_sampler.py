@@ -271,7 +271,7 @@ class JaxSampler:
         self.long_generation = int(long_generation)
         self.compactions = int(compactions)
         self.cfg = cfg
-        self.params = params
+        self.params = self._placed(params)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_id = int(pad_id)
         self.prompt_bucket = int(prompt_bucket)
@@ -282,9 +282,14 @@ class JaxSampler:
     def weight_version(self) -> int:
         return self._version
 
+    def _placed(self, params: Any) -> Any:
+        """batch_invariant: the params on one device, so the program is not partitioned (a learner's
+        FSDP-sharded params would split the contractions over devices and sum in another order)."""
+        return jax.device_put(params, jax.local_devices()[0]) if self.batch_invariant else params
+
     def update_weights(self, params: Any) -> int:
-        """Swap in new params (no copy, no recompilation: params are a jit argument)."""
-        self.params = params
+        """Swap in new params (no recompilation: params are a jit argument; batch_invariant: onto one device)."""
+        self.params = self._placed(params)
         self._version += 1
         return self._version
 

@@ -194,6 +194,15 @@ class Learner:
         return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
                                  pack=self.train_cfg.pack if pack is None else pack)
 
+    def _unpartitioned(self, tree):
+        """Batch-invariant pi_old on a mesh: inputs and outputs replicated, so every device runs the
+        single-device program (a partitioned one splits the rows' tiles and the weights' contractions
+        over devices, and sums in another order; seen as 1-2 differing tokens a step on 8 CPU devices)."""
+        if not self.batch_invariant or self.mesh is None:
+            return tree
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, replicated), tree)
+
     def _device_rows(self, plan: packing.RowPlan) -> DeviceRows:
         per_micro = (plan.tokens, plan.segment_ids, plan.positions)
         rest = (plan.head_slots, plan.used, plan.completion_index, plan.micro_batch)
@@ -246,8 +255,10 @@ class Learner:
             reference = self.compute_params(frozen)
 
         def run(weights, *micro, **kwargs):
-            return head_logprobs(weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
-                                  max_segments=max_segments, batch_invariant=self.batch_invariant, **kwargs)
+            weights, micro = self._unpartitioned((weights, micro))
+            return self._unpartitioned(head_logprobs(
+                weights, self.compute_cfg, *micro, temperature=self.temperature, remat="off",
+                max_segments=max_segments, batch_invariant=self.batch_invariant, **kwargs))
 
         n, completion_width = rows.completion_index.shape
         zeros = jnp.zeros((n, completion_width), jnp.float32)
