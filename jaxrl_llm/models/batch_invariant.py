@@ -16,9 +16,10 @@ The fixes, one mechanism each:
   the axis zero-padded to a power of two. Elementwise IEEE adds round the same at any shape, and
   appending zeros only adds exact zeros at the root, so the sum of a row is a function of that
   row's values and their order alone, whatever the array's shape or the padding after them.
-* `tiled_matmul`: rows of x @ w in tiles of TILE rows (zero-padded), one dot of one fixed shape
-  [TILE, d] @ [d, o] per tile in a ``lax.map``: every row goes through the same kernel (a vmap
-  would not do it: XLA folds the batch back into one dot of any M).
+* `by_tiles`: every per-token op (projections, RMSNorm, RoPE, MLP, LM head) on tiles of TILE rows
+  (zero-padded), one program of one fixed shape per tile in a ``lax.map``: every row goes through
+  the same dot kernel and the same elementwise code (a vmap would not do it: XLA folds the batch
+  back into one op of any M).
 * `attention`: scores q.k and the weighted sum of values by `tree_sum` (over the head dim and
   over keys), max exact; keys are laid out by position (slot = position) in the cache and in the
   learner's rows, so the sum over keys sees the same values in the same order in both, followed
@@ -37,7 +38,7 @@ import numpy as np
 
 from jaxrl_llm.models import matmul
 
-TILE = 32  # rows per tile (`by_tiles`, `tiled_matmul`)
+TILE = 32  # rows per tile (`by_tiles`)
 KEY_BLOCK = 64  # keys per block of `attention`
 
 
@@ -68,25 +69,6 @@ def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
         x = jax.lax.index_in_dim(pairs, 0, axis + 1, keepdims=False) + \
             jax.lax.index_in_dim(pairs, 1, axis + 1, keepdims=False)
     return jax.lax.index_in_dim(x, 0, axis, keepdims=False)
-
-
-def tiled_matmul(x: jax.Array, w: jax.Array, *, contract_w: int = 0, out_dtype=None) -> jax.Array:
-    """x [..., d] times w ([d, o], or [o, d] with ``contract_w=1``) summed in float32, every row
-    through one dot of shape [TILE, d]; result in ``out_dtype`` (default x's dtype)."""
-    lead, width = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, width)
-    count = rows.shape[0]
-    tiles = _tiles(count, TILE)
-    rows = jnp.pad(rows, ((0, tiles * TILE - count), (0, 0))).reshape(tiles, TILE, width)
-    dims = (((1,), (contract_w,)), ((), ()))
-    out = _map(lambda tile: jax.lax.dot_general(tile, w, dims, preferred_element_type=jnp.float32), rows)
-    out = out.reshape(tiles * TILE, -1)[:count]
-    return out.reshape(lead + (out.shape[-1],)).astype(x.dtype if out_dtype is None else out_dtype)
-
-
-def project(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w in x's dtype (summed in float32), through `tiled_matmul`."""
-    return tiled_matmul(x, w.astype(x.dtype))
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

@@ -16,7 +16,7 @@ and names the first op that differs. Run: ``python -m jaxrl_llm.reports.batch_in
 from __future__ import annotations
 
 import argparse
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
