@@ -118,8 +118,9 @@ class Learner:
         self.critic_optimizer = critic_lib.make_critic_optimizer(critic_cfg) if self.needs_critic else None
         self._merge = jax.jit(self._full_params_impl)
         options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
+        # batch-invariant pi_old compiles as the sampler does: the learner's options change the dot kernels
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("with_reference", "max_segments"),
-                                 compiler_options=options)
+                                 compiler_options=None if self.batch_invariant else options)
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
         self._update = jax.jit(self._update_impl, static_argnames=("max_segments", "remat"), compiler_options=options)
         self._grads = jax.jit(self._grads_impl, static_argnames=("max_segments", "remat"), compiler_options=options)
