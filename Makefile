@@ -12,6 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
+	bench-batch-invariance \
 	bench-op-profile bench-sampler-paired bench-async gpu-check experiments-quick experiments results-table clean
 
 venv: $(STAMP)
@@ -132,6 +133,12 @@ SAMPLER_BEFORE ?= HEAD
 bench-sampler-paired: venv
 	git show $(SAMPLER_BEFORE):jaxrl_llm/rollout/jax_sampler.py > $(VENV)/jax_sampler_before.py
 	$(PY) -m jaxrl_llm.benchmarks.sampler_paired --before $(VENV)/jax_sampler_before.py $(BENCH_ARGS)
+
+# Bitwise on-policy (issue 37): which forward op differs by batch / cache layout, default vs batch-invariant
+# ops (probe), then what batch invariance costs (sampler tokens/s, the learner pass reuse skips).
+bench-batch-invariance: venv
+	$(PY) -m jaxrl_llm.reports.batch_invariance
+	$(PY) -m jaxrl_llm.benchmarks.batch_invariance $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs .test-record

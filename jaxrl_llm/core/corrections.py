@@ -206,6 +206,7 @@ def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
       mismatch_k1 = sum m d / sum m                   (estimates KL(mu || pi_old))
       mismatch_k2 = sum m d^2 / (2 sum m)
       mismatch_k3 = sum m (expm1(-d) + d) / sum m     (d clamped to +-20)
+      mismatch_tokens_differing = sum m [log mu != log pi_old]  (a count; 0 when sampling is batch-invariant)
       mismatch_prob_diff_max / _min = max / min of mu_t - pi_old_t in probability
       mismatch_prob_pearson = Pearson correlation of (mu_t, pi_old_t) probabilities
         (0 when either has zero variance)
@@ -238,6 +239,7 @@ def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
         "mismatch_k1": k1,
         "mismatch_k2": k2,
         "mismatch_k3": k3,
+        "mismatch_tokens_differing": jnp.sum(valid & (log_ratio != 0)).astype(jnp.float32),
         "mismatch_prob_diff_max": diff_max,
         "mismatch_prob_diff_min": diff_min,
         "mismatch_prob_pearson": _pearson(sampler_prob, old_prob, valid),

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.models import batch_invariant as invariant
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
 from jaxrl_llm.models.attention import (ATTENTION_BLOCKS, MIN_ATTENTION_BLOCK,  # noqa: F401  (importable from here)
                                         attention_block_size, cache_window_sizes, causal_attention, grouped_attention,
@@ -130,6 +131,7 @@ class DecoderLayer(nn.Module):
 
     cfg: DecoderConfig
     cache_window: int | None = None
+    batch_invariant: bool = False  # models.batch_invariant.block; write_at: the slot of each token [B, T]
 
     def _param(self, name, shape, init):
         return self.param(name, init, shape, jnp_dtype(self.cfg.param_dtype))
@@ -138,6 +140,13 @@ class DecoderLayer(nn.Module):
     def __call__(self, carry, layer_index, positions, visible, write_at):
         cfg = self.cfg
         dtype = jnp_dtype(cfg.compute_dtype)
+        if self.batch_invariant:
+            inits = {"dense": nn.initializers.normal(0.02), "ones": nn.initializers.ones,
+                     "zeros": nn.initializers.zeros}
+            w = {name: self._param(name, shape, inits[init]).astype(dtype)
+                 for name, shape, init in invariant.layer_param_specs(cfg)}
+            return invariant.block(w, cfg, carry[0], carry[1], layer_index, positions, visible, write_at,
+                                   rope_inverse_frequencies(cfg)), None
         dense_init = nn.initializers.normal(0.02)
         d, hd = cfg.hidden_size, cfg.head_dim
         hidden, kv = carry
@@ -199,6 +208,7 @@ class Decoder(nn.Module):
     cfg: DecoderConfig
     remat: bool | str = False  # models.remat: "off", "dots", "full" (True = "full")
     cache_window: int | None = None
+    batch_invariant: bool = False  # models.batch_invariant: a row's numbers independent of its batch and layout
     unroll_layers: bool = False  # one copy of the layer per layer instead of a loop (``unroll_layer_loop``)
 
     @nn.compact
@@ -219,11 +229,12 @@ class Decoder(nn.Module):
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             unroll=cfg.num_layers if self.unroll_layers else 1,
-        )(cfg, self.cache_window, name="layers")
+        )(cfg, self.cache_window, self.batch_invariant, name="layers")
         (hidden, kv), _ = layers((hidden, kv), jnp.arange(cfg.num_layers), positions, visible, write_at)
 
         final_norm = self.param("final_norm", nn.initializers.ones, (cfg.hidden_size,), param_dtype)
-        hidden = rms_norm(hidden, final_norm, cfg.rms_norm_eps)
+        norm = invariant.final_norm if self.batch_invariant else rms_norm
+        hidden = norm(hidden, final_norm, cfg.rms_norm_eps)
         head = None
         if not cfg.tie_word_embeddings:
             head = self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), param_dtype)
@@ -277,7 +288,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: dict | None = None, return_hidden: bool = False, remat: bool | str = False,
-            cache_window: int | None = None, max_segments: int | None = None):
+            cache_window: int | None = None, max_segments: int | None = None, batch_invariant: bool = False):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
 
     Without a cache: causal attention within the row, restricted to equal non-zero
@@ -294,6 +305,9 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     from slot 0 with padding after them, as the learner's packed rows do. Given, cuDNN attention
     (NVIDIA GPUs, bf16/fp16) reads the segments' spans instead of a dense mask
     (``models.fused_attention.SegmentSpans``); elsewhere it changes nothing.
+    ``batch_invariant``: `models.batch_invariant`'s ops; each row's result is then bitwise independent
+    of the batch and of cached vs full computation. With a cache, each token then sits at
+    slot = its position (prompts right-padded; no ``cache_window``).
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
@@ -303,7 +317,7 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     remat_mode(remat)  # a bad name fails here, not inside a trace
     if cache is not None:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
-                               cache_window)
+                               cache_window, batch_invariant)
     if segment_ids is None:
         segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask
         segment_ids = segment_ids.astype(jnp.int32)
@@ -314,12 +328,12 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     causal = jnp.tril(jnp.ones((length, length), bool))
     same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
     visible = causal[None] & same_segment & (segment_ids[:, None, :] != 0)
-    if max_segments is not None and use_cudnn_attention(jnp_dtype(cfg.compute_dtype), cfg.head_dim) \
+    if max_segments is not None and not batch_invariant and use_cudnn_attention(jnp_dtype(cfg.compute_dtype), cfg.head_dim) \
             and use_cudnn_segments():
         visible = segment_spans(segment_ids, visible, max_segments)
     unroll = unroll_layer_loop(cfg, jax.default_backend(), remat_mode(remat))
-    out, _ = Decoder(cfg, remat=remat, unroll_layers=unroll).apply({"params": params}, tokens, positions, visible,
-                                                                   return_hidden=return_hidden)
+    out, _ = Decoder(cfg, remat=remat, unroll_layers=unroll, batch_invariant=batch_invariant).apply(
+        {"params": params}, tokens, positions, visible, return_hidden=return_hidden)
     return out, None
 
 
@@ -343,7 +357,7 @@ def _concrete_int(x) -> int | None:
 
 
 def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
-                    cache_window=None):
+                    cache_window=None, batch_invariant=False):
     if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache; use attention_mask")
     batch, length = tokens.shape
@@ -362,9 +376,13 @@ def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids,
     query_slot = end + jnp.arange(length)
     causal = jnp.arange(max_len)[None, :] <= query_slot[:, None]  # [T, S]
     visible = causal[None] & slot_mask[:, None, :]
+    write_at = end
+    if batch_invariant:
+        write_at, slot_mask, visible = invariant.cache_slots(cache["mask"], mask, positions)
     kv = {"k": cache["k"], "v": cache["v"]}
-    decoder = Decoder(cfg, cache_window=cache_window)
-    out, kv = decoder.apply({"params": params}, tokens, positions, visible, kv, end, return_hidden=return_hidden)
+    decoder = Decoder(cfg, cache_window=None if batch_invariant else cache_window, batch_invariant=batch_invariant)
+    out, kv = decoder.apply({"params": params}, tokens, positions, visible, kv, write_at,
+                            return_hidden=return_hidden)
     new_cache = {"k": kv["k"], "v": kv["v"], "mask": slot_mask, "end": end + length,
                  "next_pos": cache["next_pos"] + jnp.sum(mask, axis=1, dtype=jnp.int32)}
     return out, new_cache

@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models import batch_invariant as invariant
 from jaxrl_llm.models.config import DecoderConfig
 from jaxrl_llm.models.decoder import forward, jnp_dtype, lm_head_logits
 
@@ -182,12 +183,18 @@ def fused_chunked_logprobs(hidden: jax.Array, targets: jax.Array, weight: jax.Ar
 
 def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: dict, cfg: DecoderConfig, *,
                                  temperature: float = 1.0, chunk_size: int = 128, return_entropy: bool = False,
-                                 fused: bool = True):
+                                 fused: bool = True, batch_invariant: bool = False):
     """Log-probs of targets [B, N] under LM-head logits of hidden [B, N, D], ``chunk_size`` positions at a time.
 
     ``fused``: ``fused_chunked_logprobs``'s hand-written VJP; False: checkpointed chunks under autodiff.
+    ``batch_invariant``: `models.batch_invariant.token_logprobs` (the JAX sampler's numbers, bit for bit).
     """
     _check_temperature(temperature)
+    if batch_invariant:
+        tied = cfg.tie_word_embeddings
+        return invariant.token_logprobs(hidden.astype(jnp_dtype(cfg.compute_dtype)), targets,
+                                        params["embed"] if tied else params["lm_head"], tied, temperature,
+                                        return_entropy)
     if fused:
         tied = cfg.tie_word_embeddings
         weight = params["embed"] if tied else params["lm_head"]
@@ -211,7 +218,7 @@ def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: 
 def token_logprobs(params: dict, cfg: DecoderConfig, tokens: jax.Array, *, attention_mask: jax.Array | None = None,
                    segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
                    temperature: float = 1.0, chunk_size: int = 128, return_entropy: bool = False,
-                   remat: bool | str = False):
+                   remat: bool | str = False, batch_invariant: bool = False):
     """logp [B, T-1] float32: log pi(tokens[:, t+1] | tokens[:, :t+1]) at ``temperature``
     (+ entropy [B, T-1] of that next-token distribution when ``return_entropy``).
 
@@ -219,6 +226,7 @@ def token_logprobs(params: dict, cfg: DecoderConfig, tokens: jax.Array, *, atten
     meaningless: the caller masks them (e.g. with attention_mask[:, 1:]).
     """
     hidden, _ = forward(params, cfg, tokens, positions=positions, attention_mask=attention_mask,
-                        segment_ids=segment_ids, return_hidden=True, remat=remat)
+                        segment_ids=segment_ids, return_hidden=True, remat=remat, batch_invariant=batch_invariant)
     return chunked_logprobs_from_hidden(hidden[:, :-1], tokens[:, 1:], params, cfg, temperature=temperature,
-                                        chunk_size=chunk_size, return_entropy=return_entropy)
+                                        chunk_size=chunk_size, return_entropy=return_entropy,
+                                        batch_invariant=batch_invariant)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.models import DecoderConfig, forward, init_cache, lm_head_logits
+from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
 
 _NEG_INF = -jnp.inf
@@ -158,11 +158,12 @@ def _spread_prompt_cache(cache: dict, source_rows: jax.Array, max_tokens: int) -
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact",
-                                             "min_rows", "compactions", "cache_window"))
+                                             "min_rows", "compactions", "cache_window",
+                                             "batch_invariant"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids,
               source_rows=None, live=None, *, max_tokens: int, top_k: int | None, use_top_p: bool,
               first_row: int = 0, compact: bool = True, min_rows: int = 8, compactions: int = 12,
-              cache_window: int | None = None):
+              cache_window: int | None = None, batch_invariant: bool = False):
     """prompt_tokens/prompt_mask [P, Lp] left-padded distinct prompts -> (tokens [B, max_tokens],
     logprobs [B, max_tokens], lengths [B], stopped [B]) for B = len(source_rows) rows, row i
     continuing prompt ``source_rows[i]`` (default: one row per prompt). Each distinct prompt
@@ -176,20 +177,33 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     ``compactions`` steps, not below ``min_rows`` rows). A row's numbers do not depend on
     which rows share its batch (its uniform is indexed by its output row), so compaction
     changes the work, not the samples (up to matmul rounding). ``cache_window`` (slots; None: the whole cache):
-    decode steps attend over the filled windows of the cache only (same numbers)."""
+    decode steps attend over the filled windows of the cache only (same numbers).
+    ``batch_invariant``: prompts are RIGHT-padded, the model runs `models.batch_invariant`'s ops
+    (each token at cache slot = its position) and the loop carries log pi(. | row) from
+    `models.batch_invariant.head_logprobs` instead of logits: every number of a row is then
+    independent of its batch and equal to the learner's (``forward(batch_invariant=True)``)."""
     unique, prompt_len = prompt_tokens.shape
     source_rows = jnp.arange(unique, dtype=jnp.int32) if source_rows is None else source_rows
     batch = source_rows.shape[0]
     live = jnp.ones((batch,), bool) if live is None else live
+    greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
+    scale = jnp.where(greedy, 1.0, temperature)
     cache = init_cache(cfg, unique, prompt_len)
-    hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True)
-    last_logits = lm_head_logits(hidden[:, -1], params, cfg)[source_rows]
+    hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True,
+                            batch_invariant=batch_invariant)
+    if batch_invariant:  # right-padded prompts: the last real token of each; the loop carries log-probs
+        tied = cfg.tie_word_embeddings
+        head = functools.partial(invariant.head_logprobs, weight=params["embed" if tied else "lm_head"], tied=tied,
+                                 temperature=scale)
+        last_hidden = hidden[jnp.arange(unique), jnp.sum(prompt_mask, axis=1) - 1]
+    else:
+        head = functools.partial(lm_head_logits, params=params, cfg=cfg)
+        last_hidden = hidden[:, -1]
+    last_logits = head(last_hidden)[source_rows]
     cache = _spread_prompt_cache(cache, source_rows, max_tokens)
 
-    greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
-
     def sample(logits, rows, step):
-        logp = filtered_logprobs(logits, jnp.where(greedy, 1.0, temperature), top_k, top_p, use_top_p)
+        logp = logits if batch_invariant else filtered_logprobs(logits, scale, top_k, top_p, use_top_p)
         # Rows first_row.. of a [first_row + B] draw: with JAX's partitionable threefry an
         # element's value depends on its index only, so a split batch draws the numbers of one call.
         uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + batch,))[first_row:]
@@ -202,8 +216,8 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
         out_row = jnp.where(active, s.rows, batch)  # finished rows write nowhere (dropped)
         stopped = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
         hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=s.cache,
-                                return_hidden=True, cache_window=cache_window)
-        return _Decode(s.step + 1, cache, lm_head_logits(hidden[:, 0], params, cfg), s.rows, s.done | stopped,
+                                return_hidden=True, cache_window=cache_window, batch_invariant=batch_invariant)
+        return _Decode(s.step + 1, cache, head(hidden[:, 0]), s.rows, s.done | stopped,
                        s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
                        s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
                        s.out_lengths.at[out_row].add(1, mode="drop"),
@@ -240,11 +254,14 @@ class JaxSampler:
       long_generation: from this many max_tokens on, finished rows are compacted away down
         to a single row (below it, down to 8 rows: fewer loops to compile for short calls).
       compactions: at most this many shrink steps of the decode batch (`compaction_sizes`).
+      batch_invariant: each row's samples and log-probs bitwise independent of its batch, equal to
+        the learner's ``forward(batch_invariant=True)`` (`_generate`); top_p = 1 and top_k off only.
     """
 
     def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
                  prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0,
-                 cache_window: int | None = 32, long_generation: int = 128, compactions: int = 12):
+                 cache_window: int | None = 32, long_generation: int = 128, compactions: int = 12,
+                 batch_invariant: bool = False):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one stop token id")
         if cache_window is not None and cache_window < 1:
@@ -252,10 +269,11 @@ class JaxSampler:
         if long_generation < 1 or compactions < 0:
             raise ValueError(f"long_generation ({long_generation}) must be >= 1 and compactions ({compactions}) >= 0")
         self.cache_window = cache_window
+        self.batch_invariant = bool(batch_invariant)
         self.long_generation = int(long_generation)
         self.compactions = int(compactions)
         self.cfg = cfg
-        self.params = params
+        self.params = self._placed(params)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_id = int(pad_id)
         self.prompt_bucket = int(prompt_bucket)
@@ -266,9 +284,14 @@ class JaxSampler:
     def weight_version(self) -> int:
         return self._version
 
+    def _placed(self, params: Any) -> Any:
+        """batch_invariant: the params on one device, so the program is not partitioned (a learner's
+        FSDP-sharded params would split the contractions over devices and sum in another order)."""
+        return jax.device_put(params, jax.local_devices()[0]) if self.batch_invariant else params
+
     def update_weights(self, params: Any) -> int:
-        """Swap in new params (no copy, no recompilation: params are a jit argument)."""
-        self.params = params
+        """Swap in new params (no recompilation: params are a jit argument; batch_invariant: onto one device)."""
+        self.params = self._placed(params)
         self._version += 1
         return self._version
 
@@ -287,10 +310,14 @@ class JaxSampler:
         batch = _round_up(len(rows), self.batch_bucket)
         tokens = np.full((_round_up(len(prompts), self.batch_bucket), width), self.pad_id, np.int32)
         mask = np.zeros(tokens.shape, bool)
+        if self.batch_invariant and (params.top_k is not None or params.top_p < 1.0):
+            raise ValueError(f"batch_invariant sampling needs top_p = 1 and top_k = None (the learner's full softmax), "
+                             f"got top_p={params.top_p}, top_k={params.top_k}")
+        start = (lambda p: 0) if self.batch_invariant else (lambda p: width - p.size)  # right- or left-padded
         for i, p in enumerate(prompts):
-            tokens[i, width - p.size:] = p
-            mask[i, width - p.size:] = True
-        mask[len(prompts):, -1] = True  # filler prompts: one visible token so attention is never empty
+            tokens[i, start(p):start(p) + p.size] = p
+            mask[i, start(p):start(p) + p.size] = True
+        mask[len(prompts):, 0 if self.batch_invariant else -1] = True  # filler prompts: one visible token
         source_rows = np.minimum(np.arange(batch) // n, len(prompts) - 1).astype(np.int32)
         live = np.arange(batch) < len(rows)
         if params.first_row and not jax.config.jax_threefry_partitionable:
@@ -306,6 +333,7 @@ class JaxSampler:
                         jnp.asarray(source_rows), jnp.asarray(live), max_tokens=params.max_tokens,
                         top_k=params.top_k, use_top_p=params.top_p < 1.0,
                         first_row=int(params.first_row), compactions=self.compactions, cache_window=self.cache_window,
+                        batch_invariant=self.batch_invariant,
                         min_rows=1 if params.max_tokens >= self.long_generation else 8)
         out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
         records = []

@@ -84,6 +84,9 @@ class RolloutConfig(Section):
     # (train/dynamic_sampling.py). None: the recipe's own choice (on for dapo).
     dynamic_sampling: bool | None = None
     dynamic_sampling_rounds: int = field(4, ge=1)
+    # Bitwise on-policy (JAX engine): sampler and learner pi_old run models/batch_invariant.py, so every
+    # sampled token's log-prob equals pi_old exactly (docs/objectives.md#batch-invariant-sampling).
+    batch_invariant: bool = False
     _path_prefix = "rollout."
 
 
@@ -106,6 +109,8 @@ class TrainConfig(Section):
     # Pack a step's sequences first-fit-decreasing into the learner's rows (train/packing.py):
     # same loss, gradients and metrics as one sequence per row, fewer padding slots computed.
     pack: bool = True
+    # pi_old := the sampler's log-probs (no recompute pass); only with rollout.batch_invariant (the same numbers).
+    reuse_sampler_logprobs: bool = False
     epochs_per_batch: int = field(1, ge=1)  # passes over one rollout batch
     minibatches_per_batch: int = field(1, ge=1)  # optimiser steps per epoch
     # Learner compute precision. fp16 turns on dynamic loss scaling.

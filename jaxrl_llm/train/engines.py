@@ -84,7 +84,8 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
         dtype = sampler_dtype(cfg)
         log.info("rollout engine: JAX sampler (%s)", dtype)
         return JaxSampler(policy.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype), cast_params(params, dtype),
-                          eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, initial_version=initial_version)
+                          eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, initial_version=initial_version,
+                          batch_invariant=cfg.rollout.batch_invariant)
     from jaxrl_llm.rollout import (DiskWeightSync, VLLMClient, VLLMEngine, VLLMServer, VLLMServerConfig,
                                    bridge_export)
     from jaxrl_llm.train.weight_check import logprob_probe

@@ -18,7 +18,7 @@ from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train.batch import SequenceBatch, build_sequences
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.critic import critic_metrics
-from jaxrl_llm.train.learner import Learner, LearnerState
+from jaxrl_llm.train.learner import Learner, LearnerState, StepLogprobs
 
 
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
@@ -35,9 +35,9 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     """
     core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
-    before = learner.step_logprobs(state.params, seq, critic=state.critic)  # ref / teacher / values: None if unused
-    old_logp, entropy, ref_logp, teacher_logp = before.logp, before.entropy, before.ref_logp, before.teacher_logp
     put = learner.replicated
+    before = _pi_old(learner, state, cfg, seq)
+    old_logp, entropy, ref_logp, teacher_logp = before.logp, before.entropy, before.ref_logp, before.teacher_logp
     mask = put(seq.completion_mask)
     prompts, group = rewards.shape
     per_mb = prompts // cfg.train.minibatches_per_batch  # the config checks that it divides
@@ -64,12 +64,27 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
                 metrics.setdefault(k, []).append(float(v))
     out = {k: float(np.mean(v)) for k, v in metrics.items()}
     out["skipped"] = float(np.sum(metrics.get("skipped", [0.0])))
-    out["entropy"] = float(jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+    if "mismatch_tokens_differing" in metrics:  # a count: summed over the mini-batches
+        out["mismatch_tokens_differing"] = float(np.sum(metrics["mismatch_tokens_differing"]))
+    if entropy is not None:  # None: pi_old reused from the sampler, no learner pass computed it
+        out["entropy"] = float(jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0))
     if ref_logp is not None:
         out["reference_bytes"] = float(learner.reference_bytes)
     if teacher_logp is not None:
         out["teacher_bytes"] = float(learner.teacher_bytes)
     return state, out
+
+
+def _pi_old(learner: Learner, state: LearnerState, cfg: Config, seq: SequenceBatch) -> StepLogprobs:
+    """The learner's pi_old pass (entropy, reference log-probs and values with it). With
+    train.reuse_sampler_logprobs (rollout.batch_invariant: the sampler's numbers are pi_old's, bit
+    for bit) pi_old is the sampler's log-probs, and the pass runs only for a reference, a teacher or a critic."""
+    if not cfg.train.reuse_sampler_logprobs:
+        return learner.step_logprobs(state.params, seq, critic=state.critic)  # ref_logp / values: None if unused
+    sampler_logp = learner.replicated(seq.sampler_logp)
+    if not learner.needs_reference and state.critic is None and learner.recipe.distill is None:
+        return StepLogprobs(sampler_logp, None, None, None, None)
+    return learner.step_logprobs(state.params, seq, critic=state.critic)._replace(logp=sampler_logp)
 
 
 @functools.lru_cache(maxsize=16)

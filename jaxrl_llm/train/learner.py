@@ -72,7 +72,7 @@ class StepLogprobs(NamedTuple):
     """The learner's pass over a step batch before its updates, each float32 [N, T_c]."""
 
     logp: jax.Array  # pi_old
-    entropy: jax.Array
+    entropy: jax.Array | None  # None: pi_old reused from the sampler (train.reuse_sampler_logprobs), no pass
     ref_logp: jax.Array | None  # the reference policy's; None without one
     values: jax.Array | None = None  # the critic's V_t; None without one
     teacher_logp: jax.Array | None = None  # the distillation teacher's; None without one
@@ -92,7 +92,8 @@ class Learner:
     `update` (one optimiser step on one StepBatch)."""
 
     def __init__(self, model_cfg: DecoderConfig, recipe: core.Recipe, train_cfg, *, total_steps: int,
-                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, critic_cfg=None, teacher=None):
+                 temperature: float = 1.0, mesh: jax.sharding.Mesh | None = None, critic_cfg=None, teacher=None,
+                 batch_invariant: bool = False):
         if train_cfg.precision not in PRECISION_DTYPES:
             raise ValueError(f"train.precision={train_cfg.precision!r}; valid: {sorted(PRECISION_DTYPES)}")
         dtype = PRECISION_DTYPES[train_cfg.precision]
@@ -102,6 +103,8 @@ class Learner:
         self.train_cfg = train_cfg
         self.temperature = float(temperature)
         self.mesh = mesh
+        # pi_old by models.batch_invariant, one sequence per row: the JAX sampler's log-probs bit for bit
+        self.batch_invariant = bool(batch_invariant)
         # "auto": chosen at the first update from the compiled step's memory estimate (`_choose_remat`)
         self.remat = remat_setting(train_cfg.remat)
         self.remat_choice = None  # models.remat.RematChoice, once "auto" has chosen
@@ -124,8 +127,9 @@ class Learner:
         self.critic_optimizer = critic_lib.make_critic_optimizer(critic_cfg) if self.needs_critic else None
         self._merge = jax.jit(self._full_params_impl)
         options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
+        # batch-invariant pi_old compiles as the sampler does: the learner's options change the dot kernels
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("with_reference", "max_segments"),
-                                 compiler_options=options)
+                                 compiler_options=None if self.batch_invariant else options)
         # No buffer donation: the JAX sampler may hold the same float32 params buffers.
         self._update = jax.jit(self._update_impl, static_argnames=("max_segments", "remat"), compiler_options=options)
         self._grads = jax.jit(self._grads_impl, static_argnames=("max_segments", "remat"), compiler_options=options)
@@ -188,11 +192,11 @@ class Learner:
     def _full_params_impl(self, frozen, adapters):
         return lora.merge(frozen, adapters, self.lora.scale)
 
-    def plan(self, seq: SequenceBatch) -> packing.RowPlan:
+    def plan(self, seq: SequenceBatch, *, pack: bool | None = None) -> packing.RowPlan:
         """Where `seq`'s sequences sit in the learner's micro-batches (`train.packing`): packed
-        first-fit-decreasing (`train.pack`) or one per row, R rows of W slots per micro-batch with
-        R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows), rounded up to
-        a multiple of the data-parallel devices."""
+        first-fit-decreasing (``pack``, default `train.pack`) or one per row, R rows of W slots per
+        micro-batch with R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows),
+        rounded up to a multiple of the data-parallel devices."""
         width = seq.tokens.shape[1]
         budget = self.train_cfg.micro_batch_tokens
         if budget is None:
@@ -203,7 +207,16 @@ class Learner:
         if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (tokens, attention_mask)):
             tokens, attention_mask = gather_to_host((tokens, attention_mask))  # rows over processes: collective
         return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
-                                 pack=self.train_cfg.pack)
+                                 pack=self.train_cfg.pack if pack is None else pack)
+
+    def _unpartitioned(self, tree):
+        """Batch-invariant pi_old on a mesh: inputs and outputs replicated, so every device runs the
+        single-device program (a partitioned one splits the rows' tiles and the weights' contractions
+        over devices, and sums in another order; seen as 1-2 differing tokens a step on 8 CPU devices)."""
+        if not self.batch_invariant or self.mesh is None:
+            return tree
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, replicated), tree)
 
     def _device_rows(self, plan: packing.RowPlan) -> DeviceRows:
         per_micro = (plan.tokens, plan.segment_ids, plan.positions)
@@ -250,7 +263,8 @@ class Learner:
             raise ValueError("no reference policy: the learner keeps one when recipe.kl_beta > 0 (or with LoRA, "
                              "whose frozen base is the reference); call init first")
         critic_params = None if critic is None else critic.params
-        plan = self.plan(seq)
+        # batch-invariant: one sequence per row from slot 0, so each key sits at slot = position as in the sampler
+        plan = self.plan(seq, pack=False if self.batch_invariant else None)
         return self._logprobs(params, self.frozen, self.reference, self.teacher_params if with_teacher else None,
                               critic_params, self._device_rows(plan), with_reference=with_reference,
                               max_segments=plan.max_segments)
@@ -262,8 +276,10 @@ class Learner:
             reference = self.compute_params(frozen)
 
         def run(weights, *micro, cfg=self.compute_cfg, **kwargs):
-            return head_logprobs(weights, cfg, *micro, temperature=self.temperature, remat="off",
-                                  max_segments=max_segments, **kwargs)
+            weights, micro = self._unpartitioned((weights, micro))
+            return self._unpartitioned(head_logprobs(
+                weights, cfg, *micro, temperature=self.temperature, remat="off",
+                max_segments=max_segments, batch_invariant=self.batch_invariant, **kwargs))
 
         n, completion_width = rows.completion_index.shape
         zeros = jnp.zeros((n, completion_width), jnp.float32)

@@ -25,18 +25,20 @@ class DeviceRows(NamedTuple):
 
 
 def head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, head_slots, *, temperature: float,
-                   return_entropy: bool, remat: str, max_segments: int, critic_params=None):
+                   return_entropy: bool, remat: str, max_segments: int, critic_params=None,
+                   batch_invariant: bool = False):
     """One micro-batch: the decoder over its rows [R, W], then the LM head and log-softmax on the
     R * T_c gathered positions that predict completion tokens only (the head is ~1/5 of SmolLM2's
-    FLOPs per position, so skipping prompt and padding positions is not free). Returns the flat
+    FLOPs per position, so skipping prompt and padding positions is not free). ``batch_invariant``:
+    `models.batch_invariant`'s ops (rows must hold one sequence each, from slot 0). Returns the flat
     [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None)."""
     hidden, _ = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
-                        remat=remat, max_segments=max_segments)
+                        remat=remat, max_segments=max_segments, batch_invariant=batch_invariant)
     rows, width, dim = hidden.shape
     predicting = jnp.take(hidden.reshape(rows * width, dim), head_slots, axis=0)[None]
     targets = jnp.take(tokens.reshape(-1), head_slots + 1)[None]
     out = chunked_logprobs_from_hidden(predicting, targets, params, cfg, temperature=temperature,
-                                       return_entropy=return_entropy)
+                                       return_entropy=return_entropy, batch_invariant=batch_invariant)
     out = jax.tree.map(lambda x: x[0], out)
     values = None if critic_params is None else critic_lib.head_values(critic_params, predicting)[0]
     return out, values

@@ -41,7 +41,8 @@ def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None, teacher
     """The run's learner; `recipe` None: the run plan's; `teacher` (train.teacher.Teacher) the
     distillation teacher of a recipe that distils (only evaluation and export may leave it out)."""
     return Learner(policy.cfg, recipe or plan_run(cfg).recipe, cfg.train, total_steps=cfg.total_steps,
-                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic, teacher=teacher)
+                   temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic, teacher=teacher,
+                   batch_invariant=cfg.rollout.batch_invariant)
 
 
 def restore_params(cfg: Config, policy: Policy, step: int | None = None):

@@ -142,8 +142,34 @@ def check_runnable(cfg: Config) -> None:
     plan_run(cfg)
 
 
+def _check_batch_invariant(cfg: Config) -> None:
+    """rollout.batch_invariant and train.reuse_sampler_logprobs: what bitwise on-policy sampling needs."""
+    r, t = cfg.rollout, cfg.train
+    if t.reuse_sampler_logprobs and not r.batch_invariant:
+        raise ConfigError("train.reuse_sampler_logprobs = true needs rollout.batch_invariant = true (only then are the "
+                          "sampler's log-probs pi_old's numbers); valid: set rollout.batch_invariant=true, or "
+                          "train.reuse_sampler_logprobs=false")
+    if t.reuse_sampler_logprobs and r.max_lag > 0:
+        raise ConfigError(f"train.reuse_sampler_logprobs = true with rollout.max_lag = {r.max_lag}: a lagged batch was "
+                          "sampled by older weights than pi_old; valid: rollout.max_lag=0")
+    if not r.batch_invariant:
+        return
+    if r.engine != "jax":
+        raise ConfigError(f"rollout.batch_invariant = true with rollout.engine = {r.engine!r}; valid: engine=jax "
+                          "(the in-process sampler that shares the learner's code)")
+    if r.top_p < 1.0 or r.top_k is not None:
+        raise ConfigError(f"rollout.batch_invariant = true with rollout.top_p = {r.top_p}, top_k = {r.top_k}: the "
+                          "learner scores the full softmax; valid: top_p=1.0 and top_k unset")
+    learner_dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[t.precision]
+    if cfg.model.compute_dtype not in (None, learner_dtype):
+        raise ConfigError(f"rollout.batch_invariant = true with model.compute_dtype = {cfg.model.compute_dtype!r} "
+                          f"and train.precision = {t.precision!r}: sampler and learner must compute in one dtype; "
+                          "valid: model.compute_dtype unset (it follows train.precision)")
+
+
 def _check(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
     """`plan_run`'s refusals; `recipe` is the config's, before any staleness correction."""
+    _check_batch_invariant(cfg)
     rc = cfg.recipe
     if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:
         critic_recipes = [n for n, r in core.RECIPES.items() if r.value_coef > 0]

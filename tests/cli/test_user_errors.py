@@ -34,6 +34,10 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
      ["task.reward_fn = 'no_such_rewards:score'", "cannot import module 'no_such_rewards'"]),
     (["eval", "--config", "experiments/demo.py", "--step", "last"], ["--step 'last'", "'latest'"]),
     (["train"], ["--config"]),
+    (["train", "--config", "experiments/demo.py", "train.reuse_sampler_logprobs=true"],
+     ["train.reuse_sampler_logprobs = true", "rollout.batch_invariant=true"]),
+    (["train", "--config", "experiments/demo.py", "rollout.batch_invariant=true", "rollout.engine=vllm"],
+     ["rollout.batch_invariant = true", "rollout.engine = 'vllm'", "engine=jax"]),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names):
     done = jaxrl(*args)

@@ -106,6 +106,7 @@ def _numpy_metrics(old, mu, mask):
         "mismatch_k1": d.mean(),
         "mismatch_k2": (d ** 2).mean() / 2,
         "mismatch_k3": np.mean(np.exp(-d) - 1 + d),
+        "mismatch_tokens_differing": np.sum(mu[valid] != old[valid]),
         "mismatch_prob_diff_max": np.max(p_mu - p_old),
         "mismatch_prob_diff_min": np.min(p_mu - p_old),
         "mismatch_prob_pearson": np.corrcoef(p_mu, p_old)[0, 1],
@@ -131,7 +132,7 @@ class MismatchMetricsTest(chex.TestCase):
         batch = random_batch(3)
         out = self.variant(core.mismatch_metrics)(batch.old_logp, batch.old_logp, batch.mask)
         for key in ("mismatch_k1", "mismatch_k2", "mismatch_k3", "mismatch_prob_diff_max",
-                    "mismatch_prob_diff_min", "mismatch_seq_log_ratio_length_slope"):
+                    "mismatch_prob_diff_min", "mismatch_seq_log_ratio_length_slope", "mismatch_tokens_differing"):
             assert float(out[key]) == 0.0, key
         np.testing.assert_allclose(out["mismatch_prob_pearson"], 1.0, rtol=1e-6)
         np.testing.assert_allclose(out["mismatch_seq_ess"], 1.0, rtol=1e-6)
