@@ -5,7 +5,7 @@ the normalised rewards summed with weights, the sum normalised over the batch
 Source: Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization for
 Multi-reward RL Optimization" (arXiv 2601.05242). Normalising the weighted SUM instead (GRPO on
 the total) maps different combinations of the rewards onto the same advantage; normalising each
-reward first keeps them apart. `recipes.MultiRewardAdvantage` is the estimator a recipe names.
+reward first keeps them apart. `estimators.MultiRewardAdvantage` is the estimator a recipe names.
 """
 from __future__ import annotations
 

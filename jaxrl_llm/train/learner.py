@@ -63,7 +63,7 @@ from jaxrl_llm.train import reference as reference_lib
 from jaxrl_llm.train.batch import SequenceBatch
 from jaxrl_llm.train.distributed import gather_to_host, put_global
 from jaxrl_llm.train.micro_batch import DeviceRows, head_logprobs, to_step_layout
-from jaxrl_llm.train.optimizer import LossScale, make_optimizer, next_loss_scale
+from jaxrl_llm.train.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -387,20 +387,12 @@ class Learner:
             critic_norm = optax.tree.norm(critic_grads)
             finite = finite & jnp.isfinite(critic_norm)
             policy_on = finite & (state.step >= self.critic_cfg.warmup_steps)  # warm-up: the critic alone
-            critic = self._step(self.critic_optimizer, state.critic.params, state.critic.opt_state, critic_grads,
+            critic = masked_update(self.critic_optimizer, state.critic.params, state.critic.opt_state, critic_grads,
                                 finite)
             critic = critic_lib.CriticState(*critic)
             metrics.update(critic_grad_norm=critic_norm, policy_held=(finite & ~policy_on).astype(jnp.float32))
-        params, opt_state = self._step(self.optimizer, state.params, state.opt_state, grads, policy_on)
+        params, opt_state = masked_update(self.optimizer, state.params, state.opt_state, grads, policy_on)
         loss_scale = (next_loss_scale(state.loss_scale, finite, self.train_cfg) if self.dynamic_loss_scale
                       else state.loss_scale)
         metrics["skipped"] = (~finite).astype(jnp.float32)
         return LearnerState(params, opt_state, loss_scale, state.step + 1, critic), metrics
-
-    @staticmethod
-    def _step(optimizer, params, opt_state, grads, apply):
-        """(params, opt_state) after one optimiser update where `apply`, else unchanged."""
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
-        return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)

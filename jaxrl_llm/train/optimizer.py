@@ -48,3 +48,12 @@ def next_loss_scale(current: LossScale, finite, train_cfg) -> LossScale:
                       jnp.maximum(current.scale / cfg.loss_scale_factor, cfg.loss_scale_min))
     good = jnp.where(finite & ~grown, current.good_steps + 1, 0)
     return LossScale(scale.astype(jnp.float32), good.astype(jnp.int32))
+
+
+def masked_update(optimizer: optax.GradientTransformation, params, opt_state, grads, apply):
+    """(params, opt_state) after one optimiser update where `apply` (a traced bool), else unchanged:
+    a skipped step (non-finite loss or gradient, or a critic warm-up) leaves both as they were."""
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
+    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state)
