@@ -51,12 +51,15 @@ TEST_RECORD = $(CURDIR)/.test-record
 TEST_SETUP = rm -rf $(TEST_RECORD); mkdir -p $(TEST_RECORD)/servers; \
   export JAXRL_TEST_RECORD=$(TEST_RECORD) JAXRL_VLLM_PID_DIR=$(TEST_RECORD)/servers
 LEFTOVER_CHECK = $(PY) -m tests.leftover_servers $(TEST_RECORD)/servers || failed="$$failed (vLLM servers left running)"
+# The 15 slowest tests of the run (setup + call + teardown; tests/conftest.py records them).
+SLOWEST = echo "== slowest tests (s)"; awk -F'\t' '{t[$$2] += $$1} END {for (k in t) printf "%8.1f  %s\n", t[k], k}' \
+  $(TEST_RECORD)/durations.tsv 2>/dev/null | sort -rn | head -15 || true
 
 test: venv vllm-env
 	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
 	  rc=0; $(PY) -m pytest -q -m "not slow" $$d || rc=$$?; \
 	  if [ $$rc -eq 5 ] && [[ " $(SLOW_ONLY_DIRS) " == *" $${d%/} "* ]]; then rc=0; fi; \
-	  [ $$rc -eq 0 ] || failed="$$failed $$d"; done; $(LEFTOVER_CHECK); \
+	  [ $$rc -eq 0 ] || failed="$$failed $$d"; done; $(LEFTOVER_CHECK); $(SLOWEST); \
 	  if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed"; exit 1; fi
 	@echo "make test: all test folders passed"
 

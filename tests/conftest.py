@@ -25,7 +25,8 @@ Time limits (pytest-timeout, default in pyproject.toml): tests marked `vllm` get
 VLLM_TIMEOUT_S (the first one to use the shared server pays its startup, up to 900 s),
 `slow` ones SLOW_TIMEOUT_S; an explicit @pytest.mark.timeout wins. With JAXRL_TEST_RECORD
 set (`make test`), the id of the test now running is kept in $JAXRL_TEST_RECORD/current_test,
-so a run stopped from outside (.ci/run's overall limit) can say where it was.
+so a run stopped from outside (.ci/run's overall limit) can say where it was, and each
+test's phase durations go to $JAXRL_TEST_RECORD/durations.tsv (`make test` prints the slowest).
 """
 import os
 
@@ -88,6 +89,15 @@ def pytest_collection_modifyitems(config, items):
                         + [SLOW_TIMEOUT_S] * bool(item.get_closest_marker("slow")), default=None)
             if limit:
                 item.add_marker(pytest.mark.timeout(limit))
+
+
+def pytest_runtest_logreport(report):
+    """With JAXRL_TEST_RECORD set, each phase's duration (setup, call, teardown) is appended to
+    $JAXRL_TEST_RECORD/durations.tsv, so `make test` can name its slowest tests at the end."""
+    record = os.environ.get("JAXRL_TEST_RECORD")
+    if record and os.path.isdir(record):
+        with open(os.path.join(record, "durations.tsv"), "a") as f:
+            f.write(f"{report.duration:.2f}\t{report.nodeid}\n")
 
 
 def pytest_runtest_logstart(nodeid, location):
