@@ -86,7 +86,8 @@ def learner_step(cfg, params, recipe, seq, rewards, precision: str, advantages=N
     def run():
         before = learner.step_logprobs(state["s"].params, seq, critic=state["s"].critic)
         batch, _ = prepare(rewards, rewards, seq.completion_mask, before.logp, seq.sampler_logp, seq.truncated,
-                           before.ref_logp, before.values, None if advantages is None else advantages())
+                           before.ref_logp, before.values, None if advantages is None else advantages(),
+                           before.teacher_logp, None, None)  # no teacher, greedy baselines or reward parts here
         state["s"], metrics = learner.update(state["s"], seq, batch)
         jax.block_until_ready(state["s"].params)
 
