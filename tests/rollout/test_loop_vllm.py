@@ -27,17 +27,17 @@ RECIPES = {"demo": [], "dppo_tv": ["recipe.name=dppo_tv"], "dppo_kl": ["recipe.n
            "sapo": ["recipe.loss=sapo", "recipe.sapo_tau_pos=2.0"]}
 
 
-@pytest.mark.slow  # ~70 s on 2 cores each; its checks run in make test through test_weight_check_vllm.py
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smollm2, tmp_path, recipe):
-    server = vllm_server.get()
-    run_dir = tmp_path / "run"
+def train_two_steps_on_server(server, smollm2, run_dir: Path, *overrides: str) -> list[dict]:
+    """`jaxrl train` of the demo config for 2 steps (2 prompts x 4 samples, 8 tokens) in its own
+    one-device process on the shared server; the server is restored to the base weights
+    afterwards, whatever happened. Returns the run's metrics rows."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device: the learner as on a laptop
+    env["PYTHONPATH"] = str(REPO)
     cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(REPO / "experiments/demo.py"),
            "total_steps=2", "rollout.engine=vllm", f"rollout.server_urls=[{server.url}]",
            "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=8",
            "train.micro_batch_size=8", "checkpoint.every_steps=0", "checkpoint.async_save=false",
-           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}", *RECIPES[recipe]]
+           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}", *overrides]
     try:
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -45,7 +45,13 @@ def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smoll
         sync = DiskWeightSync(VLLMClient([server.url]), bridge_export(smollm2.cfg))
         sync.push(smollm2.params, version=0)
         sync.close()
-    rows = read_metrics(run_dir)
+    return read_metrics(run_dir)
+
+
+@pytest.mark.slow  # ~70 s on 2 cores each; its checks run in make test through test_weight_check_vllm.py
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_two_rl_steps_through_vllm_advance_the_weight_version(vllm_server, smollm2, tmp_path, recipe):
+    rows = train_two_steps_on_server(vllm_server.get(), smollm2, tmp_path / "run", *RECIPES[recipe])
     assert [r["step"] for r in rows] == [1, 2]
     if recipe in ("clip_cov", "kl_cov"):  # max(1, floor(0.05 n)) of the step's n response tokens
         for r in rows:
@@ -109,23 +115,8 @@ def test_opd_through_vllm_with_the_student_as_teacher_gives_a_zero_signal(vllm_s
     import jax
     import numpy as np
 
-    server = vllm_server.get()
-    run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(REPO / "experiments/demo.py"),
-           "recipe.name=opd", "distill.teacher=smollm2", "total_steps=2", "rollout.engine=vllm",
-           f"rollout.server_urls=[{server.url}]", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-           "rollout.max_tokens=8", "train.micro_batch_size=8", "checkpoint.every_steps=0",
-           "checkpoint.async_save=false", "metrics.tensorboard=false", f"run_dir={run_dir}",
-           f"model.source={smollm2.hf_dir}"]
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    finally:  # the shared server goes back to the base weights for the other tests
-        sync = DiskWeightSync(VLLMClient([server.url]), bridge_export(smollm2.cfg))
-        sync.push(smollm2.params, version=0)
-        sync.close()
-    rows = read_metrics(run_dir)
+    rows = train_two_steps_on_server(vllm_server.get(), smollm2, tmp_path / "run", "recipe.name=opd",
+                                     "distill.teacher=smollm2")
     assert [r["step"] for r in rows] == [1, 2] and [r["weight_version"] for r in rows] == [0.0, 1.0]
     params = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(smollm2.params))
     for r in rows:

@@ -3,17 +3,14 @@
 Cheap (make test): a temperature-0 request returns transformers' greedy continuation, the same
 for every seed, with logprobs equal to the JAX decoder's at temperature 1. Slow
 (make test-all): 2-step `jaxrl train` runs of recipe.name=remax and recipe.name=gdpo on vLLM."""
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jaxrl_llm.rollout import DiskWeightSync, VLLMClient, VLLMEngine, bridge_export
+from jaxrl_llm.rollout import VLLMClient, VLLMEngine
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train.metrics import read_metrics
+from tests.rollout.test_loop_vllm import train_two_steps_on_server
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
@@ -50,23 +47,7 @@ def test_temperature_zero_through_vllm_is_transformers_greedy(vllm_server, smoll
       "task.reward_weights=[1.0, 0.5]"], "reward_tenths_of_length_reward"),
 ])
 def test_two_steps_of_remax_and_gdpo_through_vllm(vllm_server, smollm2, tmp_path, extra, metric):
-    server = vllm_server.get()
-    run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = str(REPO)
-    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(REPO / "experiments/demo.py"),
-           "total_steps=2", "rollout.engine=vllm", f"rollout.server_urls=[{server.url}]",
-           "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=8",
-           "train.micro_batch_size=8", "checkpoint.every_steps=0", "checkpoint.async_save=false",
-           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}", *extra]
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    finally:  # the shared server goes back to the base weights for the other tests
-        sync = DiskWeightSync(VLLMClient([server.url]), bridge_export(smollm2.cfg))
-        sync.push(smollm2.params, version=0)
-        sync.close()
-    rows = read_metrics(run_dir)
+    rows = train_two_steps_on_server(vllm_server.get(), smollm2, tmp_path / "run", *extra)
     assert [r["step"] for r in rows] == [1, 2] and [r["weight_version"] for r in rows] == [0.0, 1.0]
     for r in rows:
         assert np.isfinite(r[metric]) and r["reward_errors"] == 0.0
