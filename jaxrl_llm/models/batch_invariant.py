@@ -39,6 +39,9 @@ import numpy as np
 from jaxrl_llm.models import matmul
 
 TILE = 32  # rows per tile (`by_tiles`)
+# the ops `block` records (``record=True``), in the order they run
+BLOCK_OPS = ("input_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "rope_q", "rope_k", "attention", "o_proj",
+             "post_norm", "mlp")
 KEY_BLOCK = 64  # keys per block of `attention`
 
 
@@ -110,43 +113,51 @@ def log_softmax(z: jax.Array) -> jax.Array:
     return shifted - jnp.log(tree_sum(jnp.exp(shifted), -1))[..., None]
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """One tile of query rows: q [TILE, Hkv, G, hd], k/v [TILE, S, Hkv, hd] (each row's own keys),
-    visible [TILE, S] -> [TILE, Hkv, G, hd] float32. Keys go in blocks of KEY_BLOCK (zero-padded,
-    at least 2) through loops whose bodies have one fixed shape, so the scores, exp and the
-    block sums are computed by the same code whatever S is (XLA:CPU's exp, and its contraction of
-    a product and the following add into one FMA, depend on the shape of the fused loop); the
-    blocks' sums are then added by `tree_sum` (adds only: exact zeros for the masked blocks)."""
-    tile, length, kv_heads, head_dim = k.shape
-    blocks = _tiles(length, KEY_BLOCK)
-    pad = blocks * KEY_BLOCK - length
+def _key_blocks(visible: jax.Array) -> jax.Array:
+    """How many key blocks a tile of query rows needs: up to the block of its last visible key
+    (visible [TILE, S]; 0 when no key is visible). Later blocks are all masked for every row."""
+    last = jnp.max(jnp.where(visible, jnp.arange(visible.shape[-1]), -1))
+    return (last + KEY_BLOCK) // KEY_BLOCK
 
-    def split(x):  # [TILE, S, ...] -> [blocks, TILE, KEY_BLOCK, ...]
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        return x.reshape((tile, blocks, KEY_BLOCK) + x.shape[2:]).swapaxes(0, 1)
 
-    keys, values, seen = split(k), split(v), split(visible)
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, rows: jax.Array, visible: jax.Array) -> jax.Array:
+    """One tile of query rows: q [TILE, Hkv, G, hd]; k/v [B, S, Hkv, hd] the whole batch's keys,
+    of which query row i sees row ``rows[i]``; visible [TILE, S] -> [TILE, Hkv, G, hd] float32.
 
-    def scores(key, see):  # [TILE, KEY_BLOCK, Hkv, hd] -> [TILE, Hkv, G, KEY_BLOCK], masked: -inf
-        dots = tree_sum(q[:, :, :, None, :] * key.transpose(0, 2, 1, 3)[:, :, None], -1) * head_dim ** -0.5
-        return jnp.where(see[:, None, None, :], dots, -jnp.inf)
+    Keys go in blocks of KEY_BLOCK through two loops (the max, then the sums) whose bodies have
+    one fixed shape, so every score q.k, exp and weighted sum is computed by the same code (the
+    same dot kernel: batch (TILE, Hkv), M = G) whatever S or the batch is. The loops run over the
+    blocks up to the tile's last visible key only (`_key_blocks`) and add the blocks' sums in order
+    (a left fold): a block past a row's last visible key adds exact zeros to that row, so a decode
+    step over its cache and the learner's full forward fold the same numbers in the same order."""
+    scale = q.shape[-1] ** -0.5
 
-    top = jnp.max(_map(lambda a: jnp.max(scores(*a), axis=-1), (keys, seen)), axis=0)
+    def key_block(i):  # scores [TILE, Hkv, G, KEY_BLOCK] (masked: -inf), values, mask of block i
+        slots = i * KEY_BLOCK + jnp.arange(KEY_BLOCK)  # past S (the last block): zeros, not visible
+        key, value = (x.at[rows[:, None], slots[None, :]].get(mode="fill", fill_value=0) for x in (k, v))
+        see = visible.at[:, slots].get(mode="fill", fill_value=False)[:, None, None, :]
+        dots = jnp.einsum("tkgd,tskd->tkgs", q, key, preferred_element_type=jnp.float32) * scale
+        return jnp.where(see, dots, -jnp.inf), value, see
+
+    blocks = _key_blocks(visible)
+    top = jax.lax.fori_loop(0, blocks, lambda i, m: jnp.maximum(m, jnp.max(key_block(i)[0], axis=-1)),
+                            jnp.full(q.shape[:3], -jnp.inf, jnp.float32))
     top = jnp.where(jnp.isfinite(top), top, 0.0)[..., None]
 
-    def sums(a):
-        key, value, see = a
-        weights = jnp.where(see[:, None, None, :], jnp.exp(scores(key, see) - top), 0.0)
-        return tree_sum(weights, -1), tree_sum(weights[..., None] * value.transpose(0, 2, 1, 3)[:, :, None], -2)
+    def add_block(i, sums):
+        scores, value, see = key_block(i)
+        weights = jnp.where(see, jnp.exp(scores - top), 0.0)
+        weighted = jnp.einsum("tkgs,tskd->tkgd", weights, value, preferred_element_type=jnp.float32)
+        return sums[0] + tree_sum(weights, -1), sums[1] + weighted
 
-    totals, weighted = _map(sums, (keys, values, seen))
-    total, out = tree_sum(totals, 0)[..., None], tree_sum(weighted, 0)
-    return out / jnp.where(total > 0, total, 1.0)
+    total, out = jax.lax.fori_loop(0, blocks, add_block, (jnp.zeros(q.shape[:3], jnp.float32),
+                                                          jnp.zeros(q.shape, jnp.float32)))
+    return out / jnp.where(total > 0, total, 1.0)[..., None]
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """softmax(q k^T / sqrt(hd)) v with KV-head sharing, every sum by `tree_sum`, in float32,
-    TILE query rows at a time (`by_tiles`; each row with its own row's keys).
+    """softmax(q k^T / sqrt(hd)) v with KV-head sharing, in float32, TILE query rows at a time
+    (`by_tiles`; each row with its own row's keys), key blocks by `_attend`.
 
     q [B, T, Hq, hd], k/v [B, S, Hkv, hd], visible [B, T, S] -> [B, T, Hq, hd] in q's dtype.
     Keys must sit at slot = position for the result to match between a decode step and the
@@ -157,7 +168,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> j
     q32 = q.astype(jnp.float32).reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
     k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
     row = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, length))
-    out = by_tiles(lambda q, r, vis: _attend(q, k32[r], v32[r], vis), q32, row, visible)
+    out = by_tiles(lambda q, r, vis: _attend(q, k32, v32, r, vis), q32, row, visible)
     return out.reshape(batch, length, heads, head_dim).astype(q.dtype)
 
 
@@ -171,11 +182,14 @@ def _rotate(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
 
 
 def block(w: dict, cfg, hidden: jax.Array, kv: dict | None, layer_index, positions: jax.Array,
-          visible: jax.Array, slots: jax.Array | None, inv_freq) -> tuple[jax.Array, dict | None]:
+          visible: jax.Array, slots: jax.Array | None, inv_freq, record: bool = False
+          ) -> tuple[jax.Array, dict | None, dict]:
     """One decoder block (``decoder.DecoderLayer``'s math) with every per-token part in `by_tiles`
     and the attention of `attention`. w: the layer's params by name; hidden [B, T, D];
     kv: the whole cache {"k", "v": [nL, B, S, Hkv, hd]} or None; slots [B, T]: the cache slot of
-    each token (= its position; S for padding, which is dropped)."""
+    each token (= its position; S for padding, which is dropped). Returns (hidden, kv, ops):
+    with ``record``, ops holds each op's output [B, T, ...] by name (`BLOCK_OPS`;
+    what ``reports.batch_invariance.first_differing_model_op`` compares), else {}."""
     heads, kv_heads, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
     batch, length, _ = hidden.shape
 
@@ -188,11 +202,14 @@ def block(w: dict, cfg, hidden: jax.Array, kv: dict | None, layer_index, positio
         q = linear(x, "q_proj").reshape(TILE, heads, hd)
         k = linear(x, "k_proj").reshape(TILE, kv_heads, hd)
         v = linear(x, "v_proj").reshape(TILE, kv_heads, hd)
+        ops = {"input_norm": x, "q_proj": q, "k_proj": k, "v_proj": v}
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-        return _rotate(q, pos, inv_freq), _rotate(k, pos, inv_freq), v
+            ops |= {"q_norm": q, "k_norm": k}
+        q, k = _rotate(q, pos, inv_freq), _rotate(k, pos, inv_freq)
+        return (q, k, v), (ops | {"rope_q": q, "rope_k": k} if record else {})
 
-    q, k, v = by_tiles(before_attention, hidden, positions)
+    (q, k, v), ops = by_tiles(before_attention, hidden, positions)
     if kv is not None:  # write at slot = position, then attend over the layer's whole cache row
         rows = jnp.arange(batch)[:, None]
         kv = {name: kv[name].at[layer_index, rows, slots].set(x.astype(kv[name].dtype), mode="drop")
@@ -204,9 +221,11 @@ def block(w: dict, cfg, hidden: jax.Array, kv: dict | None, layer_index, positio
     def after_attention(h, a):  # h [TILE, D], a [TILE, Hq, hd]
         h = h + linear(a.reshape(TILE, heads * hd), "o_proj")
         x = rms_norm(h, w["post_norm"], eps)
-        return h + linear(jax.nn.silu(linear(x, "gate_proj")) * linear(x, "up_proj"), "down_proj")
+        out = h + linear(jax.nn.silu(linear(x, "gate_proj")) * linear(x, "up_proj"), "down_proj")
+        return out, ({"o_proj": h, "post_norm": x, "mlp": out} if record else {})
 
-    return by_tiles(after_attention, hidden, attended), kv
+    hidden, after = by_tiles(after_attention, hidden, attended)
+    return hidden, kv, (ops | {"attention": attended} | after if record else {})
 
 
 def final_norm(hidden: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

@@ -145,8 +145,12 @@ class DecoderLayer(nn.Module):
                      "zeros": nn.initializers.zeros}
             w = {name: self._param(name, shape, inits[init]).astype(dtype)
                  for name, shape, init in invariant.layer_param_specs(cfg)}
-            return invariant.block(w, cfg, carry[0], carry[1], layer_index, positions, visible, write_at,
-                                   rope_inverse_frequencies(cfg)), None
+            hidden, kv, ops = invariant.block(w, cfg, carry[0], carry[1], layer_index, positions, visible, write_at,
+                                              rope_inverse_frequencies(cfg),
+                                              record=self.is_mutable_collection("intermediates"))
+            for name, value in ops.items():  # each op's output, when the caller asks (mutable "intermediates")
+                self.sow("intermediates", name, value)
+            return (hidden, kv), None
         dense_init = nn.initializers.normal(0.02)
         d, hd = cfg.hidden_size, cfg.head_dim
         hidden, kv = carry
@@ -224,7 +228,7 @@ class Decoder(nn.Module):
             layer_cls = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(mode))
         layers = nn.scan(
             layer_cls,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, "intermediates": 0},
             split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
@@ -235,6 +239,8 @@ class Decoder(nn.Module):
         final_norm = self.param("final_norm", nn.initializers.ones, (cfg.hidden_size,), param_dtype)
         norm = invariant.final_norm if self.batch_invariant else rms_norm
         hidden = norm(hidden, final_norm, cfg.rms_norm_eps)
+        if self.batch_invariant:
+            self.sow("intermediates", "final_norm", hidden)
         head = None
         if not cfg.tie_word_embeddings:
             head = self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), param_dtype)

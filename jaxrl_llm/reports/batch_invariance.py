@@ -16,6 +16,7 @@ and names the first op that differs. Run: ``python -m jaxrl_llm.reports.batch_in
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import NamedTuple
 
 import jax
@@ -25,7 +26,7 @@ import numpy as np
 from jaxrl_llm.models import batch_invariant as inv
 from jaxrl_llm.models.attention import causal_attention, grouped_attention
 from jaxrl_llm.models.config import DecoderConfig
-from jaxrl_llm.models.decoder import apply_rope, jnp_dtype, lm_head_logits, rms_norm, rope_inverse_frequencies
+from jaxrl_llm.models.decoder import Decoder, apply_rope, init_cache, jnp_dtype, lm_head_logits, rms_norm, rope_inverse_frequencies
 from jaxrl_llm.models.matmul import project
 
 BATCH = 64
@@ -166,6 +167,106 @@ def first_differing(results: list[OpResult], path: str) -> str | None:
         if result.path == path and not (result.batch.bitwise and result.layout.bitwise):
             return result.op
     return None
+
+
+class ModelOpDifference(NamedTuple):
+    """The first op of the model's own forward pass whose output for some row differs."""
+    op: str  # "layer L <op>" (`batch_invariant.block`'s ops), "final_norm" or "logprobs"
+    comparison: str  # "batch": rows together vs each alone; "layout": decode over the cache vs full forward
+    max_abs_diff: float
+    differing: int  # outputs (tokens x features) that differ
+
+    def __str__(self) -> str:
+        return f"{self.op} ({self.comparison}: {self.differing} values differ, max |d| {self.max_abs_diff:.3e})"
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _recorded_forward(params, cfg: DecoderConfig, tokens, positions, visible, kv=None, write_at=None):
+    """The invariant forward with every op's output recorded: (hidden, kv, intermediates)."""
+    (hidden, kv), state = Decoder(cfg, batch_invariant=True).apply(
+        {"params": params}, tokens, positions, visible, kv, write_at, return_hidden=True, mutable=["intermediates"])
+    return hidden, kv, state["intermediates"]
+
+
+def _ops_in_order(cfg: DecoderConfig, recorded: dict) -> list[tuple[str, jax.Array]]:
+    """[(op, output [B, T, ...])] in forward order: each layer's ops, then the final norm."""
+    layers = recorded["layers"]
+    ops = [(f"layer {i} {name}", layers[name][0][i]) for i in range(cfg.num_layers) for name in inv.BLOCK_OPS
+           if name in layers]
+    return ops + [("final_norm", recorded["final_norm"][0])]
+
+
+def _full_forward_ops(params, cfg, tokens: np.ndarray, lengths: np.ndarray, temperature: float):
+    """Right-padded rows [B, T] in one learner forward -> [(op, [B, T, ...])], the last the log-prob of
+    each next token."""
+    batch, width = tokens.shape
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    visible = np.tril(np.ones((width, width), bool))[None] & mask[:, None, :]
+    positions = np.broadcast_to(np.arange(width), tokens.shape)
+    hidden, _, recorded = _recorded_forward(params, cfg, tokens, positions, visible)
+    ops = _ops_in_order(cfg, recorded)
+    weight = params["embed" if cfg.tie_word_embeddings else "lm_head"]
+    targets = np.concatenate([tokens[:, 1:], np.zeros((batch, 1), tokens.dtype)], axis=1)
+    logp = jax.jit(inv.token_logprobs, static_argnums=3)(hidden, targets, weight, cfg.tie_word_embeddings, temperature)
+    return ops + [("logprobs", logp[..., None])]
+
+
+def _decoded_ops(params, cfg, tokens: np.ndarray, length: int, prompt: int, temperature: float):
+    """One row as the sampler computes it: its prompt prefilled into the cache (slot = position), then
+    one token per decode step -> [(op, [1, T, ...])] over its ``length`` tokens."""
+    width = tokens.shape[0]
+    kv = {name: x for name, x in init_cache(cfg, 1, width).items() if name in ("k", "v")}
+    slot_mask = jnp.zeros((1, width), bool)
+    weight = params["embed" if cfg.tie_word_embeddings else "lm_head"]
+    head = jax.jit(inv.head_logprobs, static_argnums=2)
+    chunks = []
+    for start, stop in [(0, prompt)] + [(t, t + 1) for t in range(prompt, length)]:
+        positions = np.arange(start, stop)[None]
+        write_at, slot_mask, visible = inv.cache_slots(slot_mask, np.ones_like(positions, bool), positions)
+        hidden, kv, recorded = _recorded_forward(params, cfg, tokens[None, start:stop], positions, visible, kv, write_at)
+        ops = _ops_in_order(cfg, recorded)
+        logp = head(hidden[0], weight, cfg.tie_word_embeddings, temperature)
+        nxt = np.append(tokens[start + 1:stop + 1], 0)[:stop - start]
+        chunks.append(ops + [("logprobs", jnp.take_along_axis(logp, nxt[:, None], axis=-1)[None])])
+    return [(op, jnp.concatenate([c[i][1] for c in chunks], axis=1)) for i, (op, _) in enumerate(chunks[0])]
+
+
+def _first_difference(a, b, lengths: np.ndarray, comparison: str) -> ModelOpDifference | None:
+    """First op whose outputs differ on the rows' real tokens (a, b: [(op, [B, T, ...])])."""
+    valid = np.arange(np.asarray(a[0][1]).shape[1])[None, :] < lengths[:, None]
+    for (op, x), (_, y) in zip(a, b):
+        x, y = np.asarray(x, np.float64)[valid], np.asarray(y, np.float64)[valid]
+        if op == "logprobs":  # the last token of a row predicts nothing
+            keep = (np.arange(valid.shape[1])[None, :] < lengths[:, None] - 1)[valid]
+            x, y = x[keep], y[keep]
+        if not np.array_equal(x, y):
+            return ModelOpDifference(op, comparison, float(np.max(np.abs(x - y))), int(np.sum(x != y)))
+    return None
+
+
+def first_differing_model_op(params, cfg: DecoderConfig, sequences: list[list[int]], prompt_lengths: list[int],
+                             temperature: float = 1.0) -> ModelOpDifference | None:
+    """Find the op, in the model itself (not the probe's copies of its ops), whose output for a row
+    depends on its batch or on how its tokens were computed: the sequences' ops in one learner
+    forward (all rows together) vs each row alone ("batch"), then each row decoded token by token
+    over the KV cache after its prompt vs its full forward ("layout"). None when every op agrees."""
+    lengths = np.array([len(s) for s in sequences])
+    width = int(lengths.max())
+    tokens = np.zeros((len(sequences), width), np.int32)
+    for row, seq in enumerate(sequences):
+        tokens[row, :len(seq)] = seq
+    together = _full_forward_ops(params, cfg, tokens, lengths, temperature)
+    alone = [_full_forward_ops(params, cfg, tokens[row:row + 1], lengths[row:row + 1], temperature)
+             for row in range(len(sequences))]
+    stacked = [(op, jnp.concatenate([rows[i][1] for rows in alone])) for i, (op, _) in enumerate(alone[0])]
+    found = _first_difference(together, stacked, lengths, "batch")
+    for row in range(len(sequences)):
+        if found is not None:
+            return found
+        decoded = _decoded_ops(params, cfg, tokens[row], int(lengths[row]), prompt_lengths[row], temperature)
+        found = _first_difference(decoded, [(op, x[:, :lengths[row]]) for op, x in alone[row]],
+                                  lengths[row:row + 1], "layout")
+    return found
 
 
 def format_results(dtype_name: str, results: list[OpResult]) -> str:

@@ -8,13 +8,15 @@ the probe (`jaxrl_llm.reports.batch_invariance`) at the model's shapes."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_llm import core
 from jaxrl_llm.models import init_params
 from jaxrl_llm.models.config import tiny_decoder_config
-from jaxrl_llm.reports.batch_invariance import first_differing, probe
+from jaxrl_llm.models import batch_invariant as inv
+from jaxrl_llm.reports.batch_invariance import first_differing_model_op
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
 from jaxrl_llm.train.batch import build_sequences
@@ -64,9 +66,16 @@ def differing_tokens(cfg, params, dtype: str, prompts, max_tokens: int, *, batch
         out[name] = sum(int(np.sum(pi_old[j, :rec.num_completion_tokens] != rec.sampler_logprobs))
                         for j, rec in enumerate(rollouts.records))
         assert out[name] == 0 or not batch_invariant, (
-            f"{dtype} {name}: {out[name]} of {sum(lengths)} log-probs differ; first op that differs in the probe: "
-            f"{first_differing(probe(dtype, tokens=24, cfg=cfg), 'invariant')}")
+            f"{dtype} {name}: {out[name]} of {sum(lengths)} log-probs differ; first op of the model that differs: "
+            f"{first_differing_model_op(params, cfg, *_sequences(batch, 4), TEMPERATURE)}")
     return out
+
+
+def _sequences(batch: RolloutBatch, count: int) -> tuple[list[list[int]], list[int]]:
+    """The first ``count`` sampled sequences (prompt + completion) and their prompt lengths."""
+    records = batch.records[:count]
+    return ([list(r.prompt_token_ids) + list(r.completion_token_ids) for r in records],
+            [len(r.prompt_token_ids) for r in records])
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +91,23 @@ def test_tiny_model_sampler_logprobs_equal_learner_in_every_composition(tiny, dt
     cfg, params = tiny
     differing_tokens(cfg, params, dtype, _prompts(16, cfg.vocab_size), 8, batch_invariant=True,
                      stop_ids=range(1, 4000))
+
+
+def test_a_batch_dependent_op_fails_the_test_and_is_named(tiny, monkeypatch):
+    """Broken on purpose: RMSNorm given a reduction over the rows of its tile (a term that depends
+    on the other rows, as a kernel split by batch size would). The equality check must fail and its
+    message name the first op that differs: layer 0's input_norm."""
+    cfg, params = tiny
+    real = inv.rms_norm
+    monkeypatch.setattr(inv, "rms_norm", lambda x, w, eps: real(x, w, eps) + 1e-3 * jnp.mean(x, axis=0))
+    jax.clear_caches()  # programs compiled with the real rms_norm
+    try:
+        with pytest.raises(AssertionError, match="first op of the model that differs: layer 0 input_norm"):
+            differing_tokens(cfg, params, "float32", _prompts(4, cfg.vocab_size), 4, batch_invariant=True,
+                             stop_ids=range(1, 4000))
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
 
 
 @pytest.mark.slow
