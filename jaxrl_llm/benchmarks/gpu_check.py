@@ -14,6 +14,10 @@ result file is rewritten after every section, so a run cut short keeps what it m
   ceilings      the device's measured bf16 matmul rate and copy bandwidth;
   attention     cuDNN's segment-aware attention on packed rows against its mask path and a
                 float32 XLA reference (forward and gradients), GPU only;
+  batch_invariance  bitwise on-policy sampling on the device (`benchmarks.batch_invariance.exactness`):
+                64 sequences sampled at the Qwen2.5-0.5B shape (random weights; --tiny: the tiny model),
+                bf16 and fp32, rollout.batch_invariant on and off; per composition of the learner's
+                batch, how many sampled log-probs differ from its pi_old (on: must be 0);
   learner       `Learner.update` (the real step: micro-batches, fp32 master weights, AdamW,
                 train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
                 an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
@@ -152,6 +156,17 @@ def attention_check(seed: int = 0) -> dict[str, Any]:
     return out
 
 
+def batch_invariance_check(tiny: bool) -> dict[str, Any]:
+    """`benchmarks.batch_invariance.exactness` at the 0.5B shape (tiny: the tiny model, 8 sequences)."""
+    from jaxrl_llm.benchmarks.batch_invariance import exactness
+
+    cfg = model_config("tiny" if tiny else "qwen2.5-0.5b", 128)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    rng = np.random.RandomState(0)
+    prompts = [list(rng.randint(10, cfg.vocab_size, size=rng.randint(2, 40))) for _ in range(8 if tiny else 64)]
+    return exactness(cfg, params, prompts, 8 if tiny else 32)
+
+
 def learner_plan(tiny: bool) -> list[tuple[str, int, bool, float]]:
     """(model, tokens per step, pack, estimated seconds) in the order they run."""
     if tiny:
@@ -214,6 +229,11 @@ def main(argv=None) -> int:
             os.environ[SEGMENTS_SWITCH] = "0"
             report.data["cudnn_segments_disabled"] = True
             report.write()
+    if wanted("batch_invariance"):
+        report.data["batch_invariance"] = report.section("batch_invariance", 20 if args.tiny else 90,
+                                                         lambda: batch_invariance_check(args.tiny))
+        report.write()
+
     def gpu_rl():  # imported by the sections that use it: an import error fails those sections only
         from jaxrl_llm.benchmarks import gpu_rl as module
         return module

@@ -20,10 +20,11 @@ The fixes, one mechanism each:
   (zero-padded), one program of one fixed shape per tile in a ``lax.map``: every row goes through
   the same dot kernel and the same elementwise code (a vmap would not do it: XLA folds the batch
   back into one op of any M).
-* `attention`: scores q.k and the weighted sum of values by `tree_sum` (over the head dim and
-  over keys), max exact; keys are laid out by position (slot = position) in the cache and in the
-  learner's rows, so the sum over keys sees the same values in the same order in both, followed
-  by exact zeros for the masked slots.
+* `attention`: query rows in the same tiles, keys in blocks of KEY_BLOCK at slot = position (in the
+  cache and in the learner's rows); each block's scores q.k and weighted values are dots of one
+  fixed shape, and the blocks' sums are added in order (a left fold) up to the tile's last visible
+  key, so a decode step over its cache and the learner's full forward add the same numbers in the
+  same order (a block past a row's last key adds exact zeros);
 * `log_softmax`: (z - max) - log(tree_sum(exp(z - max))), the one formula the sampler and the
   learner both use.
 

@@ -3,27 +3,20 @@ token equals the learner's pi_old of it exactly, whatever the learner's composit
 (all together, shuffled, each alone, other padding and micro-batch sizes); with it off they differ.
 
 The reference is the learner's own pass (`Learner.step_logprobs`), an independent program from the
-sampler's KV-cache decode; equality is np.array_equal. A failure names the first op that differs in
-the probe (`jaxrl_llm.reports.batch_invariance`) at the model's shapes."""
-import dataclasses
-
+sampler's KV-cache decode; equality is np.array_equal. A failure names the first op of the model whose
+output differs (`reports.batch_invariance.first_differing_model_op`: the model's own ops recorded, rows
+together vs each alone, then decode over the cache vs the full forward)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm import core
-from jaxrl_llm.models import init_params
+from jaxrl_llm.benchmarks.batch_invariance import compositions, differing_logprobs, sample
+from jaxrl_llm.models import batch_invariant as inv, init_params
 from jaxrl_llm.models.config import tiny_decoder_config
-from jaxrl_llm.models import batch_invariant as inv
 from jaxrl_llm.reports.batch_invariance import first_differing_model_op
-from jaxrl_llm.rollout.jax_sampler import JaxSampler
-from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
-from jaxrl_llm.train.batch import build_sequences
-from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.rollout.types import RolloutBatch
 
-PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 TEMPERATURE = 0.7
 
 
@@ -32,39 +25,21 @@ def _prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [list(rng.randint(10, vocab, size=rng.randint(2, 40))) for _ in range(count)]
 
 
-def _compositions(batch: RolloutBatch, max_tokens: int):
-    """(name, RolloutBatch, its order in `batch`, micro_batch_size, build_sequences kwargs)."""
-    n = len(batch.records)
-    perm = np.random.RandomState(1).permutation(n)
-    shuffled = dataclasses.replace(batch, records=tuple(dataclasses.replace(batch.records[i], prompt_index=j)
-                                                        for j, i in enumerate(perm)))
-    wide = {"completion_width": max_tokens + 13, "prompt_bucket": 48}
-    return [("together", batch, np.arange(n), n, {}),
-            ("shuffled, wider padding, micro-batches of 5", shuffled, perm, 5, wide),
-            ("each alone", batch, np.arange(n), 1, {})]
-
-
 def differing_tokens(cfg, params, dtype: str, prompts, max_tokens: int, *, batch_invariant: bool,
                      stop_ids=()) -> dict[str, int]:
     """Samples `prompts` in one batch, scores them with the learner in each composition; returns
     composition -> number of completion tokens whose sampler and learner log-probs differ."""
     cfg = cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
     params = jax.tree.map(lambda x: x.astype(dtype), params)
-    sampler = JaxSampler(cfg, params, eos_token_ids=[0], batch_invariant=batch_invariant)
-    batch = sampler.generate(prompts, n=1, params=SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens,
-                                                                 seed=0, stop_token_ids=tuple(stop_ids)))
+    batch = sample(cfg, params, prompts, max_tokens, batch_invariant=batch_invariant, temperature=TEMPERATURE,
+                   stop_ids=stop_ids)
     lengths = [r.num_completion_tokens for r in batch.records]
     assert len(set(lengths)) > 1 or len({len(p) for p in prompts}) > 1  # sequences of different lengths
     out = {}
-    for name, rollouts, order, micro, kwargs in _compositions(batch, max_tokens):
-        learner = Learner(cfg, core.get_recipe("grpo"), TrainConfig(precision=PRECISION[dtype],
-                                                                    micro_batch_size=micro),
-                          total_steps=1, temperature=TEMPERATURE, batch_invariant=batch_invariant)
-        seq = build_sequences(rollouts, completion_width=kwargs.get("completion_width", max_tokens),
-                              prompt_bucket=kwargs.get("prompt_bucket", 16))
-        pi_old = np.asarray(learner.step_logprobs(params, seq, with_reference=False).logp)
-        out[name] = sum(int(np.sum(pi_old[j, :rec.num_completion_tokens] != rec.sampler_logprobs))
-                        for j, rec in enumerate(rollouts.records))
+    for composition in compositions(batch, max_tokens):
+        name = composition.name
+        out[name] = differing_logprobs(cfg, params, composition, dtype, batch_invariant=batch_invariant,
+                                       temperature=TEMPERATURE)
         assert out[name] == 0 or not batch_invariant, (
             f"{dtype} {name}: {out[name]} of {sum(lengths)} log-probs differ; first op of the model that differs: "
             f"{first_differing_model_op(params, cfg, *_sequences(batch, 4), TEMPERATURE)}")
