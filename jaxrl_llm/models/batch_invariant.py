@@ -12,9 +12,9 @@ What XLA:CPU (jaxlib 0.10) does otherwise, measured by ``python -m jaxrl_llm.rep
 
 The fixes, one mechanism each:
 
-* `tree_sum`: the sum over an axis as a binary tree of elementwise adds of adjacent pairs,
-  the axis zero-padded to a power of two. Elementwise IEEE adds round the same at any shape, and
-  appending zeros only adds exact zeros at the root, so the sum of a row is a function of that
+* `tree_sum`: the sum over an axis as a binary tree of elementwise adds (first half + second
+  half), the axis zero-padded to a power of two. Elementwise IEEE adds round the same at any shape, and
+  an appended zero is only ever added to a value or to another zero (exact), so the sum of a row is a function of that
   row's values and their order alone, whatever the array's shape or the padding after them.
 * `by_tiles`: every per-token op (projections, RMSNorm, RoPE, MLP, LM head) on tiles of TILE rows
   (zero-padded), one program of one fixed shape per tile in a ``lax.map``: every row goes through
@@ -22,9 +22,9 @@ The fixes, one mechanism each:
   back into one op of any M).
 * `attention`: query rows in the same tiles, keys in blocks of KEY_BLOCK at slot = position (in the
   cache and in the learner's rows); each block's scores q.k and weighted values are dots of one
-  fixed shape, and the blocks' sums are added in order (a left fold) up to the tile's last visible
-  key, so a decode step over its cache and the learner's full forward add the same numbers in the
-  same order (a block past a row's last key adds exact zeros);
+  fixed shape, and the blocks are folded in order with a running max (online softmax) up to the
+  tile's last visible key, so a decode step over its cache and the learner's full forward fold the
+  same numbers in the same order (a block past a row's last key changes nothing, exactly);
 * `log_softmax`: (z - max) - log(tree_sum(exp(z - max))), the one formula the sampler and the
   learner both use.
 
@@ -57,9 +57,10 @@ def _tiles(count: int, size: int) -> int:
 
 
 def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
-    """Sum over ``axis`` as a tree of adjacent-pair adds (the axis zero-padded to a power of two):
-    the result for each output element depends only on the values along the axis, in order,
-    and is unchanged by zeros appended after them."""
+    """Sum over ``axis`` as a binary tree (the axis zero-padded to a power of two, then its first half
+    added to its second, elementwise, until one element is left): the result for each output element
+    depends only on the values along the axis, in order, and is unchanged by zeros appended after
+    them. (Halves, not adjacent pairs: contiguous slices, ~3x faster on a [32, 49152] log-softmax.)"""
     axis = axis % x.ndim
     length = x.shape[axis]
     size = 1 << max(0, (length - 1).bit_length())
@@ -69,9 +70,7 @@ def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
         x = jnp.pad(x, pad)
     while x.shape[axis] > 1:
         half = x.shape[axis] // 2
-        pairs = x.reshape(x.shape[:axis] + (half, 2) + x.shape[axis + 1:])
-        x = jax.lax.index_in_dim(pairs, 0, axis + 1, keepdims=False) + \
-            jax.lax.index_in_dim(pairs, 1, axis + 1, keepdims=False)
+        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis)
     return jax.lax.index_in_dim(x, 0, axis, keepdims=False)
 
 
@@ -125,34 +124,31 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, rows: jax.Array, visible: 
     """One tile of query rows: q [TILE, Hkv, G, hd]; k/v [B, S, Hkv, hd] the whole batch's keys,
     of which query row i sees row ``rows[i]``; visible [TILE, S] -> [TILE, Hkv, G, hd] float32.
 
-    Keys go in blocks of KEY_BLOCK through two loops (the max, then the sums) whose bodies have
-    one fixed shape, so every score q.k, exp and weighted sum is computed by the same code (the
-    same dot kernel: batch (TILE, Hkv), M = G) whatever S or the batch is. The loops run over the
-    blocks up to the tile's last visible key only (`_key_blocks`) and add the blocks' sums in order
-    (a left fold): a block past a row's last visible key adds exact zeros to that row, so a decode
-    step over its cache and the learner's full forward fold the same numbers in the same order."""
+    Keys go in blocks of KEY_BLOCK through one loop whose body has one fixed shape, so every score
+    q.k, exp and weighted sum is computed by the same code (the same dot kernel: batch (TILE, Hkv),
+    M = G) whatever S or the batch is. The loop runs over the blocks up to the tile's last visible key
+    (`_key_blocks`) with a running max (the online softmax of Milakov & Gimelshein 2018, as in flash
+    attention): a block past a row's last visible key leaves its max unchanged, so its sums are
+    multiplied by exp(0) = 1 and added exact zeros; a decode step over its cache and the learner's full
+    forward then fold the same numbers in the same order."""
     scale = q.shape[-1] ** -0.5
 
-    def key_block(i):  # scores [TILE, Hkv, G, KEY_BLOCK] (masked: -inf), values, mask of block i
+    def add_block(i, carry):
+        top, total, out = carry
         slots = i * KEY_BLOCK + jnp.arange(KEY_BLOCK)  # past S (the last block): zeros, not visible
         key, value = (x.at[rows[:, None], slots[None, :]].get(mode="fill", fill_value=0) for x in (k, v))
         see = visible.at[:, slots].get(mode="fill", fill_value=False)[:, None, None, :]
-        dots = jnp.einsum("tkgd,tskd->tkgs", q, key, preferred_element_type=jnp.float32) * scale
-        return jnp.where(see, dots, -jnp.inf), value, see
-
-    blocks = _key_blocks(visible)
-    top = jax.lax.fori_loop(0, blocks, lambda i, m: jnp.maximum(m, jnp.max(key_block(i)[0], axis=-1)),
-                            jnp.full(q.shape[:3], -jnp.inf, jnp.float32))
-    top = jnp.where(jnp.isfinite(top), top, 0.0)[..., None]
-
-    def add_block(i, sums):
-        scores, value, see = key_block(i)
-        weights = jnp.where(see, jnp.exp(scores - top), 0.0)
+        scores = jnp.einsum("tkgd,tskd->tkgs", q, key, preferred_element_type=jnp.float32) * scale
+        new_top = jnp.maximum(top, jnp.max(jnp.where(see, scores, -jnp.inf), axis=-1))
+        finite = jnp.where(jnp.isfinite(new_top), new_top, 0.0)  # rows with no visible key yet
+        rescale = jnp.where(jnp.isfinite(top), jnp.exp(top - finite), 0.0)
+        weights = jnp.where(see, jnp.exp(scores - finite[..., None]), 0.0)
         weighted = jnp.einsum("tkgs,tskd->tkgd", weights, value, preferred_element_type=jnp.float32)
-        return sums[0] + tree_sum(weights, -1), sums[1] + weighted
+        return new_top, total * rescale + tree_sum(weights, -1), out * rescale[..., None] + weighted
 
-    total, out = jax.lax.fori_loop(0, blocks, add_block, (jnp.zeros(q.shape[:3], jnp.float32),
-                                                          jnp.zeros(q.shape, jnp.float32)))
+    start = (jnp.full(q.shape[:3], -jnp.inf, jnp.float32), jnp.zeros(q.shape[:3], jnp.float32),
+             jnp.zeros(q.shape, jnp.float32))
+    _, total, out = jax.lax.fori_loop(0, _key_blocks(visible), add_block, start)
     return out / jnp.where(total > 0, total, 1.0)[..., None]
 
 
