@@ -11,6 +11,7 @@ READMEs' results tables from these files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime as _dt
 import json
 import os
@@ -87,6 +88,13 @@ def machine() -> dict[str, Any]:
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
+@functools.lru_cache(maxsize=None)
+def code_version() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout, read once per process: `experiment_parser` reads it when an
+    experiment starts, so a result names the code that ran, not a HEAD that moved during the run."""
+    return git_commit(), git_dirty()
+
+
 def write_result(result: ExperimentResult, path: str | os.PathLike | None = None, *,
                  provenance: Mapping[str, Any] | None = None) -> Path:
     """Writes `result` to `path` (default experiments/results/<name>.json) with the commit,
@@ -96,7 +104,7 @@ def write_result(result: ExperimentResult, path: str | os.PathLike | None = None
     data = dataclasses.asdict(result)
     data["seeds"], data["tuning_seeds"] = list(result.seeds), list(result.tuning_seeds)
     data.update(provenance if provenance is not None else {
-        "commit": git_commit(), "dirty": git_dirty(), "machine": machine(),
+        "commit": code_version()[0], "dirty": code_version()[1], "machine": machine(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2, sort_keys=False, default=float) + "\n")

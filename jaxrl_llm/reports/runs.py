@@ -31,6 +31,9 @@ def experiment_parser(description: str, *, name: str, seeds: tuple[Sequence[int]
     """--quick, --out, --fresh and dotted config overrides, the same for every experiment;
     with `seeds` = (full-size seeds, --quick seeds) also --seeds (read by `chosen_seeds`); with
     `results` also --results (where to write the stored result, reports/results.py)."""
+    from jaxrl_llm.reports.results import code_version
+
+    code_version()  # the commit that runs, read before the run (a result written at its end names it)
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if seeds is not None:
         full, quick = (tuple(s) for s in seeds)
