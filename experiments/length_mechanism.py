@@ -18,18 +18,22 @@ from the same weights with the real learner (train/learner.py Learner: the recip
 core.prepare_step_batch + core.recipe_loss, AdamW); samples come from the decoder itself
 at temperature 1. The answer token is left out of the loss mask, so P(RIGHT) stays near
 1/2, every group keeps a mix of right and wrong answers, and only the free part (the
-length) is trained: the derivation with a = 0 answer tokens in L. Arms: grpo, dr_grpo, dapo,
+length) is trained: the derivation with a = 0 answer tokens in L. The answer is drawn by
+the task (the same draws in every arm of a seed), not sampled by the policy: a first launch of
+this size (commit 3dc7373) sampled it from the policy, and P(RIGHT) drifted to 0 through the
+shared weights in all four arms of seed 100, which stops all learning (groups of one class). Arms: grpo, dr_grpo, dapo,
 and grpo_shared, where the policy conditions on a fixed SLOT token in place of the answer it
 gave (reports/length_mechanism.py policy_view), so its stop decision cannot see the answer.
-Measured per step: the policy's EOS probability at the free positions after a right and
-after a wrong answer (teacher-forced on fixed filler strings), sampled lengths, and the
+Measured per step: the policy's EOS probability at the free decision points of its own
+sampled responses, by class (on-policy; also teacher-forced on fixed filler strings, which
+stop being the policy's contexts once its fillers drift), sampled lengths, and the
 step's stop-logit force sum_it w_it A_i (1[EOS] - q_it) read off the real step batch, next to
 its closed form. The task, the decoder, its sampler and the RL loop are
 jaxrl_llm/reports/length_mechanism.py; this file sizes the study, fixes its verdict rule and
 reports it.
 
     python experiments/length_mechanism.py --quick     # 5 seeds x 4 arms x 40 steps, <= 48 tokens
-    python experiments/length_mechanism.py --seeds 100,101,102,103,104,105,106,107,108,109 \
+    python experiments/length_mechanism.py --seeds 110,111,112,113,114,115,116,117,118,119 \
         --results experiments/results/length_mechanism.json    # the deciding run: 10 fresh seeds x 4 arms x 300 steps
 
 Writes to runs/experiments/length_mechanism/<quick|full>/: seeds/<seed>.json (every arm's
@@ -57,8 +61,11 @@ from jaxrl_llm.reports.runs import experiment_parser, output_dir, write_summary
 NAME = "length_mechanism"
 QUICK = dataclasses.replace(MechanismStudy(), seeds=5, steps=40)
 SIZES = {"": MechanismStudy(), "quick": QUICK}
-DECIDING_SEEDS = tuple(range(100, 110))
-TUNING_SEEDS = (0,)  # sized the run (time per step) and chose sft_steps = 200 from its q0
+DECIDING_SEEDS = tuple(range(110, 120))
+# 0 sized the run (time per step) and chose sft_steps = 200 from its q0; 100 showed, in the first launch
+# (commit 3dc7373), that the policy's own answers drift to all-wrong and the fixed-filler q leaves the
+# policy's contexts, which changed the task (answers drawn by the task) and the statistic (on-policy q).
+TUNING_SEEDS = (0, 100)
 BASELINE = "dr_grpo"  # the constant normaliser every arm is paired with
 
 
@@ -74,18 +81,20 @@ def get_config(arg: str = "") -> MechanismStudy:
 CLAIM = ("GRPO: wrong answers lengthen relative to right ones on a length-neutral task; constant normaliser "
          "(Dr. GRPO): no drift; token-mean (DAPO) in between; stop decision blind to the answer: no split in any "
          "mode (Liu et al. 2025, arXiv 2503.20783)")
-LENGTH_WINDOW = 50  # steps: d length split = mean of the last 50 steps minus the first 50
+WINDOW = 25  # steps: a change is the mean of the last 25 steps minus the mean of the first 25
 VERDICT_RULE = (
-    "Seeds 100-109, fresh (seed 0 sized the run and chose sft_steps: a tuning seed); a seed counts when all its "
-    "arms finished (a run cut short counts its finished seeds); fewer than 2 seeds: inconclusive. Per seed, "
-    "d split = change of q_wrong - q_right (stop probability after a wrong minus after a right answer) from step 0 "
-    "to the last step; paired = an arm's d split minus Dr. GRPO's on the same seed; 95% Student-t over seeds. "
+    "Seeds 110-119, fresh (seeds 0 and 100 chose settings: tuning seeds); a seed counts when all its arms "
+    "finished (a run cut short counts its finished seeds); fewer than 2 seeds: inconclusive. Per seed, d split = "
+    "change of q_wrong - q_right, the on-policy stop probability (mean EOS probability at the free decision "
+    "points of the step's sampled responses) after a wrong minus after a right answer, mean of the last "
+    f"{WINDOW} steps minus the first {WINDOW}; paired = an arm's d split minus Dr. GRPO's on the same seed; "
+    "95% Student-t over seeds. "
     "(a) GRPO: reproduced if the paired GRPO - Dr. GRPO interval lies below 0, not reproduced if above 0, else "
     "inconclusive. (b) token-mean in between: reproduced if the paired DAPO - Dr. GRPO interval lies below 0 and "
     "its mean is above GRPO's paired mean; not reproduced if it lies above 0 or its upper end lies below GRPO's "
     "paired mean; else inconclusive. (c) shared-stop control, every *_shared arm: reproduced (no split) if its "
     "own d split interval and its d length split interval (sampled length of wrong minus right responses, mean "
-    f"of the last {LENGTH_WINDOW} steps minus the first {LENGTH_WINDOW}) both cover 0; not reproduced if either "
+    f"of the last {WINDOW} steps minus the first {WINDOW}) both cover 0; not reproduced if either "
     "excludes 0. Overall: not reproduced if any of (a)-(c) is, reproduced if all three are, else inconclusive.")
 
 
@@ -130,23 +139,34 @@ def window_change(curve: Sequence[float], k: int = 5) -> float:
     return float(np.nanmean(values[-k:]) - np.nanmean(values[:k]))
 
 
+def rolling(x, k: int = WINDOW) -> np.ndarray:
+    """Mean over a trailing window of k steps (NaN-aware), per row of a [rows, steps] array or one curve."""
+    x = np.asarray(x, float)
+    out = np.array([[np.nanmean(row[max(0, t - k + 1):t + 1]) for t in range(row.size)] for row in np.atleast_2d(x)])
+    return out if x.ndim == 2 else out[0]
+
+
 def split_curve(log: dict) -> np.ndarray:
-    """q_wrong - q_right at every step, minus its value at step 0."""
-    split = np.asarray(log["q_wrong"]) - np.asarray(log["q_right"])
-    return split - split[0]
+    """On-policy q_wrong - q_right: its trailing WINDOW-step mean at every step minus the mean of the
+    first WINDOW steps (so its last value is the seed's d split)."""
+    split = np.asarray(log["q_own_wrong"], float) - np.asarray(log["q_own_right"], float)
+    k = max(1, min(WINDOW, split.size // 2))  # as window_change
+    return rolling(split, k) - np.nanmean(split[:k])
 
 
 def per_seed_row(log: dict) -> dict:
-    """One seed's numbers: drift of the stop probability (last - first), sampled lengths, force."""
+    """One seed's numbers: change of the stop probability (on-policy; and teacher-forced on fixed
+    fillers, last step minus step 0), sampled lengths, force."""
     length_split = np.asarray(log["length_wrong"], float) - np.asarray(log["length_right"], float)
     return {
         "q0 right": log["q_right"][0], "q0 wrong": log["q_wrong"][0],
-        "dq right": log["q_right"][-1] - log["q_right"][0],
-        "dq wrong": log["q_wrong"][-1] - log["q_wrong"][0],
+        "dq right": window_change(log["q_own_right"], WINDOW),
+        "dq wrong": window_change(log["q_own_wrong"], WINDOW),
         "d split": float(split_curve(log)[-1]),
-        "d length split": window_change(length_split, LENGTH_WINDOW),
-        "d length wrong": window_change(log["length_wrong"], LENGTH_WINDOW),
-        "d length right": window_change(log["length_right"], LENGTH_WINDOW),
+        "d split fixed fillers": (log["q_wrong"][-1] - log["q_right"][-1]) - (log["q_wrong"][0] - log["q_right"][0]),
+        "d length split": window_change(length_split, WINDOW),
+        "d length wrong": window_change(log["length_wrong"], WINDOW),
+        "d length right": window_change(log["length_right"], WINDOW),
         "force right": float(np.mean(log["force_right"])), "force wrong": float(np.mean(log["force_wrong"])),
         "closed right": float(np.mean(log["closed_right"])), "closed wrong": float(np.mean(log["closed_wrong"])),
         "reward first": log["reward"][0], "reward last": log["reward"][-1],
@@ -154,7 +174,7 @@ def per_seed_row(log: dict) -> dict:
     }
 
 
-ROW_KEYS = ("d split", "dq wrong", "dq right", "d length split", "d length wrong", "d length right", "force wrong",
+ROW_KEYS = ("d split", "dq wrong", "dq right", "d split fixed fillers", "d length split", "d length wrong", "d length right", "force wrong",
             "closed wrong", "force right", "closed right", "reward last", "truncated")
 
 
@@ -228,8 +248,8 @@ def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], study
         setting=(f"arms {study.arms}; {study.steps} steps, {NUM_PROMPTS} prompts x {study.samples} samples, "
                  f"<= {study.max_tokens} tokens, q0 {study.stop_prob}, lr {study.lr}"),
         command=command, seeds=tuple(seeds), tuning_seeds=TUNING_SEEDS,
-        statistic="d split (q_wrong - q_right, last step minus step 0), paired against Dr. GRPO by seed; "
-                  f"shared-stop arms: own d split and d length split (last {LENGTH_WINDOW} steps minus first)",
+        statistic=f"d split (on-policy q_wrong - q_right, mean of the last {WINDOW} steps minus the first "
+                  f"{WINDOW}), paired against Dr. GRPO by seed; shared-stop arms: own d split and d length split",
         interval_method="mean and 95% Student-t over seeds, paired by seed", verdict_rule=VERDICT_RULE,
         verdict=rule_verdict(numbers), headline=f"dapo - {BASELINE} d split", numbers=numbers,
         per_seed={k: keyed(dict(zip(seeds, v))) for k, v in values.items()}, wall_s=wall_s,
@@ -250,12 +270,6 @@ def _band_plot(ax, curves: np.ndarray, color, label: str) -> None:
         ax.fill_between(steps, [i.low for i in ivs], [i.high for i in ivs], color=color, alpha=0.2)
 
 
-def rolling(x: np.ndarray, k: int = 10) -> np.ndarray:
-    """Mean over a trailing window of k steps (NaN-aware), per row."""
-    x = np.asarray(x, float)
-    return np.array([[np.nanmean(row[max(0, t - k + 1):t + 1]) for t in range(row.size)] for row in x])
-
-
 def plot(logs: dict[str, list[dict]], path, title: str) -> None:
     import matplotlib
 
@@ -267,11 +281,11 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
     for arm, curves in paired_curves(logs).items():
         _band_plot(axes[0], curves, COLORS.get(arm), f"{arm} (n = {n})")
     axes[0].set_title(f"d split, paired: arm minus {BASELINE} (same seed)", fontsize=9)
-    axes[0].set_ylabel("change of q_wrong - q_right, mean and 95% band")
+    axes[0].set_ylabel(f"change of on-policy q_wrong - q_right ({WINDOW}-step mean), 95% band")
     for arm, seed_logs in logs.items():
         for cls, style in (("wrong", "-"), ("right", "--")):
-            axes[1].plot(np.mean([s[f"q_{cls}"] for s in seed_logs], axis=0), style, color=COLORS.get(arm),
-                         label=f"{arm} after {cls}")
+            axes[1].plot(np.nanmean(rolling(np.array([s[f"q_own_{cls}"] for s in seed_logs])), axis=0), style,
+                         color=COLORS.get(arm), label=f"{arm} after {cls}")
         lengths = np.array([np.asarray(s["length_wrong"], float) - np.asarray(s["length_right"], float)
                             for s in seed_logs])
         _band_plot(axes[2], rolling(lengths), COLORS.get(arm), arm)
@@ -279,8 +293,9 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
             axes[3].scatter([np.mean(s[f"closed_{cls}"]) for s in seed_logs],
                             [np.mean(s[f"force_{cls}"]) for s in seed_logs], marker=marker, color=COLORS.get(arm),
                             s=16, label=f"{arm} {cls}")
-    axes[1].set_title("stop probability after a wrong (solid) / right (dashed) answer", fontsize=9)
-    axes[2].set_title("sampled length, wrong minus right (10-step mean)", fontsize=9)
+    axes[1].set_title(f"on-policy stop probability after wrong (solid) / right (dashed), {WINDOW}-step mean",
+                      fontsize=9)
+    axes[2].set_title(f"sampled length, wrong minus right ({WINDOW}-step mean)", fontsize=9)
     lim = axes[3].get_xlim()
     axes[3].plot(lim, lim, "k--", lw=0.7)
     axes[3].set_xlabel("closed-form force per step (seed mean)")
@@ -311,7 +326,7 @@ def plot_token_mean(logs: dict[str, list[dict]], path, *, ratio: float, title: s
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.9))
     for arm in ("dapo", BASELINE):
         _band_plot(axes[0], np.array([split_curve(s) for s in logs[arm]]), COLORS[arm], f"{arm} d split")
-    axes[0].set_title("own split curves (change of q_wrong - q_right)", fontsize=9)
+    axes[0].set_title(f"own split curves (change of on-policy q_wrong - q_right, {WINDOW}-step mean)", fontsize=9)
     _band_plot(axes[1], paired["dapo"], COLORS["dapo"], f"dapo - {BASELINE} (paired)")
     if "grpo" in paired:
         axes[1].plot(paired["grpo"].mean(axis=0) * ratio, "k:", label=f"GRPO's paired mean x {ratio:.3f} (proportional)")
@@ -346,11 +361,13 @@ def report(out: Path, study: MechanismStudy, logs: dict[str, list[dict]], seeds:
     ratio = push.get("dapo", 0.0) / push["grpo"] if push.get("grpo") else float("nan")
     notes = [stats.seed_note(seeds, quick=quick, full_seeds=MechanismStudy.seeds),
              f"study: {dataclasses.asdict(study)}; wall time {wall_s:.0f} s",
-             "d split: change of q_wrong - q_right (stop probability after a wrong minus after a right answer, "
-             "teacher-forced on fixed fillers), last step minus step 0; (paired): minus Dr. GRPO's on the same seed. "
-             f"d length: sampled response length, mean of the last {LENGTH_WINDOW} steps minus the first "
-             f"{LENGTH_WINDOW}; split = wrong minus right. force: per-step stop-logit force sum w A (1[EOS] - q) "
-             "from the real step batch; closed: its closed form (reports/length_drift.py).",
+             "d split: change of q_wrong - q_right, the on-policy stop probability (mean EOS probability at the free "
+             "decision points of the step's own samples) after a wrong minus after a right answer, mean of the last "
+             f"{WINDOW} steps minus the first {WINDOW}; (paired): minus Dr. GRPO's on the same seed; dq: each class "
+             "alone; d split fixed fillers: the same teacher-forced on fixed filler strings, last step minus step 0. "
+             f"d length: sampled response length, mean of the last {WINDOW} steps minus the first {WINDOW}; split = "
+             "wrong minus right. force: per-step stop-logit force sum w A (1[EOS] - q) from the real step batch; "
+             "closed: its closed form (reports/length_drift.py).",
              f"closed-form push per unit advantage at q0 = {q0:.3f}: " + ", ".join(f"{m} {v:+.4f}" for m, v in push.items())
              + f"; token-mean / GRPO = {ratio:.4f}"]
     if {"dapo", "grpo", BASELINE} <= set(logs):

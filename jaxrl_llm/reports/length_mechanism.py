@@ -8,12 +8,16 @@ The task: a prompt token, then ONE answer token graded alone (RIGHT = 1, anythin
 with a 17-token vocabulary, trained by supervised learning on that format with
 P(answer = RIGHT) = `right_prob` and a stop probability `stop_prob` at every free position
 (`supervised_start`). `run_recipe` trains it with the recipe's Learner (train/learner.py)
-on samples of the decoder itself at temperature 1, the answer token left out of the loss
-mask, so only the free part (the length) is trained.
+on samples of the decoder itself at temperature 1. The answer is drawn by the task, not by
+the policy (RIGHT with probability `right_prob`, the same draws for every arm of a seed), and
+left out of the loss mask: the groups stay mixed and only the free part (the length) is
+trained. (Sampling the answer from the policy with it masked out of the loss, as the 12-token
+runs did, let P(RIGHT) drift through the shared weights: at 48 tokens x 300 steps it reached 0
+in every arm of seed 100 by step 100-200, and groups of one class have A = 0 and stop learning.)
 
 The shared-stop arms (`Arm.shared_stop`, issue 36): the same recipe, but the policy never
-sees which answer it gave. The answer is sampled at position 1 and graded as usual, but the
-token written there, the one every later position conditions on, is a fixed SLOT token
+sees which answer it gave. The answer is drawn and graded as usual, but the token written at
+position 1, the one every later position conditions on, is a fixed SLOT token
 (`policy_view`), in sampling, in the learner's batch and in the measurement alike. The stop
 decision then cannot depend on the answer, and the derivation predicts no split in any mode
 (the free lengths are independent of the advantages) and no drift of the shared stop logit
@@ -140,45 +144,43 @@ def supervised_start(seed: int, study: MechanismStudy):
 # ------------------------------------------------------------------ sampling and measuring
 def policy_view(tokens, shared_stop: bool):
     """The sequences as the policy conditions on them: with `shared_stop` the answer at position 1
-    (RIGHT, WRONG or any token but EOS) replaced by SLOT; numpy or jax arrays [..., 1 + T]."""
+    replaced by SLOT; numpy or jax arrays [..., 1 + T]."""
     if not shared_stop:
         return tokens
     if isinstance(tokens, np.ndarray):
         xp = np
     else:
         import jax.numpy as xp
-    answer = tokens[..., 1]
-    hidden = xp.where(answer == EOS, EOS, SLOT).astype(tokens.dtype)
-    return xp.concatenate([tokens[..., :1], hidden[..., None], tokens[..., 2:]], axis=-1)
+    hidden = xp.full_like(tokens[..., 1:2], SLOT)
+    return xp.concatenate([tokens[..., :1], hidden, tokens[..., 2:]], axis=-1)
 
 
 @functools.lru_cache(maxsize=None)
 def _sampler(cfg, max_tokens: int, shared_stop: bool = False):
-    """(sample, eos_prob): `sample(params, prompts, key)` -> (policy_view tokens [n, 1 + T], answers [n])."""
+    """(sample, eos_prob): `sample(params, prompts, answers, key)` -> [n, 1 + T] the policy_view of
+    prompt, the given answer and the free tokens the decoder samples after it."""
     import jax
     import jax.numpy as jnp
 
     from jaxrl_llm.models import forward
 
     @jax.jit
-    def sample(params, prompts, key):
+    def sample(params, prompts, answers, key):
         n = prompts.shape[0]
-        tokens = jnp.zeros((n, 1 + max_tokens), jnp.int32).at[:, 0].set(prompts)
+        tokens = jnp.zeros((n, 1 + max_tokens), jnp.int32).at[:, 0].set(prompts).at[:, 1].set(answers)
+        tokens = policy_view(tokens, shared_stop)
 
         def body(t, carry):
-            tokens, answers, done, key = carry
+            tokens, done, key = carry
             key, sub = jax.random.split(key)
             logits, _ = forward(params, cfg, tokens, attention_mask=jnp.ones_like(tokens))
             tok = jax.random.categorical(sub, jax.lax.dynamic_index_in_dim(logits, t, 1, keepdims=False))
             tok = jnp.where(done, PAD, tok).astype(jnp.int32)
-            answers = jnp.where(t == 0, tok, answers)
             tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, t + 1, 1)
-            tokens = jnp.where(t == 0, policy_view(tokens, shared_stop), tokens)
-            return tokens, answers, done | (tok == EOS), key
+            return tokens, done | (tok == EOS), key
 
-        tokens, answers, _, _ = jax.lax.fori_loop(
-            0, max_tokens, body, (tokens, jnp.zeros(n, jnp.int32), jnp.zeros(n, bool), key))
-        return tokens, answers
+        tokens, _, _ = jax.lax.fori_loop(1, max_tokens, body, (tokens, jnp.zeros(n, bool), key))
+        return tokens
 
     @jax.jit
     def eos_prob(params, tokens):
@@ -190,7 +192,7 @@ def _sampler(cfg, max_tokens: int, shared_stop: bool = False):
 
 def completion_arrays(tokens: np.ndarray, answers: np.ndarray):
     """Completion mask [N, T] (answer .. EOS inclusive), lengths, truncated flags, rewards
-    (RIGHT = 1, graded on the sampled `answers`, whatever the policy's view shows)."""
+    (RIGHT = 1, graded on the drawn `answers`, whatever the policy's view shows)."""
     completion = tokens[:, 1:]
     eos = completion == EOS
     has_eos = eos.any(axis=1)
@@ -233,8 +235,10 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
     evals = policy_view(eval_tokens(seed, study), shared_stop)
     state = learner.init(params)
     key = jax.random.key(30_000 + seed)
-    log = {k: [] for k in ("q_right", "q_wrong", "reward", "length_right", "length_wrong", "truncated",
-                           "force_right", "force_wrong", "closed_right", "closed_wrong", "q_free")}
+    draws = np.random.default_rng(40_000 + seed)  # the task's answers: the same for every arm of a seed
+    log = {k: [] for k in ("q_right", "q_wrong", "q_own_right", "q_own_wrong", "reward", "length_right",
+                           "length_wrong", "truncated", "force_right", "force_wrong", "closed_right", "closed_wrong",
+                           "q_free")}
     for step in range(study.steps + 1):
         q = stop_probability(eos_prob, state.params, evals)
         log["q_right"].append(float(q[0]))
@@ -242,14 +246,14 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
         if step == study.steps:
             break
         key, sub = jax.random.split(key)
-        tokens, answers = (np.asarray(x) for x in sample(state.params, prompts, sub))
+        answers = np.where(draws.random(n) < study.right_prob, RIGHT, WRONG).astype(np.int32)
+        tokens = np.asarray(sample(state.params, prompts, jnp.asarray(answers), sub))
         mask, lengths, truncated, rewards = completion_arrays(tokens, answers)
         attention = np.concatenate([np.ones((n, 1), np.int32), mask.astype(np.int32)], axis=1)
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
         seq = SequenceBatch(tokens, attention, positions, mask, np.zeros_like(mask), truncated, 1)
         old_logp, _ = learner.logprobs(state.params, seq)
-        # The answer token stays out of the loss: P(RIGHT) stays at its start, so every group keeps a
-        # mix of right and wrong answers and only the free part (the length) is trained.
+        # The answer (drawn by the task) stays out of the loss: only the free part (the length) is trained.
         free_mask = mask.copy()
         free_mask[:, 0] = 0.0
         batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards.reshape(NUM_PROMPTS, -1)),
@@ -260,6 +264,10 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
         weights, advantages = np.asarray(batch.loss_weights), np.asarray(batch.advantages)
         free = weights[:, 1:] * advantages[:, 1:] * ((tokens[:, 2:] == EOS) - q_tok)  # 0 off the mask
         right = rewards >= 1
+        for cls, rows in (("right", right), ("wrong", ~right)):  # on-policy: at the decision points visited
+            visited = mask[rows, 1:]
+            log[f"q_own_{cls}"].append(float((q_tok[rows] * visited).sum() / visited.sum()) if visited.sum()
+                                       else float("nan"))
         log["force_right"].append(float(free[right].sum()))
         log["force_wrong"].append(float(free[~right].sum()))
         q_mean = float((q_tok * mask[:, 1:]).sum() / max(mask[:, 1:].sum(), 1))

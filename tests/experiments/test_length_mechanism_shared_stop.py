@@ -16,7 +16,7 @@ STUDY = dataclasses.replace(lm.MechanismStudy(), seeds=1, steps=1, max_tokens=8,
 
 @pytest.fixture(scope="module")
 def start():
-    """A briefly supervised decoder (P(RIGHT) ~ 1/2, so the groups are mixed) and a GRPO learner."""
+    """A briefly supervised decoder and a GRPO learner."""
     from jaxrl_llm.train.config import TrainConfig
     from jaxrl_llm.train.learner import Learner
 
@@ -48,15 +48,18 @@ def test_shared_stop_policy_cannot_see_its_answer(start):
     logits, _ = forward(params, cfg, slot, attention_mask=np.ones_like(slot))
     eos = np.asarray(jax.nn.softmax(logits, axis=-1))[:, 1:-1, lm.EOS].mean()
     assert log["q_right"][0] == pytest.approx(float(eos), rel=1e-5)
-    # What the learner trains on: the sampler writes SLOT where the answer was (EOS only if the answer
-    # was EOS), and returns the answers apart, for the reward.
+    # What the learner trains on: the sampler writes SLOT where the task's answer goes.
     sample, _ = lm._sampler(cfg, STUDY.max_tokens, True)
     prompts = np.repeat(lm.PROMPT0 + np.arange(lm.NUM_PROMPTS), STUDY.samples).astype(np.int32)
-    tokens, answers = (np.asarray(x) for x in sample(params, prompts, jax.random.key(0)))
-    assert set(tokens[:, 1]) <= {lm.SLOT, lm.EOS} and {lm.RIGHT, lm.WRONG} <= set(answers)
-    np.testing.assert_array_equal(tokens[:, 1] == lm.EOS, answers == lm.EOS)
-    # The rewards still grade the sampled answer: both classes occur in the step's batch.
+    answers = np.resize([lm.RIGHT, lm.WRONG], prompts.size).astype(np.int32)
+    tokens = np.asarray(sample(params, prompts, answers, jax.random.key(0)))
+    assert (tokens[:, 1] == lm.SLOT).all() and (tokens[:, 0] == prompts).all()
+    seen_tokens = np.asarray(lm._sampler(cfg, STUDY.max_tokens, False)[0](params, prompts, answers, jax.random.key(0)))
+    np.testing.assert_array_equal(seen_tokens[:, 1], answers)
+    # The rewards grade the task's answers: both classes occur in the step's batch, and the on-policy
+    # stop probabilities of the two classes are close (same distribution), not equal (other samples).
     assert 0 < log["reward"][0] < 1 and np.isfinite(log["length_right"][0]) and np.isfinite(log["length_wrong"][0])
+    assert log["q_own_right"][0] == pytest.approx(log["q_own_wrong"][0], abs=0.02)
     # The contrast, same start and step with the answer visible: the stop probabilities after RIGHT
     # and WRONG differ (slightly after 30 supervised steps) and the GRPO step moves them differently.
     seen = one_step(start, shared_stop=False)
@@ -66,8 +69,8 @@ def test_shared_stop_policy_cannot_see_its_answer(start):
 
 
 def test_policy_view_hides_the_answer_in_numpy_and_jax():
-    tokens = np.array([[2, lm.RIGHT, 9, 1], [3, lm.WRONG, 10, 11], [4, lm.EOS, 0, 0]], np.int32)
-    expected = np.array([[2, lm.SLOT, 9, 1], [3, lm.SLOT, 10, 11], [4, lm.EOS, 0, 0]], np.int32)
+    tokens = np.array([[2, lm.RIGHT, 9, 1], [3, lm.WRONG, 10, 11]], np.int32)
+    expected = np.array([[2, lm.SLOT, 9, 1], [3, lm.SLOT, 10, 11]], np.int32)
     np.testing.assert_array_equal(lm.policy_view(tokens, True), expected)
     np.testing.assert_array_equal(np.asarray(lm.policy_view(jax.numpy.asarray(tokens), True)), expected)
     np.testing.assert_array_equal(lm.policy_view(tokens, False), tokens)
