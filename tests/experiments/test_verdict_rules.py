@@ -83,15 +83,15 @@ def test_length_mechanism_deciding_result_pairs_by_seed():
     # GRPO -0.5, -0.7, -0.6 against Dr. GRPO +0.01, -0.01, 0.0: paired -0.51, -0.69, -0.6
     per_seed = {"grpo": [row(-0.5), row(-0.7), row(-0.6)], "dr_grpo": [row(0.01), row(-0.01), row(0.0)],
                 "dapo": [row(-0.01), row(-0.04), row(-0.03)], "grpo_shared": [row(0.0, 1.0), row(0.0, -1.0), row(0.0, 0.5)]}
-    result = module.deciding_result(per_seed, (100, 101, 102), MechanismStudy(), command="c", wall_s=1.0)
+    result = module.deciding_result(per_seed, (110, 111, 112), MechanismStudy(), command="c", wall_s=1.0)
     paired = result.numbers["grpo - dr_grpo d split"]
     half = 4.302652729911275 * 0.09 / math.sqrt(3)  # t_{0.975, 2} sd / sqrt(n); sd of (-0.51, -0.69, -0.6) = 0.09
     assert (paired["mean"], paired["low"], paired["high"]) == pytest.approx((-0.6, -0.6 - half, -0.6 + half))
-    assert result.per_seed["dapo - dr_grpo d split"] == pytest.approx({"100": -0.02, "101": -0.03, "102": -0.03})
+    assert result.per_seed["dapo - dr_grpo d split"] == pytest.approx({"110": -0.02, "111": -0.03, "112": -0.03})
     assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
-    assert result.tuning_seeds == (0,) and result.headline == "dapo - dr_grpo d split"
+    assert result.tuning_seeds == (0, 100) and result.headline == "dapo - dr_grpo d split"
     with pytest.raises(ValueError, match="tuning seeds"):  # seed 0 chose the setting: it may not count
-        module.deciding_result(per_seed, (0, 101, 102), MechanismStudy(), command="c", wall_s=1.0)
+        module.deciding_result(per_seed, (100, 111, 112), MechanismStudy(), command="c", wall_s=1.0)
 
 
 def test_precision_rule_asks_for_an_order_of_magnitude_on_both_engines():
