@@ -34,7 +34,7 @@ def test_answer_first_task_grades_the_leading_integer_alone():
     assert [e.metadata for e in task.all_examples("heldout")] == [e.metadata for e in addition.all_examples("heldout")]
 
 
-@pytest.mark.slow  # ~50 s; the closed form is checked fast in test_length_drift.py
+@pytest.mark.slow  # 153 s at load 9 (4 arms, 48 tokens); the closed form is checked fast in test_length_drift.py
 def test_length_mechanism_reduced(tmp_path):
     """2 seeds x 3 steps x 4 arms. The supervised start realises the designed policy (stop probability
     0.2 at every free position, whatever the answer); the summary's intervals are over the 2
