@@ -55,7 +55,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_llm.reports import length_drift, stats
-from jaxrl_llm.reports.length_mechanism import ARMS, NUM_PROMPTS, MechanismStudy, run_study, study_recipes
+from jaxrl_llm.reports.length_mechanism import NUM_PROMPTS, MechanismStudy, run_study, study_recipes
 from jaxrl_llm.reports.runs import experiment_parser, output_dir, write_summary
 
 NAME = "length_mechanism"
