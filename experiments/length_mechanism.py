@@ -3,49 +3,70 @@
 Question (Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, section 3.1): when the reward
 cannot depend on length, does GRPO's 1/|o_i| normalisation by itself lengthen wrong
 answers and shorten right ones, while a constant normaliser (Dr. GRPO) does not and
-token-mean (DAPO) sits in between? The closed form (reports/length_drift.py,
-docs/objectives.md#length-drift-on-a-length-neutral-task) says: the stop logit after a wrong
-answer falls under GRPO, stays put in expectation under a constant normaliser, and
-falls ~1/N as much under token-mean.
+token-mean (DAPO, Yu et al. 2025, arXiv 2503.14476) sits in between? The closed form
+(reports/length_drift.py, docs/objectives.md#length-drift-on-a-length-neutral-task) says: the
+stop logit after a wrong answer falls under GRPO, stays put in expectation under a constant
+normaliser, and falls ~1/N as much under token-mean; and where the stop decision cannot see
+the answer (the shared-stop arms), no split in any mode.
 
 The task: a prompt token, then ONE answer token graded alone (RIGHT = 1, anything else
 = 0), then free filler tokens until EOS. The policy: a tiny decoder (models/, 2 layers,
-16-token vocabulary) trained from scratch by supervised learning on that format with
+17-token vocabulary) trained from scratch by supervised learning on that format with
 P(answer = RIGHT) = 1/2 and a stop probability q0 at every free position, so its stop
-probability does not depend on the answer when RL starts. Each recipe then trains it
+probability does not depend on the answer when RL starts. Each arm then trains it
 from the same weights with the real learner (train/learner.py Learner: the recipe's
 core.prepare_step_batch + core.recipe_loss, AdamW); samples come from the decoder itself
 at temperature 1. The answer token is left out of the loss mask, so P(RIGHT) stays near
 1/2, every group keeps a mix of right and wrong answers, and only the free part (the
-length) is trained: the derivation with a = 0 answer tokens in L. Measured per step: the policy's EOS probability at the free positions
-after a right and after a wrong answer (teacher-forced on fixed filler strings), sampled
-lengths, and the step's stop-logit force sum_it w_it A_i (1[EOS] - q_it) read off the
-real step batch, next to its closed form. The task, the decoder, its sampler and the RL loop
-are jaxrl_llm/reports/length_mechanism.py; this file sizes the study and reports it.
+length) is trained: the derivation with a = 0 answer tokens in L. The answer is drawn by
+the task (the same draws in every arm of a seed), not sampled by the policy: a first launch of
+this size (commit 3dc7373) sampled it from the policy, and P(RIGHT) drifted to 0 through the
+shared weights in all four arms of seed 100, which stops all learning (groups of one class). Arms: grpo, dr_grpo, dapo,
+and grpo_shared, where the policy conditions on a fixed SLOT token in place of the answer it
+gave (reports/length_mechanism.py policy_view), so its stop decision cannot see the answer.
+Measured per step: the policy's EOS probability at the free decision points of its own
+sampled responses, by class (on-policy; also teacher-forced on fixed filler strings, which
+stop being the policy's contexts once its fillers drift), sampled lengths, and the
+step's stop-logit force sum_it w_it A_i (1[EOS] - q_it) read off the real step batch, next to
+its closed form. The task, the decoder, its sampler and the RL loop are
+jaxrl_llm/reports/length_mechanism.py; this file sizes the study, fixes its verdict rule and
+reports it.
 
-    python experiments/length_mechanism.py --quick     # 5 seeds x 3 recipes x 40 steps, ~6 min on 2 busy CPU cores
-    python experiments/length_mechanism.py             # 10 seeds x 3 recipes x 80 steps, ~15-30 min (not run yet)
+    python experiments/length_mechanism.py --quick     # 5 seeds x 4 arms x 40 steps, <= 48 tokens
+    python experiments/length_mechanism.py --seeds 110,111,112,113,114,115,116,117,118,119 \
+        --results experiments/results/length_mechanism.json    # the deciding run: 10 fresh seeds x 4 arms x 300 steps
 
-Writes to runs/experiments/length_mechanism/<quick|full>/: summary.md / .json (drift with
-95% t-intervals over seeds), per_seed.json, drift.png (stop probability over steps: mean
-and band over seeds), force.png (measured vs closed-form force per seed), run_info.json.
+Writes to runs/experiments/length_mechanism/<quick|full>/: seeds/<seed>.json (every arm's
+per-step log, written as each seed finishes; a rerun keeps them), summary.md / .json (per
+arm and paired against Dr. GRPO, 95% t-intervals over seeds), per_seed.json, drift.png
+(paired split over steps, stop probabilities, sampled length split, force vs closed form),
+token_mean.png (token-mean's own drift curve and its onset), run_info.json.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
+import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from jaxrl_llm.reports import length_drift, stats
-from jaxrl_llm.reports.length_mechanism import NUM_PROMPTS, RECIPES, MechanismStudy, run_study, study_recipes
+from jaxrl_llm.reports.length_mechanism import NUM_PROMPTS, MechanismStudy, run_study, study_recipes
 from jaxrl_llm.reports.runs import experiment_parser, output_dir, write_summary
 
 NAME = "length_mechanism"
 QUICK = dataclasses.replace(MechanismStudy(), seeds=5, steps=40)
 SIZES = {"": MechanismStudy(), "quick": QUICK}
+DECIDING_SEEDS = tuple(range(110, 120))
+# 0 sized the run (time per step) and chose sft_steps = 200 from its q0; 100 showed, in the first launch
+# (commit 3dc7373), that the policy's own answers drift to all-wrong and the fixed-filler q leaves the
+# policy's contexts, which changed the task (answers drawn by the task) and the statistic (on-policy q).
+TUNING_SEEDS = (0, 100)
+BASELINE = "dr_grpo"  # the constant normaliser every arm is paired with
 
 
 def get_config(arg: str = "") -> MechanismStudy:
@@ -56,60 +77,197 @@ def get_config(arg: str = "") -> MechanismStudy:
     return SIZES[arg]
 
 
-def window_change(curve: list[float], k: int = 5) -> float:
+# ------------------------------------------------------------- the verdict rule (issue 36), fixed before the run
+CLAIM = ("GRPO: wrong answers lengthen relative to right ones on a length-neutral task; constant normaliser "
+         "(Dr. GRPO): no drift; token-mean (DAPO) in between; stop decision blind to the answer: no split in any "
+         "mode (Liu et al. 2025, arXiv 2503.20783)")
+WINDOW = 25  # steps: a change is the mean of the last 25 steps minus the mean of the first 25
+VERDICT_RULE = (
+    "Seeds 110-119, fresh (seeds 0 and 100 chose settings: tuning seeds); a seed counts when all its arms "
+    "finished (a run cut short counts its finished seeds); fewer than 2 seeds: inconclusive. Per seed, d split = "
+    "change of q_wrong - q_right, the on-policy stop probability (mean EOS probability at the free decision "
+    "points of the step's sampled responses) after a wrong minus after a right answer, mean of the last "
+    f"{WINDOW} steps minus the first {WINDOW}; paired = an arm's d split minus Dr. GRPO's on the same seed; "
+    "95% Student-t over seeds. "
+    "(a) GRPO: reproduced if the paired GRPO - Dr. GRPO interval lies below 0, not reproduced if above 0, else "
+    "inconclusive. (b) token-mean in between: reproduced if the paired DAPO - Dr. GRPO interval lies below 0 and "
+    "its mean is above GRPO's paired mean; not reproduced if it lies above 0 or its upper end lies below GRPO's "
+    "paired mean; else inconclusive. (c) shared-stop control, every *_shared arm: reproduced (no split) if its "
+    "own d split interval and its d length split interval (sampled length of wrong minus right responses, mean "
+    f"of the last {WINDOW} steps minus the first {WINDOW}) both cover 0; not reproduced if either "
+    "excludes 0. Overall: not reproduced if any of (a)-(c) is, reproduced if all three are, else inconclusive.")
+
+
+def rule_readings(numbers: dict) -> dict[str, str]:
+    """VERDICT_RULE's readings (a) GRPO, (b) token-mean, (c) shared-stop control, on stored intervals."""
+    from jaxrl_llm.reports.results import number, side
+
+    def enough(*ivs):
+        return all(i.n >= 2 for i in ivs)
+
+    grpo, dapo = (number(numbers, f"{a} - {BASELINE} d split") for a in ("grpo", "dapo"))
+    a = ("inconclusive" if not enough(grpo) or side(grpo) == "covers 0" else
+         "reproduced" if side(grpo) == "below 0" else "not reproduced")
+    if not enough(grpo, dapo):
+        b = "inconclusive"
+    elif side(dapo) == "above 0" or dapo.high < grpo.mean:
+        b = "not reproduced"
+    else:
+        b = "reproduced" if side(dapo) == "below 0" and dapo.mean > grpo.mean else "inconclusive"
+    shared = sorted({k.split(" ")[0] for k in numbers if k.split(" ")[0].endswith("_shared")})
+    controls = [number(numbers, f"{arm} {key}") for arm in shared for key in ("d split", "d length split")]
+    if not controls or not enough(*controls):
+        c = "inconclusive"
+    else:
+        c = "not reproduced" if any(side(i) != "covers 0" for i in controls) else "reproduced"
+    return {"grpo": a, "token-mean": b, "shared-stop": c}
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE's overall verdict from its three readings."""
+    readings = set(rule_readings(numbers).values())
+    if "not reproduced" in readings:
+        return "not reproduced"
+    return "reproduced" if readings == {"reproduced"} else "inconclusive"
+
+
+# ------------------------------------------------------------- per seed, paired, curves
+def window_change(curve: Sequence[float], k: int = 5) -> float:
     """Mean of the last k steps minus mean of the first k (finite values only)."""
     values = np.asarray(curve, float)
     k = max(1, min(k, values.size // 2))
     return float(np.nanmean(values[-k:]) - np.nanmean(values[:k]))
 
 
+def rolling(x, k: int = WINDOW) -> np.ndarray:
+    """Mean over a trailing window of k steps (NaN-aware), per row of a [rows, steps] array or one curve."""
+    x = np.asarray(x, float)
+    out = np.array([[np.nanmean(row[max(0, t - k + 1):t + 1]) for t in range(row.size)] for row in np.atleast_2d(x)])
+    return out if x.ndim == 2 else out[0]
+
+
+def split_curve(log: dict) -> np.ndarray:
+    """On-policy q_wrong - q_right: its trailing WINDOW-step mean at every step minus the mean of the
+    first WINDOW steps (so its last value is the seed's d split)."""
+    split = np.asarray(log["q_own_wrong"], float) - np.asarray(log["q_own_right"], float)
+    k = max(1, min(WINDOW, split.size // 2))  # as window_change
+    return rolling(split, k) - np.nanmean(split[:k])
+
+
 def per_seed_row(log: dict) -> dict:
-    """One seed's numbers: drift of the stop probability (last - first), mean force and closed form."""
+    """One seed's numbers: change of the stop probability (on-policy; and teacher-forced on fixed
+    fillers, last step minus step 0), sampled lengths, force."""
+    length_split = np.asarray(log["length_wrong"], float) - np.asarray(log["length_right"], float)
     return {
         "q0 right": log["q_right"][0], "q0 wrong": log["q_wrong"][0],
-        "dq right": log["q_right"][-1] - log["q_right"][0],
-        "dq wrong": log["q_wrong"][-1] - log["q_wrong"][0],
-        "d split": (log["q_wrong"][-1] - log["q_right"][-1]) - (log["q_wrong"][0] - log["q_right"][0]),
+        "dq right": window_change(log["q_own_right"], WINDOW),
+        "dq wrong": window_change(log["q_own_wrong"], WINDOW),
+        "d split": float(split_curve(log)[-1]),
+        "d split fixed fillers": (log["q_wrong"][-1] - log["q_right"][-1]) - (log["q_wrong"][0] - log["q_right"][0]),
+        "d length split": window_change(length_split, WINDOW),
+        "d length wrong": window_change(log["length_wrong"], WINDOW),
+        "d length right": window_change(log["length_right"], WINDOW),
         "force right": float(np.mean(log["force_right"])), "force wrong": float(np.mean(log["force_wrong"])),
         "closed right": float(np.mean(log["closed_right"])), "closed wrong": float(np.mean(log["closed_wrong"])),
-        "d length wrong": window_change(log["length_wrong"]), "d length right": window_change(log["length_right"]),
         "reward first": log["reward"][0], "reward last": log["reward"][-1],
         "truncated": float(np.mean(log["truncated"])),
     }
 
 
-def summarise(recipe: str, seeds_rows: list[dict]) -> dict:
-    row = {"recipe": recipe}
-    for key in ("d split", "dq wrong", "dq right", "d length wrong", "d length right", "force wrong", "closed wrong", "force right", "closed right",
-                "reward last", "truncated"):
+ROW_KEYS = ("d split", "dq wrong", "dq right", "d split fixed fillers", "d length split", "d length wrong", "d length right", "force wrong",
+            "closed wrong", "force right", "closed right", "reward last", "truncated")
+
+
+def summarise(arm: str, seeds_rows: list[dict]) -> dict:
+    row = {"arm": arm}
+    for key in ROW_KEYS:
         iv = stats.interval([r[key] for r in seeds_rows])
         row[key] = stats.format_interval(iv, signed=key.startswith(("d", "force", "closed")))
         row[f"{key} interval"] = iv.to_dict()
     return row
 
 
-def verdict(rows: dict[str, dict]) -> list[str]:
-    """Derived: the split q_wrong - q_right falls under GRPO, stays put in expectation under a
-    constant normaliser (Dr. GRPO), falls ~1/N as much under token-mean (DAPO)."""
-    iv = {r: stats.Interval(**rows[r]["d split interval"]) for r in rows}
-    lines = []
+def paired_split(per_seed: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """{"<arm> - dr_grpo d split": [per seed]}: each arm's d split minus Dr. GRPO's, seed by seed."""
+    base = [r["d split"] for r in per_seed[BASELINE]]
+    return {f"{arm} - {BASELINE} d split": [r["d split"] - b for r, b in zip(rows, base)]
+            for arm, rows in per_seed.items() if arm != BASELINE}
 
-    def side(i):
-        if i.n < 2:
-            return "inconclusive (1 seed)"
-        return "below 0" if i.high < 0 else "above 0" if i.low > 0 else "covers 0"
 
-    if "grpo" in iv:
-        lines.append(f"GRPO: derived split < 0 (wrong answers lengthen relative to right ones); measured interval "
-                     f"{side(iv['grpo'])}: {'reproduced' if side(iv['grpo']) == 'below 0' else 'not reproduced'}")
-    if "dr_grpo" in iv:
-        lines.append(f"Dr. GRPO: derived split 0 in expectation; measured interval {side(iv['dr_grpo'])}: "
-                     f"{'consistent' if side(iv['dr_grpo']) == 'covers 0' else 'not consistent'}")
-    if {"grpo", "dr_grpo", "dapo"} <= set(iv):
-        g, d, a = iv["grpo"].mean, iv["dr_grpo"].mean, iv["dapo"].mean
-        lines.append(f"DAPO token-mean: derived between, close to Dr. GRPO (~1/N of GRPO's push); measured mean split "
-                     f"{a:+.4f} (GRPO {g:+.4f}, Dr. GRPO {d:+.4f}), interval {side(iv['dapo'])}")
-    return lines
+def paired_curves(logs: dict[str, list[dict]]) -> dict[str, np.ndarray]:
+    """{arm: [seeds, steps + 1]} the arm's split curve minus Dr. GRPO's, seed by seed."""
+    base = np.array([split_curve(log) for log in logs[BASELINE]])
+    return {arm: np.array([split_curve(log) for log in seed_logs]) - base
+            for arm, seed_logs in logs.items() if arm != BASELINE}
+
+
+def band(curves: np.ndarray) -> list[stats.Interval]:
+    """The 95% t-interval over seeds (rows) at every step (column)."""
+    return [stats.interval(curves[:, t]) for t in range(curves.shape[1])]
+
+
+def onset(curves: np.ndarray) -> int | None:
+    """The first step from which the 95% band over seeds lies below 0 at every later step (None: never)."""
+    below = [iv.n >= 2 and iv.high < 0 for iv in band(curves)]
+    first = None
+    for t, b in enumerate(below):
+        first = (t if first is None else first) if b else None
+    return first
+
+
+def pushes(study: MechanismStudy, q0: float) -> dict[str, float]:
+    """The closed-form stop-logit push per unit advantage of each recipe at q0 (reports/length_drift.py)."""
+    n = NUM_PROMPTS * study.samples
+    recipes = study_recipes(study)
+    return {a: length_drift.relative_push(recipes[a].aggregation, q0, answer_tokens=0, max_tokens=study.max_tokens - 1,
+                                          num_responses=n, constant_length=study.max_tokens)
+            for a in ("grpo", "dapo") if a in recipes}
+
+
+def numbers_of(per_seed: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """The stored intervals: paired d split of every arm, and each arm's own d split and d length split."""
+    numbers = {k: stats.interval(v).to_dict() for k, v in paired_split(per_seed).items()}
+    for arm, rows in per_seed.items():
+        for key in ("d split", "d length split"):
+            numbers[f"{arm} {key}"] = stats.interval([r[key] for r in rows]).to_dict()
+    return numbers
+
+
+def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], study: MechanismStudy, *, command: str,
+                    wall_s: float | None, notes: Sequence[str] = ()):
+    """The stored result (reports/results.py): VERDICT_RULE on the paired and control intervals."""
+    from jaxrl_llm.reports.results import ExperimentResult, keyed
+
+    numbers = numbers_of(per_seed)
+    readings = rule_readings(numbers)
+    values = {**{k: v for k, v in paired_split(per_seed).items()},
+              **{f"{arm} {key}": [r[key] for r in rows] for arm, rows in per_seed.items()
+                 for key in ("d split", "d length split")}}
+    return ExperimentResult(
+        name=NAME, title="length-bias mechanism, length-neutral task, tiny decoder, shared-stop control", claim=CLAIM,
+        setting=(f"arms {study.arms}; {study.steps} steps, {NUM_PROMPTS} prompts x {study.samples} samples, "
+                 f"<= {study.max_tokens} tokens, q0 {study.stop_prob}, lr {study.lr}"),
+        command=command, seeds=tuple(seeds), tuning_seeds=TUNING_SEEDS,
+        statistic=f"d split (on-policy q_wrong - q_right, mean of the last {WINDOW} steps minus the first "
+                  f"{WINDOW}), paired against Dr. GRPO by seed; shared-stop arms: own d split and d length split",
+        interval_method="mean and 95% Student-t over seeds, paired by seed", verdict_rule=VERDICT_RULE,
+        verdict=rule_verdict(numbers), headline=f"dapo - {BASELINE} d split", numbers=numbers,
+        per_seed={k: keyed(dict(zip(seeds, v))) for k, v in values.items()}, wall_s=wall_s,
+        notes=tuple(f"({part}) {claim}: {reading} (n = {len(seeds)})" for part, (claim, reading)
+                    in zip("abc", readings.items())) + tuple(notes))
+
+
+# ------------------------------------------------------------- figures
+COLORS = {"grpo": "tab:red", "dr_grpo": "tab:blue", "dapo": "tab:green", "grpo_shared": "tab:orange",
+          "dapo_shared": "tab:olive"}
+
+
+def _band_plot(ax, curves: np.ndarray, color, label: str) -> None:
+    ivs = band(curves)
+    steps = np.arange(curves.shape[1])
+    ax.plot(steps, [i.mean for i in ivs], color=color, label=label)
+    if curves.shape[0] > 1:
+        ax.fill_between(steps, [i.low for i in ivs], [i.high for i in ivs], color=color, alpha=0.2)
 
 
 def plot(logs: dict[str, list[dict]], path, title: str) -> None:
@@ -117,116 +275,174 @@ def plot(logs: dict[str, list[dict]], path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
-    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
-    colors = {"grpo": "tab:red", "dr_grpo": "tab:blue", "dapo": "tab:green"}
-    panels = ((axes[0], "split", "split: after wrong minus after right"),
-              (axes[1], "q_wrong", "after a wrong answer"), (axes[2], "q_right", "after a right answer"))
-    for ax, key, label in panels:
-        for recipe, seed_logs in logs.items():
-            series = [np.asarray(s["q_wrong"]) - np.asarray(s["q_right"]) if key == "split" else np.asarray(s[key])
-                      for s in seed_logs]
-            curves = np.array([x - x[0] for x in series])
-            steps = np.arange(curves.shape[1])
-            mean = curves.mean(axis=0)
-            ivs = [stats.interval(curves[:, t]) for t in range(curves.shape[1])]
-            ax.plot(steps, mean, color=colors.get(recipe), label=f"{recipe} (n = {len(seed_logs)})")
-            ax.fill_between(steps, [i.low for i in ivs], [i.high for i in ivs], color=colors.get(recipe), alpha=0.2)
-        ax.axhline(0, color="k", lw=0.6)
-        ax.set_title(f"stop probability change {label}", fontsize=9)
-        ax.set_xlabel("RL step")
-    axes[0].set_ylabel("q(step) - q(0), mean and 95% band over seeds")
-    axes[0].legend(fontsize=7)
-    ax = axes[3]
-    for recipe, seed_logs in logs.items():
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.9))
+    n = len(next(iter(logs.values())))
+    for arm, curves in paired_curves(logs).items():
+        _band_plot(axes[0], curves, COLORS.get(arm), f"{arm} (n = {n})")
+    axes[0].set_title(f"d split, paired: arm minus {BASELINE} (same seed)", fontsize=9)
+    axes[0].set_ylabel(f"change of on-policy q_wrong - q_right ({WINDOW}-step mean), 95% band")
+    for arm, seed_logs in logs.items():
+        for cls, style in (("wrong", "-"), ("right", "--")):
+            axes[1].plot(np.nanmean(rolling(np.array([s[f"q_own_{cls}"] for s in seed_logs])), axis=0), style,
+                         color=COLORS.get(arm), label=f"{arm} after {cls}")
+        lengths = np.array([np.asarray(s["length_wrong"], float) - np.asarray(s["length_right"], float)
+                            for s in seed_logs])
+        _band_plot(axes[2], rolling(lengths), COLORS.get(arm), arm)
         for cls, marker in (("wrong", "v"), ("right", "^")):
-            x = [np.mean(s[f"closed_{cls}"]) for s in seed_logs]
-            y = [np.mean(s[f"force_{cls}"]) for s in seed_logs]
-            ax.scatter(x, y, marker=marker, color=colors.get(recipe), s=18,
-                       label=f"{recipe} {cls}" if recipe == "grpo" or cls == "wrong" else None)
-    lim = ax.get_xlim()
-    ax.plot(lim, lim, "k--", lw=0.7)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
-    ax.set_xlabel("closed-form force per step (seed mean)")
-    ax.set_ylabel("measured force per step (seed mean)")
-    ax.set_title("stop-logit force, measured vs closed form (seeds)", fontsize=9)
-    ax.legend(fontsize=6)
+            axes[3].scatter([np.mean(s[f"closed_{cls}"]) for s in seed_logs],
+                            [np.mean(s[f"force_{cls}"]) for s in seed_logs], marker=marker, color=COLORS.get(arm),
+                            s=16, label=f"{arm} {cls}")
+    axes[1].set_title(f"on-policy stop probability after wrong (solid) / right (dashed), {WINDOW}-step mean",
+                      fontsize=9)
+    axes[2].set_title(f"sampled length, wrong minus right ({WINDOW}-step mean)", fontsize=9)
+    lim = axes[3].get_xlim()
+    axes[3].plot(lim, lim, "k--", lw=0.7)
+    axes[3].set_xlabel("closed-form force per step (seed mean)")
+    axes[3].set_ylabel("measured force per step")
+    axes[3].set_title("stop-logit force, measured vs closed form", fontsize=9)
+    for ax in axes[:3]:
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("RL step")
+    for ax in axes:
+        ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def report(out, study: MechanismStudy, logs: dict[str, list[dict]], *, quick: bool, wall_s: float) -> None:
-    """per_seed.json, summary.md / .json and drift.png from the per-step logs of every seed."""
-    seeds = list(range(len(logs[RECIPES[0]])))
-    n = NUM_PROMPTS * study.samples
-    recipes = study_recipes(study)
-    per_seed = {r: [per_seed_row(log) for log in logs[r]] for r in RECIPES}
-    (out / "per_seed.json").write_text(json.dumps({"study": dataclasses.asdict(study), "per_seed": per_seed,
-                                                   "logs": logs}, indent=1) + "\n")
-    rows = {r: summarise(r, per_seed[r]) for r in RECIPES}
+def plot_token_mean(logs: dict[str, list[dict]], path, *, ratio: float, title: str) -> int | None:
+    """Token-mean's own drift: DAPO's and Dr. GRPO's split curves, their paired difference with its
+    band and onset, and GRPO's paired curve scaled by the closed-form push ratio (a proportional
+    response). Returns the onset step (None: none)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paired = paired_curves(logs)
+    start = onset(paired["dapo"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.9))
+    for arm in ("dapo", BASELINE):
+        _band_plot(axes[0], np.array([split_curve(s) for s in logs[arm]]), COLORS[arm], f"{arm} d split")
+    axes[0].set_title(f"own split curves (change of on-policy q_wrong - q_right, {WINDOW}-step mean)", fontsize=9)
+    _band_plot(axes[1], paired["dapo"], COLORS["dapo"], f"dapo - {BASELINE} (paired)")
+    if "grpo" in paired:
+        axes[1].plot(paired["grpo"].mean(axis=0) * ratio, "k:", label=f"GRPO's paired mean x {ratio:.3f} (proportional)")
+    if start is not None:
+        axes[1].axvline(start, color="gray", ls="--", lw=0.8, label=f"onset: step {start}")
+    axes[1].set_title("token-mean minus constant normaliser, seed by seed", fontsize=9)
+    for ax in axes:
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return start
+
+
+# ------------------------------------------------------------- the run
+def report(out: Path, study: MechanismStudy, logs: dict[str, list[dict]], seeds: Sequence[int], *, quick: bool,
+           wall_s: float) -> tuple[dict, list[str]]:
+    """per_seed.json, summary.md / .json, drift.png and token_mean.png; returns (per_seed rows, notes)."""
+    per_seed = {arm: [per_seed_row(log) for log in seed_logs] for arm, seed_logs in logs.items()}
+    (out / "per_seed.json").write_text(json.dumps({"study": dataclasses.asdict(study), "seeds": list(seeds),
+                                                   "per_seed": per_seed, "logs": logs}, indent=1) + "\n")
+    rows = [summarise(arm, rs) for arm, rs in per_seed.items()]
+    for key, values in paired_split(per_seed).items():
+        iv = stats.interval(values)
+        rows.append({"arm": key.removesuffix(" d split") + " (paired)",
+                     "d split": stats.format_interval(iv, signed=True), "d split interval": iv.to_dict()})
     q0 = float(np.mean([r["q0 wrong"] for rs in per_seed.values() for r in rs]))
-    pushes = {recipes[r].aggregation: length_drift.relative_push(
-        recipes[r].aggregation, q0, answer_tokens=0, max_tokens=study.max_tokens - 1, num_responses=n,
-        constant_length=study.max_tokens) for r in RECIPES}
+    push = pushes(study, q0)
+    ratio = push.get("dapo", 0.0) / push["grpo"] if push.get("grpo") else float("nan")
     notes = [stats.seed_note(seeds, quick=quick, full_seeds=MechanismStudy.seeds),
              f"study: {dataclasses.asdict(study)}; wall time {wall_s:.0f} s",
-             "d split: change of q_wrong - q_right (stop probability after a wrong minus after a right answer), "
-             "last step minus start; dq: each alone (teacher-forced on fixed "
-             "fillers). force: per-step stop-logit force sum w A (1[EOS] - q) from the real step batch; closed: its "
-             "closed form (reports/length_drift.py) at the step's advantages and mean q.",
-             "d length: sampled response length (tokens: answer + free part), mean of the last 5 steps minus the "
-             "first 5.",
-             "closed-form push per unit advantage relative to the mode's mean token weight at q0 = "
-             f"{q0:.3f}: " + ", ".join(f"{m} {v:+.4f}" for m, v in pushes.items()),
-             *verdict(rows)]
-    columns = ["recipe", "d split", "dq wrong", "dq right", "d length wrong", "d length right", "force wrong",
-               "closed wrong", "force right", "closed right", "reward last", "truncated"]
-    write_summary(out, list(rows.values()), columns, title=f"Length mechanism ({'quick' if quick else 'full'})",
-                  notes=notes, config={"name": NAME, "quick": quick, "study": dataclasses.asdict(study)})
-    plot(logs, out / "drift.png", title=f"Length-neutral task, {len(seeds)} seeds: stop probability drift by recipe")
+             "d split: change of q_wrong - q_right, the on-policy stop probability (mean EOS probability at the free "
+             "decision points of the step's own samples) after a wrong minus after a right answer, mean of the last "
+             f"{WINDOW} steps minus the first {WINDOW}; (paired): minus Dr. GRPO's on the same seed; dq: each class "
+             "alone; d split fixed fillers: the same teacher-forced on fixed filler strings, last step minus step 0. "
+             f"d length: sampled response length, mean of the last {WINDOW} steps minus the first {WINDOW}; split = "
+             "wrong minus right. force: per-step stop-logit force sum w A (1[EOS] - q) from the real step batch; "
+             "closed: its closed form (reports/length_drift.py).",
+             f"closed-form push per unit advantage at q0 = {q0:.3f}: " + ", ".join(f"{m} {v:+.4f}" for m, v in push.items())
+             + f"; token-mean / GRPO = {ratio:.4f}"]
+    if {"dapo", "grpo", BASELINE} <= set(logs):
+        start = plot_token_mean(logs, out / "token_mean.png", ratio=ratio,
+                                title=f"Token-mean's drift, {len(seeds)} seeds x {study.steps} steps")
+        grpo_mean = float(np.mean(paired_split(per_seed)[f"grpo - {BASELINE} d split"]))
+        notes.append(f"token-mean onset (first step from which the paired DAPO - Dr. GRPO band stays below 0): "
+                     f"{'none within ' + str(study.steps) + ' steps' if start is None else 'step ' + str(start)}; "
+                     f"a response proportional to the push would be GRPO's paired mean x {ratio:.4f} = "
+                     f"{grpo_mean * ratio:+.4f}")
+    readings = rule_readings(numbers_of(per_seed)) if BASELINE in per_seed and "dapo" in per_seed else {}
+    notes += [f"rule reading ({k}): {v} (n = {len(seeds)})" for k, v in readings.items()]
+    columns = ["arm", *ROW_KEYS]
+    write_summary(out, rows, columns, title=f"Length mechanism ({'quick' if quick else 'full'})", notes=notes,
+                  config={"name": NAME, "quick": quick, "seeds": list(seeds), "study": dataclasses.asdict(study)})
+    plot(logs, out / "drift.png", title=f"Length-neutral task, {len(seeds)} seeds x {study.steps} steps, "
+                                        f"<= {study.max_tokens} tokens")
+    return per_seed, notes
 
 
-
-
-# ------------------------------------------------------------- the verdict rule (issue 36)
-CLAIM = ("GRPO: wrong answers lengthen and right ones shorten on a length-neutral task; constant normaliser "
-         "(Dr. GRPO): no drift; token-mean (DAPO) in between (Liu et al. 2025, arXiv 2503.20783)")
-VERDICT_RULE = ("95% Student-t intervals over seeds of d split (q_wrong - q_right, last step minus step 0): "
-                "reproduced if GRPO's lies below 0, Dr. GRPO's covers 0 and DAPO's lies below 0 with a mean above "
-                "GRPO's; not reproduced if GRPO's lies above 0, Dr. GRPO's excludes 0 or DAPO's lies above 0; "
-                "otherwise inconclusive")
-
-
-def rule_verdict(numbers: dict) -> str:
-    """VERDICT_RULE on the stored d split intervals."""
-    from jaxrl_llm.reports.results import number, side
-
-    grpo, dr, dapo = (number(numbers, f"{r} d split") for r in ("grpo", "dr_grpo", "dapo"))
-    if side(grpo) == "above 0" or side(dr) != "covers 0" or side(dapo) == "above 0":
-        return "not reproduced"
-    if side(grpo) == "below 0" and side(dapo) == "below 0" and dapo.mean > grpo.mean:
-        return "reproduced"
-    return "inconclusive"
+def finished_seeds(out: Path, study: MechanismStudy, seeds: Sequence[int]) -> dict[int, dict]:
+    """The seeds whose every arm finished in an earlier invocation (seeds/<seed>.json of the same study)."""
+    done = {}
+    for seed in seeds:
+        path = out / "seeds" / f"{seed}.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            if data["study"] != dataclasses.asdict(study):
+                raise SystemExit(f"{path} holds another study ({data['study']}); use --out elsewhere or --fresh")
+            done[seed] = data["logs"]
+    return done
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = experiment_parser(__doc__, name=NAME)
+    from jaxrl_llm.reports.results import machine, write_result
+    from jaxrl_llm.train.metrics import git_commit, git_dirty
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = experiment_parser(__doc__, name=NAME, results=True)
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0 .. study.seeds - 1)")
     args = parser.parse_args(argv)
     study = get_config("quick" if args.quick else "")
     fields = {f.name: f.type for f in dataclasses.fields(MechanismStudy)}
-    for item in args.overrides:  # e.g. seeds=2 steps=3
+    casts = {"float": float, "int": int, "str": str}
+    for item in args.overrides:  # e.g. seeds=2 steps=3 arms=grpo,dr_grpo
         key, _, value = item.partition("=")
         if key not in fields:
             raise SystemExit(f"override {item!r}: valid keys are {', '.join(fields)}")
-        study = dataclasses.replace(study, **{key: (float if fields[key] == "float" else int)(value)})
+        study = dataclasses.replace(study, **{key: casts[fields[key]](value)})
+    seeds = stats.parse_seeds(args.seeds, range(study.seeds))
+    study = dataclasses.replace(study, seeds=len(seeds))
     out = output_dir(args, NAME)
+    provenance = {"commit": git_commit(), "dirty": git_dirty()}  # the code that runs, before any later edit
     start = time.time()
-    logs = run_study(study, name=NAME)
-    report(out, study, logs, quick=args.quick, wall_s=time.time() - start)
+    done = finished_seeds(out, study, seeds)
+    (out / "seeds").mkdir(exist_ok=True)
+
+    def keep(seed: int, seed_logs: dict) -> None:
+        (out / "seeds" / f"{seed}.json").write_text(json.dumps({"study": dataclasses.asdict(study),
+                                                               "logs": seed_logs}) + "\n")
+        done[seed] = seed_logs
+
+    run_study(study, name=NAME, seeds=[s for s in seeds if s not in done], on_seed=keep)
+    logs = {arm: [done[s][arm] for s in seeds] for arm in study.arm_names()}
+    wall_s = time.time() - start
+    per_seed, notes = report(out, study, logs, seeds, quick=args.quick, wall_s=wall_s)
     print(f"wrote {out}/summary.md, drift.png, per_seed.json")
+    if args.results:
+        command = "python experiments/length_mechanism.py " + shlex.join(argv)
+        result = deciding_result(per_seed, seeds, study, command=command, wall_s=wall_s,
+                                 notes=[n for n in notes if n.startswith(("closed-form", "token-mean onset"))])
+        path = write_result(result, args.results, provenance={
+            **provenance, "machine": machine(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())})
+        print(f"wrote {path}: {result.verdict}")
     return 0
 
 

@@ -92,15 +92,6 @@ def recorded() -> dict[str, dict]:
                      "bf16 reward, last 5 steps": iv(0.904, 0.774, 1.03, 3),
                      "fp16 reward, last 5 steps": iv(0.883, 0.709, 1.06, 3)},
             wall_s=4816.0, machine=XEON),
-        "length_mechanism": dict(
-            title="length-bias mechanism, length-neutral task, tiny decoder",
-            setting="full size: 3 recipes x 80 steps, 4 prompts x 8 samples, <= 12 tokens, lr 1e-3",
-            command="python experiments/length_mechanism.py", seeds=tuple(range(10)),
-            statistic="d split: stop probability after a wrong minus after a right answer, last step minus step 0",
-            interval_method="mean and 95% Student-t over seeds", headline="dapo d split",
-            numbers={"grpo d split": iv(-0.656, -0.817, -0.494, 10), "dr_grpo d split": iv(0.0006, -0.0004, 0.0016, 10),
-                     "dapo d split": iv(0.0072, -0.0092, 0.0235, 10)},
-            wall_s=299.0, machine={"cpu": "2-core CPU (shared, load 1.9-4.4)"}),
         "length_neutral": dict(
             title="length bias, length-neutral format, SmolLM2-135M",
             setting="3 recipes x 3 steps x 2 prompts x 8 samples, 96 tokens", seeds=(0, 1, 2, 3, 4),

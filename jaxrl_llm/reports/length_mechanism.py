@@ -5,29 +5,56 @@ every step, next to their closed form (reports/length_drift.py).
 
 The task: a prompt token, then ONE answer token graded alone (RIGHT = 1, anything else
 = 0), then free filler tokens until EOS. The policy: `models.config.tiny_decoder_config`
-with a 16-token vocabulary, trained by supervised learning on that format with
+with a 17-token vocabulary, trained by supervised learning on that format with
 P(answer = RIGHT) = `right_prob` and a stop probability `stop_prob` at every free position
 (`supervised_start`). `run_recipe` trains it with the recipe's Learner (train/learner.py)
-on samples of the decoder itself at temperature 1, the answer token left out of the loss
-mask, so only the free part (the length) is trained.
+on samples of the decoder itself at temperature 1. The answer is drawn by the task, not by
+the policy (RIGHT with probability `right_prob`, the same draws for every arm of a seed), and
+left out of the loss mask: the groups stay mixed and only the free part (the length) is
+trained. (Sampling the answer from the policy with it masked out of the loss, as the 12-token
+runs did, let P(RIGHT) drift through the shared weights: at 48 tokens x 300 steps it reached 0
+in every arm of seed 100 by step 100-200, and groups of one class have A = 0 and stop learning.)
+
+The shared-stop arms (`Arm.shared_stop`, issue 36): the same recipe, but the policy never
+sees which answer it gave. The answer is drawn and graded as usual, but the token written at
+position 1, the one every later position conditions on, is a fixed SLOT token
+(`policy_view`), in sampling, in the learner's batch and in the measurement alike. The stop
+decision then cannot depend on the answer, and the derivation predicts no split in any mode
+(the free lengths are independent of the advantages) and no drift of the shared stop logit
+in expectation (the group-centred advantages sum to 0). The supervised start sees SLOT in
+place of the answer in a third of its rows (their answer prediction left out of the loss),
+so every arm starts from the same weights, with stop probability q0 after SLOT too.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from jaxrl_llm.reports import length_drift
 
-RECIPES = ("grpo", "dr_grpo", "dapo")
 PAD, EOS = 0, 1
 NUM_PROMPTS = 4
 PROMPT0 = 2  # prompt tokens 2..5
 RIGHT, WRONG = 6, 7
 FILLER0, NUM_FILLERS = 8, 8  # filler tokens 8..15
-VOCAB = FILLER0 + NUM_FILLERS
+SLOT = FILLER0 + NUM_FILLERS  # 16: what a shared-stop policy sees in place of its answer
+VOCAB = SLOT + 1
+SLOT_SHARE = 1 / 3  # rows of the supervised start that show SLOT in place of the answer
+
+
+class Arm(NamedTuple):
+    """One arm of the study: a recipe (core.get_recipe name) and whether the policy sees its answer."""
+
+    recipe: str
+    shared_stop: bool = False
+
+
+ARMS = {"grpo": Arm("grpo"), "dr_grpo": Arm("dr_grpo"), "dapo": Arm("dapo"),
+        "grpo_shared": Arm("grpo", True), "dapo_shared": Arm("dapo", True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,18 +62,28 @@ class MechanismStudy:
     """The study's size and its supervised start (the defaults: the full size)."""
 
     seeds: int = 10
-    steps: int = 80
+    steps: int = 300
     samples: int = 8  # per prompt; every step uses all NUM_PROMPTS prompts
-    max_tokens: int = 12  # answer + up to 11 free tokens
+    max_tokens: int = 48  # answer + up to 47 free tokens
     stop_prob: float = 0.2  # q0 of the supervised start
     right_prob: float = 0.5
     lr: float = 1e-3
-    sft_steps: int = 400
+    sft_steps: int = 200  # q0 = 0.2036 after it (seed 0, 48 tokens)
     eval_fillers: int = 4  # filler strings the stop probability is measured on
+    arms: str = "grpo,dr_grpo,dapo,grpo_shared"  # names in ARMS, comma-separated
+
+    def __post_init__(self):
+        unknown = [a for a in self.arm_names() if a not in ARMS]
+        if unknown or "dr_grpo" not in self.arm_names():
+            raise ValueError(f"arms={self.arms!r} is invalid; valid: names from {tuple(ARMS)}, comma-separated, "
+                             "including dr_grpo (the constant normaliser every arm is paired with)")
+
+    def arm_names(self) -> tuple[str, ...]:
+        return tuple(a.strip() for a in self.arms.split(",") if a.strip())
 
 
 def model_config():
-    """The tiny decoder of the tests (`tiny_decoder_config`) with this task's 16-token vocabulary."""
+    """The tiny decoder of the tests (`tiny_decoder_config`) with this task's 17-token vocabulary."""
     from jaxrl_llm.models.config import tiny_decoder_config
 
     return tiny_decoder_config(vocab_size=VOCAB, tie_word_embeddings=False, rms_norm_eps=1e-6,
@@ -60,6 +97,7 @@ def sft_data(rng: np.random.Generator, n: int, study: MechanismStudy) -> np.ndar
     tokens = np.full((n, 1 + study.max_tokens), PAD, np.int32)
     tokens[:, 0] = PROMPT0 + rng.integers(0, NUM_PROMPTS, n)
     tokens[:, 1] = np.where(rng.random(n) < study.right_prob, RIGHT, WRONG)
+    tokens[rng.random(n) < SLOT_SHARE, 1] = SLOT  # the shared-stop view (its answer target is not trained)
     stops = np.minimum(rng.geometric(study.stop_prob, n), free + 1)  # > free: truncated
     for i, j in enumerate(stops):
         fillers = FILLER0 + rng.integers(0, NUM_FILLERS, min(j - 1, free))
@@ -89,7 +127,8 @@ def supervised_start(seed: int, study: MechanismStudy):
             logp = jax.nn.log_softmax(logits[:, :-1])
             target = tokens[:, 1:]
             nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
-            mask = target != PAD  # the completion up to and including EOS (padding only after it)
+            # The completion up to and including EOS (padding only after it); SLOT is an input, never a target.
+            mask = (target != PAD) & (target != SLOT)
             return jnp.sum(nll * mask) / jnp.sum(mask)
 
         value, grads = jax.value_and_grad(loss)(params)
@@ -103,17 +142,33 @@ def supervised_start(seed: int, study: MechanismStudy):
 
 
 # ------------------------------------------------------------------ sampling and measuring
+def policy_view(tokens, shared_stop: bool):
+    """The sequences as the policy conditions on them: with `shared_stop` the answer at position 1
+    replaced by SLOT; numpy or jax arrays [..., 1 + T]."""
+    if not shared_stop:
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        xp = np
+    else:
+        import jax.numpy as xp
+    hidden = xp.full_like(tokens[..., 1:2], SLOT)
+    return xp.concatenate([tokens[..., :1], hidden, tokens[..., 2:]], axis=-1)
+
+
 @functools.lru_cache(maxsize=None)
-def _sampler(cfg, max_tokens: int):
+def _sampler(cfg, max_tokens: int, shared_stop: bool = False):
+    """(sample, eos_prob): `sample(params, prompts, answers, key)` -> [n, 1 + T] the policy_view of
+    prompt, the given answer and the free tokens the decoder samples after it."""
     import jax
     import jax.numpy as jnp
 
     from jaxrl_llm.models import forward
 
     @jax.jit
-    def sample(params, prompts, key):
+    def sample(params, prompts, answers, key):
         n = prompts.shape[0]
-        tokens = jnp.zeros((n, 1 + max_tokens), jnp.int32).at[:, 0].set(prompts)
+        tokens = jnp.zeros((n, 1 + max_tokens), jnp.int32).at[:, 0].set(prompts).at[:, 1].set(answers)
+        tokens = policy_view(tokens, shared_stop)
 
         def body(t, carry):
             tokens, done, key = carry
@@ -124,7 +179,7 @@ def _sampler(cfg, max_tokens: int):
             tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, t + 1, 1)
             return tokens, done | (tok == EOS), key
 
-        tokens, _, _ = jax.lax.fori_loop(0, max_tokens, body, (tokens, jnp.zeros(n, bool), key))
+        tokens, _, _ = jax.lax.fori_loop(1, max_tokens, body, (tokens, jnp.zeros(n, bool), key))
         return tokens
 
     @jax.jit
@@ -135,14 +190,15 @@ def _sampler(cfg, max_tokens: int):
     return sample, eos_prob
 
 
-def completion_arrays(tokens: np.ndarray):
-    """Completion mask [N, T] (answer .. EOS inclusive), lengths, truncated flags, rewards."""
+def completion_arrays(tokens: np.ndarray, answers: np.ndarray):
+    """Completion mask [N, T] (answer .. EOS inclusive), lengths, truncated flags, rewards
+    (RIGHT = 1, graded on the drawn `answers`, whatever the policy's view shows)."""
     completion = tokens[:, 1:]
     eos = completion == EOS
     has_eos = eos.any(axis=1)
     lengths = np.where(has_eos, eos.argmax(axis=1) + 1, completion.shape[1])
     mask = (np.arange(completion.shape[1])[None, :] < lengths[:, None]).astype(np.float32)
-    rewards = (completion[:, 0] == RIGHT).astype(np.float32)
+    rewards = (np.asarray(answers) == RIGHT).astype(np.float32)
     return mask, lengths, ~has_eos, rewards
 
 
@@ -164,8 +220,10 @@ def stop_probability(eos_prob, params, tokens: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ one run
-def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_prob, sample) -> dict:
-    """`study.steps` RL steps of `recipe` from `params`; per-step measurements."""
+def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_prob, sample, *,
+               shared_stop: bool = False) -> dict:
+    """`study.steps` RL steps of `recipe` from `params`; per-step measurements. `sample` must be
+    `_sampler(cfg, max_tokens, shared_stop)`'s: with `shared_stop` the policy sees SLOT, not its answer."""
     import jax
     import jax.numpy as jnp
 
@@ -174,11 +232,13 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
 
     n = NUM_PROMPTS * study.samples
     prompts = jnp.asarray(np.repeat(PROMPT0 + np.arange(NUM_PROMPTS), study.samples), jnp.int32)
-    evals = eval_tokens(seed, study)
+    evals = policy_view(eval_tokens(seed, study), shared_stop)
     state = learner.init(params)
     key = jax.random.key(30_000 + seed)
-    log = {k: [] for k in ("q_right", "q_wrong", "reward", "length_right", "length_wrong", "truncated",
-                           "force_right", "force_wrong", "closed_right", "closed_wrong", "q_free")}
+    draws = np.random.default_rng(40_000 + seed)  # the task's answers: the same for every arm of a seed
+    log = {k: [] for k in ("q_right", "q_wrong", "q_own_right", "q_own_wrong", "reward", "length_right",
+                           "length_wrong", "truncated", "force_right", "force_wrong", "closed_right", "closed_wrong",
+                           "q_free")}
     for step in range(study.steps + 1):
         q = stop_probability(eos_prob, state.params, evals)
         log["q_right"].append(float(q[0]))
@@ -186,14 +246,14 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
         if step == study.steps:
             break
         key, sub = jax.random.split(key)
-        tokens = np.asarray(sample(state.params, prompts, sub))
-        mask, lengths, truncated, rewards = completion_arrays(tokens)
+        answers = np.where(draws.random(n) < study.right_prob, RIGHT, WRONG).astype(np.int32)
+        tokens = np.asarray(sample(state.params, prompts, jnp.asarray(answers), sub))
+        mask, lengths, truncated, rewards = completion_arrays(tokens, answers)
         attention = np.concatenate([np.ones((n, 1), np.int32), mask.astype(np.int32)], axis=1)
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
         seq = SequenceBatch(tokens, attention, positions, mask, np.zeros_like(mask), truncated, 1)
         old_logp, _ = learner.logprobs(state.params, seq)
-        # The answer token stays out of the loss: P(RIGHT) stays at its start, so every group keeps a
-        # mix of right and wrong answers and only the free part (the length) is trained.
+        # The answer (drawn by the task) stays out of the loss: only the free part (the length) is trained.
         free_mask = mask.copy()
         free_mask[:, 0] = 0.0
         batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards.reshape(NUM_PROMPTS, -1)),
@@ -204,6 +264,10 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
         weights, advantages = np.asarray(batch.loss_weights), np.asarray(batch.advantages)
         free = weights[:, 1:] * advantages[:, 1:] * ((tokens[:, 2:] == EOS) - q_tok)  # 0 off the mask
         right = rewards >= 1
+        for cls, rows in (("right", right), ("wrong", ~right)):  # on-policy: at the decision points visited
+            visited = mask[rows, 1:]
+            log[f"q_own_{cls}"].append(float((q_tok[rows] * visited).sum() / visited.sum()) if visited.sum()
+                                       else float("nan"))
         log["force_right"].append(float(free[right].sum()))
         log["force_wrong"].append(float(free[~right].sum()))
         q_mean = float((q_tok * mask[:, 1:]).sum() / max(mask[:, 1:].sum(), 1))
@@ -227,29 +291,37 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
 
 
 def study_recipes(study: MechanismStudy) -> dict:
-    """{name: core recipe} of RECIPES; Dr. GRPO's constant normaliser is the study's max_tokens."""
+    """{arm: core recipe} of the study's arms; Dr. GRPO's constant normaliser is the study's max_tokens."""
     from jaxrl_llm import core
 
-    return {r: core.get_recipe(r, **({"constant_length": study.max_tokens} if r == "dr_grpo" else {}))
-            for r in RECIPES}
+    recipes = {r: core.get_recipe(r, **({"constant_length": study.max_tokens} if r == "dr_grpo" else {}))
+               for r in {ARMS[a].recipe for a in study.arm_names()}}
+    return {a: recipes[ARMS[a].recipe] for a in study.arm_names()}
 
 
-def run_study(study: MechanismStudy, *, name: str = "length_mechanism") -> dict[str, list[dict]]:
-    """Every recipe from the same supervised start, seed by seed: {recipe: [run_recipe's log per seed]}."""
+def run_study(study: MechanismStudy, *, name: str = "length_mechanism", seeds=None,
+              on_seed=None) -> dict[str, list[dict]]:
+    """Every arm from the same supervised start, seed by seed (`seeds`, default 0 .. study.seeds - 1):
+    {arm: [run_recipe's log per seed]}; `on_seed(seed, {arm: log})` is called as each seed finishes."""
     from jaxrl_llm.train.config import TrainConfig
     from jaxrl_llm.train.learner import Learner
 
     n = NUM_PROMPTS * study.samples
-    train_cfg = TrainConfig(lr=study.lr, precision="fp32", micro_batch_size=n, grad_clip=1.0)
+    # pack=False: one sequence per row, one compiled shape (packing recompiles as the lengths drift)
+    train_cfg = TrainConfig(lr=study.lr, precision="fp32", micro_batch_size=n, grad_clip=1.0, pack=False)
     recipes = study_recipes(study)
     cfg = model_config()
-    learners = {r: Learner(cfg, recipe, train_cfg, total_steps=study.steps) for r, recipe in recipes.items()}
-    sample, eos_prob = _sampler(cfg, study.max_tokens)
-    logs: dict[str, list[dict]] = {r: [] for r in RECIPES}
+    learners = {r: Learner(cfg, recipe, train_cfg, total_steps=study.steps)
+                for r, recipe in {ARMS[a].recipe: recipes[a] for a in recipes}.items()}
+    logs: dict[str, list[dict]] = {a: [] for a in recipes}
     start = time.time()
-    for seed in range(study.seeds):
+    for seed in (range(study.seeds) if seeds is None else seeds):
         _, params = supervised_start(seed, study)
-        for r in RECIPES:
-            logs[r].append(run_recipe(learners[r], recipes[r], params, seed, study, eos_prob, sample))
+        for a, arm in ((a, ARMS[a]) for a in recipes):
+            sample, eos_prob = _sampler(cfg, study.max_tokens, arm.shared_stop)
+            logs[a].append(run_recipe(learners[arm.recipe], recipes[a], params, seed, study, eos_prob, sample,
+                                      shared_stop=arm.shared_stop))
+        if on_seed is not None:
+            on_seed(seed, {a: logs[a][-1] for a in recipes})
         print(f"[{name}] seed {seed} done ({time.time() - start:.0f} s)", flush=True)
     return logs

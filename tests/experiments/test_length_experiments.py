@@ -34,9 +34,9 @@ def test_answer_first_task_grades_the_leading_integer_alone():
     assert [e.metadata for e in task.all_examples("heldout")] == [e.metadata for e in addition.all_examples("heldout")]
 
 
-@pytest.mark.slow  # ~50 s; the closed form is checked fast in test_length_drift.py
+@pytest.mark.slow  # 153 s at load 9 (4 arms, 48 tokens); the closed form is checked fast in test_length_drift.py
 def test_length_mechanism_reduced(tmp_path):
-    """2 seeds x 3 steps. The supervised start realises the designed policy (stop probability
+    """2 seeds x 3 steps x 4 arms. The supervised start realises the designed policy (stop probability
     0.2 at every free position, whatever the answer); the summary's intervals are over the 2
     seeds; Dr. GRPO's closed-form force is 0 and its measured force is noise around it."""
     exp = load_experiment("length_mechanism")
@@ -55,7 +55,7 @@ def test_length_mechanism_reduced(tmp_path):
                 assert all(c < 0 for c in log["closed_wrong"] if c != 0)
     summary = json.loads((tmp_path / "summary.json").read_text())
     grpo = summary["rows"][0]
-    assert grpo["recipe"] == "grpo" and grpo["d split interval"]["n"] == 2
+    assert grpo["arm"] == "grpo" and grpo["d split interval"]["n"] == 2
     splits = [r["d split"] for r in data["per_seed"]["grpo"]]
     assert grpo["d split interval"]["mean"] == pytest.approx(np.mean(splits))
     assert any("2 of the full size's 10 seeds" in n for n in summary["notes"])

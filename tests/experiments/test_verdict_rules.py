@@ -48,15 +48,50 @@ def test_diversity_excludes_diverged_pairs_and_needs_eight_kept_seeds():
     assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "inconclusive"
 
 
-def test_length_mechanism_reads_the_three_splits_together():
-    rule = experiment_module("length_mechanism").rule_verdict
-    grpo, dr = iv(-0.6, -0.8, -0.5, 10), iv(0.0, -0.001, 0.001, 10)
-    numbers = {"grpo d split": grpo, "dr_grpo d split": dr}
-    assert rule({**numbers, "dapo d split": iv(0.007, -0.009, 0.023, 10)}) == "inconclusive"  # the recorded run
-    assert rule({**numbers, "dapo d split": iv(-0.02, -0.03, -0.01, 10)}) == "reproduced"
-    assert rule({**numbers, "dapo d split": iv(-0.9, -1.0, -0.8, 10)}) == "inconclusive"  # not between
-    assert rule({**numbers, "dr_grpo d split": iv(0.1, 0.05, 0.15, 10),
-                 "dapo d split": iv(-0.02, -0.03, -0.01, 10)}) == "not reproduced"
+def test_length_mechanism_pairs_against_dr_grpo_and_needs_the_shared_stop_control():
+    module = experiment_module("length_mechanism")
+    rule, readings = module.rule_verdict, module.rule_readings
+    zero = iv(0.0, 0.0, 0.0, 10)  # the shared-stop arm's own d split: 0 by construction
+    base = {"grpo - dr_grpo d split": iv(-0.6, -0.8, -0.5, 10), "dapo - dr_grpo d split": iv(-0.02, -0.03, -0.01, 10),
+            "grpo_shared d split": zero, "grpo_shared d length split": iv(0.1, -0.4, 0.6, 10)}
+    assert readings(base) == {"grpo": "reproduced", "token-mean": "reproduced", "shared-stop": "reproduced"}
+    assert rule(base) == "reproduced"
+    # token-mean covering 0: inconclusive, not "not reproduced"
+    assert rule({**base, "dapo - dr_grpo d split": iv(0.007, -0.009, 0.023, 10)}) == "inconclusive"
+    # token-mean as large as GRPO (its upper end below GRPO's mean -0.6): not in between
+    assert readings({**base, "dapo - dr_grpo d split": iv(-0.9, -1.0, -0.8, 10)})["token-mean"] == "not reproduced"
+    # below 0 but its mean under GRPO's, interval reaching above it: inconclusive
+    assert readings({**base, "dapo - dr_grpo d split": iv(-0.7, -0.9, -0.1, 10)})["token-mean"] == "inconclusive"
+    # a split in the shared-stop arm's sampled lengths refutes the mechanism
+    split = {**base, "grpo_shared d length split": iv(2.0, 1.0, 3.0, 10)}
+    assert readings(split)["shared-stop"] == "not reproduced" and rule(split) == "not reproduced"
+    # no shared-stop arm run: the control is missing, so the whole claim stays inconclusive
+    assert rule({k: v for k, v in base.items() if "shared" not in k}) == "inconclusive"
+    # GRPO above 0: not reproduced; one seed: no interval, inconclusive
+    assert rule({**base, "grpo - dr_grpo d split": iv(0.3, 0.1, 0.5, 10)}) == "not reproduced"
+    one = {k: iv(v["mean"]) for k, v in base.items()}
+    assert set(readings(one).values()) == {"inconclusive"}
+
+
+def test_length_mechanism_deciding_result_pairs_by_seed():
+    module = experiment_module("length_mechanism")
+    from jaxrl_llm.reports.length_mechanism import MechanismStudy
+
+    def row(split, length_split=0.0):
+        return {"d split": split, "d length split": length_split}
+
+    # GRPO -0.5, -0.7, -0.6 against Dr. GRPO +0.01, -0.01, 0.0: paired -0.51, -0.69, -0.6
+    per_seed = {"grpo": [row(-0.5), row(-0.7), row(-0.6)], "dr_grpo": [row(0.01), row(-0.01), row(0.0)],
+                "dapo": [row(-0.01), row(-0.04), row(-0.03)], "grpo_shared": [row(0.0, 1.0), row(0.0, -1.0), row(0.0, 0.5)]}
+    result = module.deciding_result(per_seed, (110, 111, 112), MechanismStudy(), command="c", wall_s=1.0)
+    paired = result.numbers["grpo - dr_grpo d split"]
+    half = 4.302652729911275 * 0.09 / math.sqrt(3)  # t_{0.975, 2} sd / sqrt(n); sd of (-0.51, -0.69, -0.6) = 0.09
+    assert (paired["mean"], paired["low"], paired["high"]) == pytest.approx((-0.6, -0.6 - half, -0.6 + half))
+    assert result.per_seed["dapo - dr_grpo d split"] == pytest.approx({"110": -0.02, "111": -0.03, "112": -0.03})
+    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    assert result.tuning_seeds == (0, 100) and result.headline == "dapo - dr_grpo d split"
+    with pytest.raises(ValueError, match="tuning seeds"):  # seed 0 chose the setting: it may not count
+        module.deciding_result(per_seed, (100, 111, 112), MechanismStudy(), command="c", wall_s=1.0)
 
 
 def test_precision_rule_asks_for_an_order_of_magnitude_on_both_engines():
