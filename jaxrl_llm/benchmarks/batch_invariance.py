@@ -153,12 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     params = jax.tree.map(lambda x: x.astype(args.dtype), params)
     rng = np.random.RandomState(0)
     prompts = [list(rng.randint(100, 20000, size=rng.randint(8, 40))) for _ in range(args.batch)]
-    load = [os.getloadavg()[0]]
+    load, commit = [os.getloadavg()[0]], git_commit()  # the code that runs (HEAD may move during the run)
     rates = sampler_rates(cfg, params, prompts, args.tokens, args.rounds)
     load.append(os.getloadavg()[0])
     slowdown = statistics.median(d / i for d, i in zip(rates[False][0], rates[True][0]))
     result = {"model": "SmolLM2-135M", "dtype": args.dtype, "batch": args.batch, "tokens": args.tokens,
-              "backend": jax.default_backend(), "commit": git_commit(), "host": platform.node(),
+              "backend": jax.default_backend(), "commit": commit, "host": platform.node(),
               "cpus": os.cpu_count(), "rounds": args.rounds,
               "sampler_tok_s": {"default": rates[False][0], "batch_invariant": rates[True][0]},
               "slowdown_median_of_rounds": slowdown}
