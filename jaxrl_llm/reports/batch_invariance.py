@@ -12,6 +12,11 @@ For each it prints the largest |difference| of the row's outputs and whether the
 equal, for the default ops and for the batch-invariant ones (`jaxrl_llm.models.batch_invariant`),
 and names the first op that differs. Run: ``python -m jaxrl_llm.reports.batch_invariance``
 (``--dtype float32 bfloat16``, ``--tokens T``).
+
+The probe runs copies of the ops on random inputs. `first_differing_model_op` checks the model's own
+ops instead: it records every op's output inside the invariant forward (flax ``sow``) for real
+sequences, rows together vs each alone and decoded over the cache vs in one forward, and names the
+first op that differs (what the equality tests print when they fail).
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ import numpy as np
 from jaxrl_llm.models import batch_invariant as inv
 from jaxrl_llm.models.attention import causal_attention, grouped_attention
 from jaxrl_llm.models.config import DecoderConfig
-from jaxrl_llm.models.decoder import Decoder, apply_rope, init_cache, jnp_dtype, lm_head_logits, rms_norm, rope_inverse_frequencies
+from jaxrl_llm.models.decoder import (Decoder, apply_rope, init_cache, jnp_dtype, lm_head_logits, rms_norm,
+                                      rope_inverse_frequencies)
 from jaxrl_llm.models.matmul import project
 
 BATCH = 64
