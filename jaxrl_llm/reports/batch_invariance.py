@@ -194,6 +194,11 @@ def _recorded_forward(params, cfg: DecoderConfig, tokens, positions, visible, kv
     return hidden, kv, state["intermediates"]
 
 
+# one compiled program per shape for every call (a jax.jit made inside each call would trace again)
+_token_logprobs = jax.jit(lambda *a: inv.token_logprobs(*a), static_argnums=3)
+_head_logprobs = jax.jit(lambda *a: inv.head_logprobs(*a), static_argnums=2)
+
+
 def _ops_in_order(cfg: DecoderConfig, recorded: dict) -> list[tuple[str, jax.Array]]:
     """[(op, output [B, T, ...])] in forward order: each layer's ops, then the final norm."""
     layers = recorded["layers"]
@@ -213,7 +218,7 @@ def _full_forward_ops(params, cfg, tokens: np.ndarray, lengths: np.ndarray, temp
     ops = _ops_in_order(cfg, recorded)
     weight = params["embed" if cfg.tie_word_embeddings else "lm_head"]
     targets = np.concatenate([tokens[:, 1:], np.zeros((batch, 1), tokens.dtype)], axis=1)
-    logp = jax.jit(inv.token_logprobs, static_argnums=3)(hidden, targets, weight, cfg.tie_word_embeddings, temperature)
+    logp = _token_logprobs(hidden, targets, weight, cfg.tie_word_embeddings, temperature)
     return ops + [("logprobs", logp[..., None])]
 
 
@@ -224,14 +229,13 @@ def _decoded_ops(params, cfg, tokens: np.ndarray, length: int, prompt: int, temp
     kv = {name: x for name, x in init_cache(cfg, 1, width).items() if name in ("k", "v")}
     slot_mask = jnp.zeros((1, width), bool)
     weight = params["embed" if cfg.tie_word_embeddings else "lm_head"]
-    head = jax.jit(inv.head_logprobs, static_argnums=2)
     chunks = []
     for start, stop in [(0, prompt)] + [(t, t + 1) for t in range(prompt, length)]:
         positions = np.arange(start, stop)[None]
         write_at, slot_mask, visible = inv.cache_slots(slot_mask, np.ones_like(positions, bool), positions)
         hidden, kv, recorded = _recorded_forward(params, cfg, tokens[None, start:stop], positions, visible, kv, write_at)
         ops = _ops_in_order(cfg, recorded)
-        logp = head(hidden[0], weight, cfg.tie_word_embeddings, temperature)
+        logp = _head_logprobs(hidden[0], weight, cfg.tie_word_embeddings, temperature)
         nxt = np.append(tokens[start + 1:stop + 1], 0)[:stop - start]
         chunks.append(ops + [("logprobs", jnp.take_along_axis(logp, nxt[:, None], axis=-1)[None])])
     return [(op, jnp.concatenate([c[i][1] for c in chunks], axis=1)) for i, (op, _) in enumerate(chunks[0])]
