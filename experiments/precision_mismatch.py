@@ -8,6 +8,9 @@ log-ratio stop drifting with length?
     python experiments/precision_mismatch.py --quick    # ~10 min on 2 CPU cores
     python experiments/precision_mismatch.py            # CPU full size
     python experiments/precision_mismatch.py --engines jax   # without the vLLM servers
+    python experiments/precision_mismatch.py --out runs/experiments/precision_mismatch/full_sS seed=S
+    python experiments/precision_mismatch.py --collect runs/experiments/precision_mismatch/full_s{1,2,3} \
+        --results experiments/results/precision_mismatch.json   # the deciding run: S = 1, 2, 3
 
 Samples SmolLM2-135M-Instruct answers to 1-digit addition questions with vLLM
 (CPU build) and with the JAX sampler at float32, bfloat16 and float16, then
@@ -20,8 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
+from pathlib import Path
 from typing import Sequence
 
+from jaxrl_llm.reports import stats
 from jaxrl_llm.reports.precision import ENGINES, PrecisionStudy, matched_ratios, run_study
 from jaxrl_llm.reports.runs import experiment_parser, output_dir, write_summary
 
@@ -62,11 +69,90 @@ def rule_verdict(numbers: dict) -> str:
     return "reproduced" if all(iv.low >= 10 for iv in ivs) else "inconclusive"
 
 
+# ------------------------------------------------------------- the deciding run's result
+STATISTICS = ("k3", "k1", "max_abs_logprob_diff")
+
+
+def deciding_result(ratios: dict[int, dict[str, dict[str, float]]], *, setting: str, command: str,
+                    wall_s: float | None, notes: Sequence[str] = ()):
+    """The stored result (reports/results.py) from each sampling seed's bf16 / fp16 ratios
+    ({seed: matched_ratios(rows)}): geometric mean and log-scale interval per engine and
+    statistic, VERDICT_RULE on the k3 ones. k1 (a mean of signed log-ratios) can be <= 0 in
+    a seed; then its ratio has no logarithm and is kept per seed only."""
+    from jaxrl_llm.reports.results import ExperimentResult, keyed
+
+    seeds = tuple(sorted(ratios))
+    numbers, per_seed, extra = {}, {}, []
+    for engine in ("vllm", "jax"):
+        for statistic in STATISTICS:
+            key = f"{engine} {statistic} bf16/fp16"
+            values = {s: ratios[s][engine][statistic] for s in seeds if engine in ratios[s]}
+            if not values:
+                continue
+            per_seed[key] = keyed(values)
+            if all(v > 0 for v in values.values()):
+                numbers[key] = stats.log_interval(list(values.values())).to_dict()
+            else:
+                extra.append(f"{key}: a seed's ratio is <= 0 (k1 of either sign), no log interval")
+    return ExperimentResult(
+        name=NAME, title="precision mismatch (vLLM CPU and JAX sampler x learner, fp32/bf16/fp16)", claim=CLAIM,
+        setting=setting, command=command, seeds=seeds,
+        statistic="k3 per token, bf16 / fp16 ratio of matched sampler-learner pairs",
+        interval_method="geometric mean over sampling seeds, 95% Student-t interval of log(ratio), exponentiated",
+        verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), headline=RATIO_KEYS[0], numbers=numbers,
+        per_seed=per_seed, wall_s=wall_s, notes=tuple(notes) + tuple(extra))
+
+
+def collect(run_dirs: Sequence[str], results: str | None) -> int:
+    """Reads each run directory's mismatch.json (one sampling seed each), prints the ratios
+    and, with `results`, writes the stored result."""
+    from jaxrl_llm.reports.results import write_result
+
+    runs = {}
+    for d in run_dirs:
+        path = Path(d) / "mismatch.json"
+        if not path.is_file():
+            raise SystemExit(f"--collect {d}: no mismatch.json there; valid: a finished run's --out directory")
+        data = json.loads(path.read_text())
+        seed = int(data["study"]["seed"])
+        if seed in runs:
+            raise SystemExit(f"--collect: seed {seed} appears twice ({runs[seed][0]} and {d}); valid: one run per seed")
+        runs[seed] = (d, data)
+    studies = {json.dumps({k: v for k, v in data["study"].items() if k != "seed"}, sort_keys=True)
+               for _, data in runs.values()}
+    if len(studies) != 1:
+        raise SystemExit(f"--collect: the runs differ in more than the seed: {sorted(studies)}")
+    study = next(iter(runs.values()))[1]["study"]
+    walls = [data.get("wall_s") for _, data in runs.values()]
+    wall_s = float(sum(walls)) if all(w is not None for w in walls) else None
+    result = deciding_result(
+        {s: matched_ratios(data["rows"]) for s, (_, data) in runs.items()},
+        setting=(f"{study['prompts']} prompts x {study['samples']} samples, <= {study['max_tokens']} tokens, "
+                 f"temperature {study['temperature']}, {Path(study['model']).name or study['model']}, "
+                 f"engines {','.join(study['engines'])}"),
+        command=(f"python experiments/precision_mismatch.py --out <dir> seed=S for S in {sorted(runs)}; "
+                 f"--collect the {len(runs)} directories"),
+        wall_s=wall_s, notes=[f"seed {s}: {d}, wall {data.get('wall_s')} s, load {data.get('load_average')}"
+                              for s, (d, data) in sorted(runs.items())])
+    for key, iv in result.numbers.items():
+        print(f"{key}: {stats.format_interval(stats.Interval(**iv))}")
+    print(f"verdict: {result.verdict} (n = {len(runs)})")
+    if results:
+        print(f"wrote {write_result(result, results)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = experiment_parser(__doc__, name=NAME)
+    parser = experiment_parser(__doc__, name=NAME, results=True)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of jax,vllm")
     parser.add_argument("--model", default=None, help="HF directory (default: smollm2)")
+    parser.add_argument("--collect", nargs="+", default=None, metavar="DIR",
+                        help="aggregate finished runs (one sampling seed each) instead of running; "
+                             "with --results also write the stored result")
     args = parser.parse_args(argv)
+    if args.collect:
+        return collect(args.collect, args.results)
+    start = time.monotonic()
     study = get_config("quick" if args.quick else "")
     fields = {f.name: f.type for f in dataclasses.fields(PrecisionStudy)}
     for item in args.overrides:  # e.g. prompts=2 samples=2 max_tokens=8
@@ -78,7 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 **({"model": args.model} if args.model else {}))
     out = output_dir(args, NAME)
     result = run_study(study, out)
-    (out / "mismatch.json").write_text(json.dumps({"study": dataclasses.asdict(study), **result}, indent=2) + "\n")
+    (out / "mismatch.json").write_text(json.dumps({"study": dataclasses.asdict(study), **result,
+                                                   "wall_s": round(time.monotonic() - start, 1),
+                                                   "load_average": [round(x, 2) for x in os.getloadavg()]},
+                                                  indent=2) + "\n")
 
     ratios = matched_ratios(result["rows"])
     notes = [f"bf16/bf16 over fp16/fp16, {engine}: k1 x{r['k1']:.1f}, k3 x{r['k3']:.1f}, "

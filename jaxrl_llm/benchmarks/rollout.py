@@ -46,6 +46,7 @@ import numpy as np
 
 from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
 from jaxrl_llm.models import token_logprobs
+from jaxrl_llm.reports import stats
 from jaxrl_llm.rollout import (DiskWeightSync, LogprobProbe, SamplingParams, VLLMClient, VLLMEngine, VLLMServer,
                                VLLMServerConfig, bridge_export)
 from jaxrl_llm.rollout.weight_sync import default_stage_root
@@ -188,19 +189,6 @@ class CellTiming(NamedTuple):
     vllm_tokens: int
 
 
-def log_ratio_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Geometric mean of `ratios` with its Student-t interval on the log scale (a ratio's
-    interval stays positive): (mean, low, high); low = high = nan with one ratio."""
-    from scipy import stats
-
-    logs = np.log(np.asarray(ratios, np.float64))
-    mean = float(np.exp(logs.mean()))
-    if logs.size < 2:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + level / 2, logs.size - 1)) * float(logs.std(ddof=1)) / np.sqrt(logs.size)
-    return mean, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
-
-
 def time_cell(sampler, engine, prompts, n: int, max_tokens: int, stop: str, seeds: list[int]) -> list[CellTiming]:
     """Both engines on one cell, seed by seed, in turns (the first engine alternates); an
     untimed call of each first (the JAX program of this shape compiles, vLLM warms up). A
@@ -223,7 +211,7 @@ def time_cell(sampler, engine, prompts, n: int, max_tokens: int, stop: str, seed
 
 def cell_summary(mode: str, stop: str, batch: int, max_tokens: int, timings: list[CellTiming], load: tuple) -> dict:
     ratios = [(t.jax_tokens / t.jax_s) / (t.vllm_tokens / t.vllm_s) for t in timings]
-    ratio, low, high = log_ratio_interval(ratios)
+    ratio, low, high, _ = stats.log_interval(ratios)
     return {"vllm_mode": mode, "stop": stop, "batch": batch, "max_tokens": max_tokens,
             "load_before": load[0], "load_after": os.getloadavg()[0], "seeds": [t.seed for t in timings],
             "jax_tokens_per_s": float(np.mean([t.jax_tokens / t.jax_s for t in timings])),

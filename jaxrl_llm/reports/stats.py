@@ -6,7 +6,8 @@ quantity (e.g. the change in mean length over training) and reports
 (mean +- t_{0.975, n-1} s / sqrt(n)), which is exact for normally distributed
 per-seed values and what a handful of seeds supports; `bootstrap_interval` is
 the percentile bootstrap (Efron & Tibshirani 1993, ch. 13) for a check without
-the normality assumption. With one seed there is no interval: low = high = nan,
+the normality assumption; `log_interval` is the interval for ratios, taken on the log
+scale. With one seed there is no interval: low = high = nan,
 and the formatted value says "1 seed".
 """
 from __future__ import annotations
@@ -51,6 +52,17 @@ def interval(values: Sequence[float], level: float = 0.95) -> Interval:
 
     half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
+
+
+def log_interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """Geometric mean of positive `values` (ratios) with the Student-t interval of their
+    logarithms, exponentiated: a ratio's interval stays above 0 and is symmetric in
+    ratio and inverse (a 10x and a 0.1x seed cancel). Non-positive values are refused."""
+    x = _finite(values)
+    if np.any(x <= 0):
+        raise ValueError(f"log_interval needs positive ratios; got {[float(v) for v in x if v <= 0]}")
+    logs = interval(np.log(x), level)
+    return Interval(*(math.exp(v) for v in logs[:3]), logs.n)
 
 
 def bootstrap_interval(values: Sequence[float], level: float = 0.95, *, resamples: int = 10_000,

@@ -16,6 +16,22 @@ def test_t_interval_by_hand():
     assert iv.excludes_zero() and not stats.interval([-1, 1, 2]).excludes_zero()  # low 0.446 > 0
 
 
+def test_log_interval_by_hand():
+    """Ratios 1, 2, 4: geometric mean 2; the logs 0, ln 2, 2 ln 2 have sd ln 2, so the bounds are
+    2 exp(-+ t_{0.975, 2} ln 2 / sqrt 3) with t_{0.975, 2} = 4.302653: 0.35746 and 11.190."""
+    mean, low, high, n = stats.log_interval([1.0, 2.0, 4.0])
+    half = 4.302653 * math.log(2) / math.sqrt(3)
+    assert n == 3 and mean == pytest.approx(2.0)
+    assert (low, high) == pytest.approx((2 * math.exp(-half), 2 * math.exp(half)), rel=1e-6)
+    assert (low, high) == pytest.approx((0.35746, 11.190), rel=1e-4)
+    # symmetric in a ratio and its inverse: 1/4, 1/2, 1 -> 1/2 [1/11.190, 1/0.35746]
+    inv = stats.log_interval([0.25, 0.5, 1.0])
+    assert (inv.mean, inv.low, inv.high) == pytest.approx((0.5, 1 / high, 1 / low))
+    assert math.isnan(stats.log_interval([3.0]).low)
+    with pytest.raises(ValueError, match=r"positive ratios; got \[-1.0\]"):
+        stats.log_interval([2.0, -1.0])
+
+
 def test_t_interval_covers_the_true_mean_95_percent_of_the_time():
     rng = np.random.default_rng(0)
     hits = [stats.interval(rng.normal(1.0, 2.0, 5)) for _ in range(4000)]

@@ -1,5 +1,6 @@
 """The verdict rules each experiment file fixes before its run (issue 36), on hand-made
 numbers: the stored verdict of experiments/results/*.json is these functions' output."""
+import json
 import math
 
 import pytest
@@ -111,3 +112,66 @@ def test_distill_addition_needs_half_the_gap_and_half_the_kl():
     assert rule(numbers(0.56, 0.4)) == "reproduced"
     assert rule(numbers(0.54, 0.4)) == "not reproduced"  # student short of half the gap
     assert rule(numbers(0.9, 0.6)) == "not reproduced"  # KL fell, but not below half
+
+
+def _precision_rows(k3_bf16, k1_bf16=2e-3):
+    """mismatch.json rows of one seed: matched bf16 and fp16 pairs of both engines (fp16 k3 = 1e-5,
+    k1 = 1e-4, max |dlogp| = 0.1), plus an unmatched row that must not count."""
+    row = lambda engine, dtype, k1, k3, dmax: {"sampler": f"{engine}:{dtype}", "learner": dtype,  # noqa: E731
+                                               "matched": True, "k1": k1, "k3": k3, "max_abs_logprob_diff": dmax}
+    rows = [row(e, "bf16", k1_bf16, k3_bf16, 0.6) for e in ("vllm", "jax")]
+    rows += [row(e, "fp16", 1e-4, 1e-5, 0.1) for e in ("vllm", "jax")]
+    return rows + [{**row("vllm", "bf16", 1.0, 1.0, 1.0), "learner": "fp32", "matched": False}]
+
+
+def test_precision_deciding_result_takes_ratios_per_seed_on_the_log_scale(tmp_path, capsys):
+    module = experiment_module("precision_mismatch")
+    # k3 ratios 500, 600, 700 (bf16 k3 5e-3 .. 7e-3 over fp16 1e-5): geometric mean (500*600*700)^(1/3) = 594.4
+    dirs = []
+    for seed, k3 in ((3, 7e-3), (1, 5e-3), (2, 6e-3)):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        study = {"model": "smollm2", "prompts": 32, "samples": 8, "max_tokens": 128, "temperature": 1.0,
+                 "seed": seed, "engines": ["jax", "vllm"]}
+        k1 = -1e-4 if seed == 2 else 2e-3  # one seed's bf16 k1 below 0: no log interval for k1
+        (d / "mismatch.json").write_text(json.dumps({"study": study, "rows": _precision_rows(k3, k1), "wall_s": 60.0}))
+        dirs.append(str(d))
+    out = tmp_path / "result.json"
+    assert module.main(["--collect", *dirs, "--results", str(out)]) == 0
+    stored = json.loads(out.read_text())
+    logs = [math.log(500), math.log(600), math.log(700)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    half = 4.302653 * sd / math.sqrt(3)
+    k3 = stored["numbers"]["vllm k3 bf16/fp16"]
+    assert (k3["mean"], k3["low"], k3["high"], k3["n"]) == pytest.approx(
+        (math.exp(mean), math.exp(mean - half), math.exp(mean + half), 3), rel=1e-6)
+    assert k3["mean"] == pytest.approx(594.4, abs=0.1)
+    assert stored["per_seed"]["jax k3 bf16/fp16"] == pytest.approx({"1": 500.0, "2": 600.0, "3": 700.0})
+    assert stored["numbers"]["vllm max_abs_logprob_diff bf16/fp16"]["mean"] == pytest.approx(6.0)
+    assert "vllm k1 bf16/fp16" not in stored["numbers"]
+    assert stored["per_seed"]["vllm k1 bf16/fp16"]["2"] == pytest.approx(-1.0)
+    assert stored["seeds"] == [1, 2, 3] and stored["wall_s"] == 180.0 and stored["verdict"] == "reproduced"
+    assert "594" in capsys.readouterr().out
+    # ratios 1, 100, 10000 (geometric mean 100): far too spread for n = 3 -> inconclusive
+    spread = {s: {e: {"k3": r, "k1": r, "max_abs_logprob_diff": 1.0} for e in ("vllm", "jax")}
+              for s, r in ((1, 1.0), (2, 100.0), (3, 10000.0))}
+    result = module.deciding_result(spread, setting="s", command="c", wall_s=None)
+    assert result.numbers["vllm k3 bf16/fp16"]["mean"] == pytest.approx(100.0)
+    assert result.verdict == "inconclusive"
+
+
+def test_precision_collect_refuses_runs_that_differ_beyond_the_seed(tmp_path):
+    module = experiment_module("precision_mismatch")
+    dirs = []
+    for seed, tokens in ((1, 128), (2, 64)):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        study = {"model": "smollm2", "prompts": 32, "samples": 8, "max_tokens": tokens, "temperature": 1.0,
+                 "seed": seed, "engines": ["jax"]}
+        (d / "mismatch.json").write_text(json.dumps({"study": study, "rows": _precision_rows(5e-3)}))
+        dirs.append(str(d))
+    with pytest.raises(SystemExit, match="differ in more than the seed"):
+        module.main(["--collect", *dirs])
+    with pytest.raises(SystemExit, match="no mismatch.json there"):
+        module.main(["--collect", str(tmp_path)])
