@@ -99,7 +99,8 @@ def deciding_result(ratios: dict[int, dict[str, dict[str, float]]], *, setting: 
         setting=setting, command=command, seeds=seeds,
         statistic="k3 per token, bf16 / fp16 ratio of matched sampler-learner pairs",
         interval_method="geometric mean over sampling seeds, 95% Student-t interval of log(ratio), exponentiated",
-        verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), headline=RATIO_KEYS[0], numbers=numbers,
+        verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), numbers=numbers,
+        headline=next((k for k in RATIO_KEYS if k in numbers), next(iter(numbers), "")),
         per_seed=per_seed, wall_s=wall_s, notes=tuple(notes) + tuple(extra))
 
 
