@@ -73,15 +73,18 @@ def rule_verdict(numbers: dict) -> str:
 STATISTICS = ("k3", "k1", "max_abs_logprob_diff")
 
 
-def deciding_result(ratios: dict[int, dict[str, dict[str, float]]], *, setting: str, command: str,
-                    wall_s: float | None, notes: Sequence[str] = ()):
-    """The stored result (reports/results.py) from each sampling seed's bf16 / fp16 ratios
-    ({seed: matched_ratios(rows)}): geometric mean and log-scale interval per engine and
-    statistic, VERDICT_RULE on the k3 ones. k1 (a mean of signed log-ratios) can be <= 0 in
-    a seed; then its ratio has no logarithm and is kept per seed only."""
+def deciding_result(rows: dict[int, list[dict]], *, setting: str, command: str, wall_s: float | None,
+                    notes: Sequence[str] = ()):
+    """The stored result (reports/results.py) from each sampling seed's rows ({seed: the
+    `rows` of its mismatch.json}). The bf16 / fp16 ratios of matched pairs: geometric mean
+    and log-scale interval per engine and statistic; VERDICT_RULE reads the k3 ones. k1 (a
+    mean of signed log-ratios) can be <= 0 in a seed; then its ratio has no logarithm and
+    is kept per seed only. Each matched pair's own k1, k3 and sequence log-ratio slope per
+    token (the paper's drift with length): mean and Student-t interval over seeds."""
     from jaxrl_llm.reports.results import ExperimentResult, keyed
 
-    seeds = tuple(sorted(ratios))
+    seeds = tuple(sorted(rows))
+    ratios = {s: matched_ratios(rows[s]) for s in seeds}
     numbers, per_seed, extra = {}, {}, []
     for engine in ("vllm", "jax"):
         for statistic in STATISTICS:
@@ -94,6 +97,12 @@ def deciding_result(ratios: dict[int, dict[str, dict[str, float]]], *, setting: 
                 numbers[key] = stats.log_interval(list(values.values())).to_dict()
             else:
                 extra.append(f"{key}: a seed's ratio is <= 0 (k1 of either sign), no log interval")
+    matched = {s: {r["sampler"]: r for r in rows[s] if r["matched"]} for s in seeds}
+    for sampler in sorted({name for m in matched.values() for name in m}, key=_sampler_order):
+        for statistic in ("k1", "k3", "seq_log_ratio_length_slope"):
+            values = {s: matched[s][sampler][statistic] for s in seeds if sampler in matched[s]}
+            per_seed[f"{sampler} matched {statistic}"] = keyed(values)
+            numbers[f"{sampler} matched {statistic}"] = stats.interval(list(values.values())).to_dict()
     return ExperimentResult(
         name=NAME, title="precision mismatch (vLLM CPU and JAX sampler x learner, fp32/bf16/fp16)", claim=CLAIM,
         setting=setting, command=command, seeds=seeds,
@@ -102,6 +111,12 @@ def deciding_result(ratios: dict[int, dict[str, dict[str, float]]], *, setting: 
         verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), numbers=numbers,
         headline=next((k for k in RATIO_KEYS if k in numbers), next(iter(numbers), "")),
         per_seed=per_seed, wall_s=wall_s, notes=tuple(notes) + tuple(extra))
+
+
+def _sampler_order(sampler: str) -> tuple[int, int]:
+    """"vllm:bf16" -> vLLM before JAX, then fp32, bf16, fp16 (the tables' order)."""
+    engine, dtype = sampler.split(":")
+    return ("vllm", "jax").index(engine) if engine in ("vllm", "jax") else 2, ("fp32", "bf16", "fp16").index(dtype)
 
 
 def collect(run_dirs: Sequence[str], results: str | None) -> int:
@@ -127,7 +142,7 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
     walls = [data.get("wall_s") for _, data in runs.values()]
     wall_s = float(sum(walls)) if all(w is not None for w in walls) else None
     result = deciding_result(
-        {s: matched_ratios(data["rows"]) for s, (_, data) in runs.items()},
+        {s: data["rows"] for s, (_, data) in runs.items()},
         setting=(f"{study['prompts']} prompts x {study['samples']} samples, <= {study['max_tokens']} tokens, "
                  f"temperature {study['temperature']}, {Path(study['model']).name or study['model']}, "
                  f"engines {','.join(study['engines'])}"),

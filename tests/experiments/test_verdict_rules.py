@@ -116,12 +116,14 @@ def test_distill_addition_needs_half_the_gap_and_half_the_kl():
 
 def _precision_rows(k3_bf16, k1_bf16=2e-3):
     """mismatch.json rows of one seed: matched bf16 and fp16 pairs of both engines (fp16 k3 = 1e-5,
-    k1 = 1e-4, max |dlogp| = 0.1), plus an unmatched row that must not count."""
-    row = lambda engine, dtype, k1, k3, dmax: {"sampler": f"{engine}:{dtype}", "learner": dtype,  # noqa: E731
-                                               "matched": True, "k1": k1, "k3": k3, "max_abs_logprob_diff": dmax}
-    rows = [row(e, "bf16", k1_bf16, k3_bf16, 0.6) for e in ("vllm", "jax")]
-    rows += [row(e, "fp16", 1e-4, 1e-5, 0.1) for e in ("vllm", "jax")]
-    return rows + [{**row("vllm", "bf16", 1.0, 1.0, 1.0), "learner": "fp32", "matched": False}]
+    k1 = 1e-4, max |dlogp| = 0.1, slope -1e-4; bf16 max |dlogp| 0.6, slope -2e-3), plus an
+    unmatched row that must not count."""
+    row = lambda engine, dtype, k1, k3, dmax, slope: {  # noqa: E731
+        "sampler": f"{engine}:{dtype}", "learner": dtype, "matched": True, "k1": k1, "k3": k3,
+        "max_abs_logprob_diff": dmax, "seq_log_ratio_length_slope": slope}
+    rows = [row(e, "bf16", k1_bf16, k3_bf16, 0.6, -2e-3) for e in ("vllm", "jax")]
+    rows += [row(e, "fp16", 1e-4, 1e-5, 0.1, -1e-4) for e in ("vllm", "jax")]
+    return rows + [{**row("vllm", "bf16", 1.0, 1.0, 1.0, 1.0), "learner": "fp32", "matched": False}]
 
 
 def test_precision_deciding_result_takes_ratios_per_seed_on_the_log_scale(tmp_path, capsys):
@@ -152,10 +154,13 @@ def test_precision_deciding_result_takes_ratios_per_seed_on_the_log_scale(tmp_pa
     assert "vllm k1 bf16/fp16" not in stored["numbers"]
     assert stored["per_seed"]["vllm k1 bf16/fp16"]["2"] == pytest.approx(-1.0)
     assert stored["seeds"] == [1, 2, 3] and stored["wall_s"] == 180.0 and stored["verdict"] == "reproduced"
+    # each matched pair's own values, a plain mean over seeds; the unmatched fp32-learner row never counts
+    assert stored["numbers"]["vllm:bf16 matched k3"]["mean"] == pytest.approx(6e-3)
+    assert stored["per_seed"]["jax:fp16 matched k1"] == pytest.approx({"1": 1e-4, "2": 1e-4, "3": 1e-4})
+    assert stored["numbers"]["vllm:bf16 matched seq_log_ratio_length_slope"]["mean"] == pytest.approx(-2e-3)
     assert "594" in capsys.readouterr().out
     # ratios 1, 100, 10000 (geometric mean 100): far too spread for n = 3 -> inconclusive
-    spread = {s: {e: {"k3": r, "k1": r, "max_abs_logprob_diff": 1.0} for e in ("vllm", "jax")}
-              for s, r in ((1, 1.0), (2, 100.0), (3, 10000.0))}
+    spread = {s: _precision_rows(1e-5 * r) for s, r in ((1, 1.0), (2, 100.0), (3, 10000.0))}
     result = module.deciding_result(spread, setting="s", command="c", wall_s=None)
     assert result.numbers["vllm k3 bf16/fp16"]["mean"] == pytest.approx(100.0)
     assert result.verdict == "inconclusive"
