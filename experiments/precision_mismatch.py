@@ -119,6 +119,12 @@ def _sampler_order(sampler: str) -> tuple[int, int]:
     return ("vllm", "jax").index(engine) if engine in ("vllm", "jax") else 2, ("fp32", "bf16", "fp16").index(dtype)
 
 
+def _run_commit(run_dir: str) -> str | None:
+    """The commit a run's run_info.json names (None without one)."""
+    path = Path(run_dir) / "run_info.json"
+    return json.loads(path.read_text()).get("git_commit") if path.is_file() else None
+
+
 def collect(run_dirs: Sequence[str], results: str | None) -> int:
     """Reads each run directory's mismatch.json (one sampling seed each), prints the ratios
     and, with `results`, writes the stored result."""
@@ -148,8 +154,8 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
                  f"engines {','.join(study['engines'])}"),
         command=(f"python experiments/precision_mismatch.py --out <dir> seed=S for S in {sorted(runs)}; "
                  f"--collect the {len(runs)} directories"),
-        wall_s=wall_s, notes=[f"seed {s}: {d}, wall {data.get('wall_s')} s, load {data.get('load_average')}"
-                              for s, (d, data) in sorted(runs.items())])
+        wall_s=wall_s, notes=[f"seed {s}: {d}, commit {_run_commit(d)}, wall {data.get('wall_s')} s, "
+                              f"load at its end {data.get('load_average')}" for s, (d, data) in sorted(runs.items())])
     for key, iv in result.numbers.items():
         print(f"{key}: {stats.format_interval(stats.Interval(**iv))}")
     print(f"verdict: {result.verdict} (n = {len(runs)})")

@@ -233,14 +233,18 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
 
 def write_summary(out: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, title: str,
                   notes: Sequence[str] = (), config: Mapping[str, Any] | None = None) -> str:
-    """Writes <out>/summary.md and summary.json (+ run_info.json with config, commit and
-    versions), prints the table and returns it."""
+    """Writes <out>/summary.md and summary.json (+ run_info.json with config, versions and
+    the commit read when the experiment started), prints the table and returns it."""
     table = markdown_table(rows, columns)
     text = f"## {title}\n\n{table}\n" + "".join(f"\n{n}\n" for n in notes)
     (out / "summary.md").write_text(text)
     (out / "summary.json").write_text(json.dumps({"title": title, "rows": list(rows), "notes": list(notes)},
                                                  indent=2, default=float) + "\n")
-    write_run_info(out, dict(config) if config is not None else None, extra={"kind": "experiment summary"})
+    from jaxrl_llm.reports.results import code_version
+
+    commit, dirty = code_version()  # the code that ran: read when the experiment started, not now
+    write_run_info(out, dict(config) if config is not None else None,
+                   extra={"kind": "experiment summary", "git_commit": commit, "git_dirty": dirty})
     print(text)
     return text
 

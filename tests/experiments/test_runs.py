@@ -107,3 +107,23 @@ def test_interval_row_holds_mean_t_interval_and_per_seed_values():
     assert row["b interval"] == pytest.approx({"mean": 3.0, "low": 3.0 - b_half, "high": 3.0 + b_half, "n": 2})
     assert row["b"].startswith("+3 [") and row["a"].startswith("3 [")  # signed only where asked
     assert row["per seed"] == per_seed and (row["variant"], row["seeds"]) == ("x", 3)
+
+
+def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tmp_path, monkeypatch):
+    """An experiment that runs for an hour while commits land names the code that ran: the
+    commit `experiment_parser` read at its start (reports.results.code_version)."""
+    import json
+
+    from jaxrl_llm.reports import results, runs
+
+    results.code_version.cache_clear()
+    monkeypatch.setattr(results, "git_commit", lambda *a, **k: "a" * 40)
+    monkeypatch.setattr(results, "git_dirty", lambda *a, **k: False)
+    experiment_parser("doc", name="x")  # the start: reads the commit once
+    monkeypatch.setattr(results, "git_commit", lambda *a, **k: "b" * 40)  # HEAD moved during the run
+    import jaxrl_llm.train.metrics as metrics
+    monkeypatch.setattr(metrics, "git_commit", lambda *a, **k: "b" * 40)
+    runs.write_summary(tmp_path, [{"a": 1}], ["a"], title="t")
+    info = json.loads((tmp_path / "run_info.json").read_text())
+    results.code_version.cache_clear()
+    assert info["git_commit"] == "a" * 40 and info["git_dirty"] is False
