@@ -74,7 +74,7 @@ STATISTICS = ("k3", "k1", "max_abs_logprob_diff")
 
 
 def deciding_result(rows: dict[int, list[dict]], *, setting: str, command: str, wall_s: float | None,
-                    notes: Sequence[str] = ()):
+                    notes: Sequence[str] = (), wall_note: str = ""):
     """The stored result (reports/results.py) from each sampling seed's rows ({seed: the
     `rows` of its mismatch.json}). The bf16 / fp16 ratios of matched pairs: geometric mean
     and log-scale interval per engine and statistic; VERDICT_RULE reads the k3 ones. k1 (a
@@ -110,7 +110,7 @@ def deciding_result(rows: dict[int, list[dict]], *, setting: str, command: str, 
         interval_method="geometric mean over sampling seeds, 95% Student-t interval of log(ratio), exponentiated",
         verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), numbers=numbers,
         headline=next((k for k in RATIO_KEYS if k in numbers), next(iter(numbers), "")),
-        per_seed=per_seed, wall_s=wall_s, notes=tuple(notes) + tuple(extra))
+        per_seed=per_seed, wall_s=wall_s, wall_note=wall_note, notes=tuple(notes) + tuple(extra))
 
 
 def _sampler_order(sampler: str) -> tuple[int, int]:
@@ -129,6 +129,7 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
     """Reads each run directory's mismatch.json (one sampling seed each), prints the ratios
     and, with `results`, writes the stored result."""
     from jaxrl_llm.reports.results import write_result
+    from jaxrl_llm.reports.results_table import duration
 
     runs = {}
     for d in run_dirs:
@@ -145,8 +146,9 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
     if len(studies) != 1:
         raise SystemExit(f"--collect: the runs differ in more than the seed: {sorted(studies)}")
     study = next(iter(runs.values()))[1]["study"]
-    walls = [data.get("wall_s") for _, data in runs.values()]
+    walls = [runs[s][1].get("wall_s") for s in sorted(runs)]
     wall_s = float(sum(walls)) if all(w is not None for w in walls) else None
+    wall_note = f"{len(runs)} seeds in turn: " + " + ".join(duration(w) for w in walls) if wall_s else ""
     result = deciding_result(
         {s: data["rows"] for s, (_, data) in runs.items()},
         setting=(f"{study['prompts']} prompts x {study['samples']} samples, <= {study['max_tokens']} tokens, "
@@ -154,7 +156,8 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
                  f"engines {','.join(study['engines'])}"),
         command=(f"python experiments/precision_mismatch.py --out <dir> seed=S for S in {sorted(runs)}; "
                  f"--collect the {len(runs)} directories"),
-        wall_s=wall_s, notes=[f"seed {s}: {d}, commit {_run_commit(d)}, wall {data.get('wall_s')} s, "
+        wall_s=wall_s, wall_note=wall_note,
+        notes=[f"seed {s}: {d}, commit {_run_commit(d)}, wall {data.get('wall_s')} s, "
                               f"load at its end {data.get('load_average')}" for s, (d, data) in sorted(runs.items())])
     for key, iv in result.numbers.items():
         print(f"{key}: {stats.format_interval(stats.Interval(**iv))}")

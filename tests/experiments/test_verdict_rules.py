@@ -154,6 +154,7 @@ def test_precision_deciding_result_takes_ratios_per_seed_on_the_log_scale(tmp_pa
     assert "vllm k1 bf16/fp16" not in stored["numbers"]
     assert stored["per_seed"]["vllm k1 bf16/fp16"]["2"] == pytest.approx(-1.0)
     assert stored["seeds"] == [1, 2, 3] and stored["wall_s"] == 180.0 and stored["verdict"] == "reproduced"
+    assert stored["wall_note"] == "3 seeds in turn: 1 min 0 s + 1 min 0 s + 1 min 0 s"
     # each matched pair's own values, a plain mean over seeds; the unmatched fp32-learner row never counts
     assert stored["numbers"]["vllm:bf16 matched k3"]["mean"] == pytest.approx(6e-3)
     assert stored["per_seed"]["jax:fp16 matched k1"] == pytest.approx({"1": 1e-4, "2": 1e-4, "3": 1e-4})
