@@ -158,7 +158,7 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
                  f"--collect the {len(runs)} directories"),
         wall_s=wall_s, wall_note=wall_note,
         notes=[f"seed {s}: {d}, commit {_run_commit(d)}, wall {data.get('wall_s')} s, "
-                              f"load at its end {data.get('load_average')}" for s, (d, data) in sorted(runs.items())])
+               f"load at its end {data.get('load_average')}" for s, (d, data) in sorted(runs.items())])
     for key, iv in result.numbers.items():
         print(f"{key}: {stats.format_interval(stats.Interval(**iv))}")
     print(f"verdict: {result.verdict} (n = {len(runs)})")
@@ -177,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.collect:
         return collect(args.collect, args.results)
+    if args.results:
+        parser.error("--results needs --collect: one run is one sampling seed; the stored result "
+                     "aggregates the seeds' --out directories")
     start = time.monotonic()
     study = get_config("quick" if args.quick else "")
     fields = {f.name: f.type for f in dataclasses.fields(PrecisionStudy)}

@@ -181,3 +181,6 @@ def test_precision_collect_refuses_runs_that_differ_beyond_the_seed(tmp_path):
         module.main(["--collect", *dirs])
     with pytest.raises(SystemExit, match="no mismatch.json there"):
         module.main(["--collect", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:  # a single run cannot write the multi-seed result
+        module.main(["--results", str(tmp_path / "r.json")])
+    assert exit_info.value.code == 2 and not (tmp_path / "r.json").exists()
