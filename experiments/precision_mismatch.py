@@ -116,7 +116,8 @@ def deciding_result(rows: dict[int, list[dict]], *, setting: str, command: str, 
 def _sampler_order(sampler: str) -> tuple[int, int]:
     """"vllm:bf16" -> vLLM before JAX, then fp32, bf16, fp16 (the tables' order)."""
     engine, dtype = sampler.split(":")
-    return ("vllm", "jax").index(engine) if engine in ("vllm", "jax") else 2, ("fp32", "bf16", "fp16").index(dtype)
+    engine_rank = ("vllm", "jax").index(engine) if engine in ("vllm", "jax") else 2
+    return engine_rank, ("fp32", "bf16", "fp16").index(dtype)
 
 
 def _run_commit(run_dir: str) -> str | None:
@@ -148,7 +149,7 @@ def collect(run_dirs: Sequence[str], results: str | None) -> int:
     study = next(iter(runs.values()))[1]["study"]
     walls = [runs[s][1].get("wall_s") for s in sorted(runs)]
     wall_s = float(sum(walls)) if all(w is not None for w in walls) else None
-    wall_note = f"{len(runs)} seeds in turn: " + " + ".join(duration(w) for w in walls) if wall_s else ""
+    wall_note = (f"{len(runs)} seeds in turn: " + " + ".join(duration(w) for w in walls)) if wall_s else ""
     result = deciding_result(
         {s: data["rows"] for s, (_, data) in runs.items()},
         setting=(f"{study['prompts']} prompts x {study['samples']} samples, <= {study['max_tokens']} tokens, "

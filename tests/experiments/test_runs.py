@@ -109,7 +109,7 @@ def test_interval_row_holds_mean_t_interval_and_per_seed_values():
     assert row["per seed"] == per_seed and (row["variant"], row["seeds"]) == ("x", 3)
 
 
-def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tmp_path, monkeypatch):
+def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tmp_path, monkeypatch, request):
     """An experiment that runs for an hour while commits land names the code that ran: the
     commit `experiment_parser` read at its start (reports.results.code_version)."""
     import json
@@ -117,6 +117,7 @@ def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tm
     from jaxrl_llm.reports import results, runs
 
     results.code_version.cache_clear()
+    request.addfinalizer(results.code_version.cache_clear)  # later tests read the real commit, pass or fail
     monkeypatch.setattr(results, "git_commit", lambda *a, **k: "a" * 40)
     monkeypatch.setattr(results, "git_dirty", lambda *a, **k: False)
     experiment_parser("doc", name="x")  # the start: reads the commit once
@@ -125,5 +126,4 @@ def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tm
     monkeypatch.setattr(metrics, "git_commit", lambda *a, **k: "b" * 40)
     runs.write_summary(tmp_path, [{"a": 1}], ["a"], title="t")
     info = json.loads((tmp_path / "run_info.json").read_text())
-    results.code_version.cache_clear()
     assert info["git_commit"] == "a" * 40 and info["git_dirty"] is False
