@@ -67,7 +67,7 @@ def rule_verdict(numbers: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.metrics import read_groups, read_metrics
+    from jaxrl_llm.train.run.metrics import read_groups, read_metrics
 
     done = run_seeded_experiment(args, out, RECIPES, get_config, QUICK)
     seeds, configs, runs = done.seeds, done.configs, done.runs

@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", nargs="*", default=None, help="run directories with groups.jsonl to measure")
     args = parser.parse_args(argv)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.metrics import GROUPS_FILE, read_groups
+    from jaxrl_llm.train.run.metrics import GROUPS_FILE, read_groups
 
     runs = [Path(r) for r in args.runs] if args.runs else []
     if not runs:

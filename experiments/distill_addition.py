@@ -70,14 +70,14 @@ def rule_verdict(numbers: dict) -> str:
 
 
 def final_pass1(run: Path) -> float:
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.metrics import read_metrics
 
     return float(read_metrics(run / "eval.jsonl")[-1]["pass@1"])
 
 
 def base_pass1(cfg: Config) -> float:
     """Held-out pass@1 of the untrained model, same evaluation as the runs'; kept in <out>/base."""
-    from jaxrl_llm.train.evaluation import evaluate_params
+    from jaxrl_llm.train.run.evaluation import evaluate_params
     from jaxrl_llm.train.policy import load_policy
 
     cfg = replace_values(cfg, {"run_dir": str(Path(cfg.run_dir).parent / "base")})
@@ -90,7 +90,7 @@ def base_pass1(cfg: Config) -> float:
 
 def stage_seconds(run: Path) -> float:
     """A finished run's training wall time from its metrics.jsonl clock (model load not counted)."""
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.metrics import read_metrics
 
     rows = read_metrics(run / "metrics.jsonl")
     return float(rows[-1]["time"] - rows[0]["time"] + rows[0]["time_step_s"])
@@ -103,7 +103,7 @@ def one(value: float) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.reports.results import ExperimentResult, write_result
     from jaxrl_llm.reports.runs import experiment_parser, train_or_resume
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.metrics import read_metrics
 
     start = time.perf_counter()
     args = experiment_parser(__doc__, name=NAME, results=True).parse_args(argv)

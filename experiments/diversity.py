@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True).parse_args(argv)
     out = output_dir(args, NAME)
     from jaxrl_llm.reports.seed_curves import plot_seed_bands
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.metrics import read_metrics
 
     model_dir = digit_model(out / "model")
     done = run_seeded_experiment(args, out, tuple(VARIANTS), lambda v, s: get_config(v, s, model_dir), QUICK,

@@ -143,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if recipes[0] != "grpo" or len(recipes) < 2 or not set(recipes) <= set(RECIPES):
         parser.error(f"--recipes {args.recipes!r} is invalid; valid: grpo first, then one or both of {RECIPES[1:]}")
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.metrics import read_groups, read_metrics
-    from jaxrl_llm.train.plots import plot_runs
+    from jaxrl_llm.train.run.metrics import read_groups, read_metrics
+    from jaxrl_llm.train.run.plots import plot_runs
 
     done = run_seeded_experiment(args, out, recipes, get_config, QUICK)
     seeds, configs, runs = done.seeds, done.configs, done.runs

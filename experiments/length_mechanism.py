@@ -14,7 +14,7 @@ The task: a prompt token, then ONE answer token graded alone (RIGHT = 1, anythin
 17-token vocabulary) trained from scratch by supervised learning on that format with
 P(answer = RIGHT) = 1/2 and a stop probability q0 at every free position, so its stop
 probability does not depend on the answer when RL starts. Each arm then trains it
-from the same weights with the real learner (train/learner.py Learner: the recipe's
+from the same weights with the real learner (train/learn/learner.py Learner: the recipe's
 core.prepare_step_batch + core.recipe_loss, AdamW); samples come from the decoder itself
 at temperature 1. The answer token is left out of the loss mask, so P(RIGHT) stays near
 1/2, every group keeps a mix of right and wrong answers, and only the free part (the
@@ -403,7 +403,7 @@ def finished_seeds(out: Path, study: MechanismStudy, seeds: Sequence[int]) -> di
 
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.reports.results import machine, write_result
-    from jaxrl_llm.train.metrics import git_commit, git_dirty
+    from jaxrl_llm.train.run.metrics import git_commit, git_dirty
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = experiment_parser(__doc__, name=NAME, results=True)

@@ -134,7 +134,7 @@ def rule_verdict(numbers: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.metrics import read_groups, read_metrics
+    from jaxrl_llm.train.run.metrics import read_groups, read_metrics
 
     # 3 x seeds runs of the same shapes share the compiled programs (from disk); one run's in memory
     done = run_seeded_experiment(args, out, RECIPES, get_config, QUICK, clear_caches=True)

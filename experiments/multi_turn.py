@@ -87,11 +87,11 @@ def main(env: str, overrides: list[str]) -> dict:
     """Held-out success before and after training, on the same engine and evaluation seed
     (solved episodes out of held-out prompts x task.eval_samples, a two-proportion test, and
     the episodes' turns / tool calls / tool errors); written to <run_dir>/before_after.json."""
-    from jaxrl_llm.train import loop
-    from jaxrl_llm.train.engines import make_engine
-    from jaxrl_llm.train.evaluation import EVAL_SEED, evaluate
+    from jaxrl_llm.train.run import loop
+    from jaxrl_llm.train.sample.engines import make_engine
+    from jaxrl_llm.train.run.evaluation import EVAL_SEED, evaluate
     from jaxrl_llm.train.policy import load_policy
-    from jaxrl_llm.train.prompts import task_from_config
+    from jaxrl_llm.train.sample.prompts import task_from_config
 
     start = time.perf_counter()
     cfg = apply_overrides(get_config(env), overrides)

@@ -2,7 +2,7 @@
 pass@1 before and after a short run.
 
 Question: does `recipe.name=ppo` (Schulman et al. 2017; GAE, Schulman et al. 2016; the
-critic of train/critic.py) raise SmolLM2-135M-Instruct's held-out pass@1 on 1-digit
+critic of train/learn/critic.py) raise SmolLM2-135M-Instruct's held-out pass@1 on 1-digit
 addition within a few steps on a CPU?
 
     python experiments/ppo_addition.py --quick    # 4 prompts x 4 samples, 8 steps
@@ -47,12 +47,12 @@ def get_config():
 
 def run(cfg) -> dict:
     """Held-out pass@1 before, `cfg.total_steps` PPO steps, pass@1 after (one engine)."""
-    from jaxrl_llm.train.engines import make_engine
-    from jaxrl_llm.train.evaluation import evaluate
-    from jaxrl_llm.train.loop import train
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.sample.engines import make_engine
+    from jaxrl_llm.train.run.evaluation import evaluate
+    from jaxrl_llm.train.run.loop import train
+    from jaxrl_llm.train.run.metrics import read_metrics
     from jaxrl_llm.train.policy import load_policy
-    from jaxrl_llm.train.prompts import task_from_config
+    from jaxrl_llm.train.sample.prompts import task_from_config
 
     start = time.perf_counter()
     policy = load_policy(cfg.model.source)

@@ -80,8 +80,8 @@ def rule_verdict(numbers: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
     out = output_dir(args, NAME)
-    from jaxrl_llm.train.metrics import read_groups, read_metrics
-    from jaxrl_llm.train.plots import plot_runs
+    from jaxrl_llm.train.run.metrics import read_groups, read_metrics
+    from jaxrl_llm.train.run.plots import plot_runs
 
     done = run_seeded_experiment(args, out, PRECISIONS, get_config, QUICK)
     seeds, configs, runs = done.seeds, done.configs, done.runs

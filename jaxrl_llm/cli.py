@@ -49,7 +49,7 @@ def _load(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from jaxrl_llm.train.loop import train
+    from jaxrl_llm.train.run.loop import train
 
     out = train(_load(args), resume=args.resume)
     print(f"run {out.run_dir}: step {out.step}, reward {out.metrics.get('reward', float('nan')):.3f}")
@@ -66,9 +66,9 @@ def _checkpoint_step(text: str) -> int | None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from jaxrl_llm.train.evaluation import evaluate_params
+    from jaxrl_llm.train.run.evaluation import evaluate_params
     from jaxrl_llm.train.policy import load_policy
-    from jaxrl_llm.train.run_state import restore_params
+    from jaxrl_llm.train.run.run_state import restore_params
 
     cfg = _load(args)
     wanted = None if args.step == "base" else _checkpoint_step(args.step)  # a bad --step fails before loading
@@ -87,7 +87,7 @@ def _export(args: argparse.Namespace) -> int:
     from jaxrl_llm.bridge import save_hf_dir
     from jaxrl_llm.models.lora import spec_from_train_config
     from jaxrl_llm.train.policy import load_policy
-    from jaxrl_llm.train.run_state import restore_params
+    from jaxrl_llm.train.run.run_state import restore_params
 
     cfg = _load(args)
     if spec_from_train_config(cfg.train) is not None and not args.merged:
@@ -103,7 +103,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from jaxrl_llm.train.plots import plot_main
+    from jaxrl_llm.train.run.plots import plot_main
 
     return plot_main(args.rest)
 

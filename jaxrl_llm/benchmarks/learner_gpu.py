@@ -43,9 +43,9 @@ import optax
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.timing import median_seconds
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 
 # Architectures of the HF checkpoints Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B (config.json).
 MODELS = {

@@ -33,8 +33,8 @@ from jaxrl_llm.benchmarks.timing import median_seconds
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, rl_length_mix
 from jaxrl_llm.models import chunked_logprobs_from_hidden, forward, init_params
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
-from jaxrl_llm.train.optimizer import make_optimizer
+from jaxrl_llm.train.learn.learner import Learner
+from jaxrl_llm.train.learn.optimizer import make_optimizer
 
 
 def phase_flops(cfg, segment_lengths: np.ndarray, completion_tokens: int) -> dict[str, float]:

@@ -36,9 +36,9 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.timing import interleaved_times
 from jaxrl_llm.models import lora
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 
 
 def synthetic_batch(vocab: int, groups: int, group_size: int, prompt: int, completion: int,

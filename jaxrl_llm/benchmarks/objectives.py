@@ -5,7 +5,7 @@ batch.
     python -m jaxrl_llm.benchmarks.objectives [--batch 16] [--prompt 32] [--completion 32]
                                               [--warmup 1] [--iters 3] [--precision fp32] [--tiny]
 
-One learner step as the loop runs it (`train/learn.py`): the pi_old pass
+One learner step as the loop runs it (`train/learn/step.py`): the pi_old pass
 (`Learner.step_logprobs`, plus reference log-probs / critic values when the recipe
 needs them), `core.prepare_step_batch`, one optimiser update. Configurations:
 
@@ -39,10 +39,10 @@ from jaxrl_llm import core
 from jaxrl_llm.benchmarks.lora import synthetic_batch
 from jaxrl_llm.benchmarks.timing import interleaved_times
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
-from jaxrl_llm.train import vineppo_step
+from jaxrl_llm.train.sample import vineppo_step
 from jaxrl_llm.train.config import CriticConfig, TrainConfig
-from jaxrl_llm.train.learn import _prepare
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.step import _prepare
+from jaxrl_llm.train.learn.learner import Learner
 
 RECIPES = {"grpo": core.get_recipe("grpo"), "grpo_kl": core.get_recipe("grpo", kl_beta=0.04),
            "ppo": core.get_recipe("ppo"), "vineppo": core.get_recipe("vineppo")}

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 from jaxrl_llm.models import DecoderConfig
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.learn.batch import SequenceBatch
 
 GROUP = 8  # samples per prompt in the synthetic step batches
 

@@ -75,7 +75,7 @@ class MonteCarloAdvantage:
     advantage V(b_{j+1}) - V(b_j), with V Monte-Carlo estimates from extra rollouts of the
     response's prefixes (`vineppo.chunk_advantages`). Those rollouts need the rollout
     engine, so the advantages are estimated outside the step (the RL loop:
-    train/vineppo_step.py) and enter as `prepare_step_batch(..., advantages=)`; this
+    train/sample/vineppo_step.py) and enter as `prepare_step_batch(..., advantages=)`; this
     estimator only places them on the valid tokens (filtered tokens get 0)."""
 
     inputs: ClassVar[tuple[str, ...]] = ("advantages",)  # prepare_step_batch's extra inputs it needs
@@ -83,7 +83,7 @@ class MonteCarloAdvantage:
     def __call__(self, rewards, mask, *, values=None, token_rewards=None, advantages=None) -> TokenAdvantages:
         if advantages is None:
             raise ValueError("VinePPO advantages come from extra rollouts: pass advantages= [N, T] (the RL loop's "
-                             "train/vineppo_step.py estimates them) to prepare_step_batch")
+                             "train/sample/vineppo_step.py estimates them) to prepare_step_batch")
         if token_rewards is not None:
             raise ValueError("VinePPO's Monte-Carlo values are of the graders' rewards; per-token rewards "
                              "(kl_mode='reward') are not part of them: use kl_mode='loss'")
@@ -96,7 +96,7 @@ class MonteCarloAdvantage:
 class GreedyBaselineAdvantage:
     """ReMax (Li et al. 2023, arXiv 2310.10505; `remax.remax_advantages`): each group's baseline
     is the reward of a greedy response to its prompt, which the RL loop draws and grades with the
-    group (train/sampling.py) and passes as `prepare_step_batch(..., baseline_rewards=[P])`."""
+    group (train/sample/stage.py) and passes as `prepare_step_batch(..., baseline_rewards=[P])`."""
 
     inputs: ClassVar[tuple[str, ...]] = ("baseline_rewards",)
 

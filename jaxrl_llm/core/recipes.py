@@ -62,7 +62,7 @@ class Recipe:
       overlong: OverlongPenalty added to rewards, or None.
       dynamic_sampling: the sampler should over-sample prompts and keep only groups
         whose accuracy is neither 0 nor 1 until the batch is full (DAPO; done by the
-        RL loop, train/dynamic_sampling.py, not by these functions).
+        RL loop, train/sample/dynamic_sampling.py, not by these functions).
       value_coef, value_clip: critic loss weight and clip (used when
         recipe_loss gets `values`).
       token_selection: (advantages, old_logp, mask) -> [N, T] 0/1, the tokens a loss such as

@@ -4,7 +4,7 @@
 Source: Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
 Method for Aligning Large Language Models" (arXiv 2310.10505), Algorithm 1: the greedy
 response is drawn by the same policy, graded like the sampled ones, and only its reward
-enters the update. The RL loop draws it as one extra row per group (train/sampling.py);
+enters the update. The RL loop draws it as one extra row per group (train/sample/stage.py);
 `estimators.GreedyBaselineAdvantage` is the estimator a recipe names.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ An environment is one episode's counterpart of the policy, in the style of Gymna
     result.observation, result.reward, result.terminated, result.truncated, result.info
 
 `terminated` means the episode reached its end (an answer was given); `truncated` that
-the environment stopped it early. The rollout side (train/episodes.py) adds its own
+the environment stopped it early. The rollout side (train/sample/episodes.py) adds its own
 limits (turns, tokens) on top. Known `info` keys the runner counts: ``tool_call`` and
 ``tool_error`` (bools).
 
@@ -133,7 +133,7 @@ class EnvTask(Task):
     def reward_fn(self, completion: str, example: Example) -> float:
         """The reward of `completion` played as a one-turn episode: what the environment gives
         a first reply (0 unless that reply ends the episode). Training and evaluation play
-        whole episodes (train/episodes.py); this is the Task attribute for other callers."""
+        whole episodes (train/sample/episodes.py); this is the Task attribute for other callers."""
         env = self.make_env()
         checked_reset(env, example)
         result = checked_step(env, completion)

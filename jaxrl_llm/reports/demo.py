@@ -11,13 +11,13 @@ import shutil
 import time
 
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.engines import make_engine
-from jaxrl_llm.train.evaluation import append_eval, evaluate
-from jaxrl_llm.train.loop import train
-from jaxrl_llm.train.plots import plot_runs
+from jaxrl_llm.train.sample.engines import make_engine
+from jaxrl_llm.train.run.evaluation import append_eval, evaluate
+from jaxrl_llm.train.run.loop import train
+from jaxrl_llm.train.run.plots import plot_runs
 from jaxrl_llm.train.policy import load_policy
-from jaxrl_llm.train.prompts import task_from_config
-from jaxrl_llm.train.tracking import require_wandb, wandb_run
+from jaxrl_llm.train.sample.prompts import task_from_config
+from jaxrl_llm.train.run.tracking import require_wandb, wandb_run
 
 EVAL_SEED = 12345
 PANELS = ["reward", "pass_rate", "length_correct", "length_incorrect", "entropy", "grad_norm"]

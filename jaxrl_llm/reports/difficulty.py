@@ -96,7 +96,7 @@ def measure(records: Sequence[dict]) -> dict:
 
 
 def plot(result: dict, path: Path, *, title: str = "Difficulty bias") -> None:
-    from jaxrl_llm.train.plots import new_figure, save_png
+    from jaxrl_llm.train.run.plots import new_figure, save_png
 
     g, rows = result["group_size"], result["rows"]
     fig = new_figure((15, 4.2))

@@ -7,7 +7,7 @@ The task: a prompt token, then ONE answer token graded alone (RIGHT = 1, anythin
 = 0), then free filler tokens until EOS. The policy: `models.config.tiny_decoder_config`
 with a 17-token vocabulary, trained by supervised learning on that format with
 P(answer = RIGHT) = `right_prob` and a stop probability `stop_prob` at every free position
-(`supervised_start`). `run_recipe` trains it with the recipe's Learner (train/learner.py)
+(`supervised_start`). `run_recipe` trains it with the recipe's Learner (train/learn/learner.py)
 on samples of the decoder itself at temperature 1. The answer is drawn by the task, not by
 the policy (RIGHT with probability `right_prob`, the same draws for every arm of a seed), and
 left out of the loss mask: the groups stay mixed and only the free part (the length) is
@@ -228,7 +228,7 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
     import jax.numpy as jnp
 
     from jaxrl_llm import core
-    from jaxrl_llm.train.batch import SequenceBatch
+    from jaxrl_llm.train.learn.batch import SequenceBatch
 
     n = NUM_PROMPTS * study.samples
     prompts = jnp.asarray(np.repeat(PROMPT0 + np.arange(NUM_PROMPTS), study.samples), jnp.int32)
@@ -304,7 +304,7 @@ def run_study(study: MechanismStudy, *, name: str = "length_mechanism", seeds=No
     """Every arm from the same supervised start, seed by seed (`seeds`, default 0 .. study.seeds - 1):
     {arm: [run_recipe's log per seed]}; `on_seed(seed, {arm: log})` is called as each seed finishes."""
     from jaxrl_llm.train.config import TrainConfig
-    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.learn.learner import Learner
 
     n = NUM_PROMPTS * study.samples
     # pack=False: one sequence per row, one compiled shape (packing recompiles as the lengths drift)

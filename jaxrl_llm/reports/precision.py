@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.plots import new_figure, save_png
+from jaxrl_llm.train.run.plots import new_figure, save_png
 
 ENGINES = ("jax", "vllm")
 SAMPLER_DTYPES = ("float32", "bfloat16", "float16")
@@ -77,7 +77,7 @@ def sample_all(study: PrecisionStudy, policy, prompts: list[list[int]], *, log_d
     """Completions from every (engine, dtype); a dtype an engine cannot run is
     recorded in the second return value with its error instead of failing the study."""
     from jaxrl_llm.rollout.types import SamplingParams
-    from jaxrl_llm.train.batch import build_sequences
+    from jaxrl_llm.train.learn.batch import build_sequences
 
     sampling = SamplingParams(temperature=study.temperature, top_p=1.0, top_k=None, max_tokens=study.max_tokens,
                               seed=study.seed)
@@ -107,7 +107,7 @@ def sample_all(study: PrecisionStudy, policy, prompts: list[list[int]], *, log_d
 def _make_sampler(engine: str, dtype: str, policy, stack: contextlib.ExitStack, log_path: Path):
     if engine == "jax":
         from jaxrl_llm.rollout.jax_sampler import JaxSampler
-        from jaxrl_llm.train.engines import cast_params
+        from jaxrl_llm.train.sample.engines import cast_params
 
         return JaxSampler(policy.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype),
                           cast_params(policy.params, dtype), eos_token_ids=policy.eos_token_ids,
@@ -122,7 +122,7 @@ def _make_sampler(engine: str, dtype: str, policy, stack: contextlib.ExitStack, 
 
 def learner_logprobs(policy, seq, precision: str, temperature: float) -> np.ndarray:
     """pi of the sampled completion tokens as the learner computes pi_old at `precision`."""
-    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.learn.learner import Learner
 
     micro = math.gcd(seq.tokens.shape[0], 8)
     learner = Learner(policy.cfg, core.get_recipe("grpo"), TrainConfig(precision=precision, micro_batch_size=micro),

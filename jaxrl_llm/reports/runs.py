@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxrl_llm.reports import stats
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, config_from_dict, replace_values
-from jaxrl_llm.train.metrics import METRICS_FILE, GROUPS_FILE, read_metrics, read_run_info, write_run_info
+from jaxrl_llm.train.run.metrics import METRICS_FILE, GROUPS_FILE, read_metrics, read_run_info, write_run_info
 
 
 def experiment_parser(description: str, *, name: str, seeds: tuple[Sequence[int], Sequence[int]] | None = None,
@@ -99,10 +99,10 @@ def train_or_resume(cfg: Config, *, policy=None, trainer: Callable[..., Any] | N
     free disk (its metrics.jsonl reaches total_steps). A directory holding a run
     of another config is an error (use another --out or --fresh). `trainer`
     (default: train.loop.train) is called as trainer(cfg, resume=..., policy=...)."""
-    from jaxrl_llm.train.checkpoint import Checkpointer
+    from jaxrl_llm.train.run.checkpoint import Checkpointer
 
     if trainer is None:
-        from jaxrl_llm.train.loop import train as trainer
+        from jaxrl_llm.train.run.loop import train as trainer
 
     run = cfg.run_path
     info = read_run_info(run) if run.exists() else None

@@ -2,7 +2,7 @@
 
 Called like any grader it returns the weighted sum sum_k w_k r_k, so every part of the run that
 wants one reward per answer (the pass rate, evaluation, VinePPO's continuations) takes it as is;
-the RL loop's grading (train/grading.py) calls each part separately and keeps each reward by its
+the RL loop's grading (train/sample/grading.py) calls each part separately and keeps each reward by its
 name, which GDPO (core/multi_reward.py) normalises within its group before summing. A run with
 one grader is the one-part case (`reward_parts`): name "reward", weight 1.
 """

@@ -26,7 +26,7 @@ class SamplingParams:
     Attributes:
       temperature: softmax temperature, > 0; or 0: greedy (the most likely
         token; its logprob is the one at temperature 1). Greedy rows are no RL
-        samples: ReMax draws one per prompt as the baseline (train/sampling.py).
+        samples: ReMax draws one per prompt as the baseline (train/sample/stage.py).
       top_p: nucleus mass in (0, 1]. RL rollouts should keep 1.0: with
         top_p < 1 the processed logprobs are renormalised over the nucleus,
         while the learner's pi_old is the full softmax
@@ -94,7 +94,7 @@ class RolloutRecord:
         (0 = the weights the engine started with, +1 per update_weights).
       loss_mask: float32 [L] or None. None (every single-turn sample): all
         completion tokens are the policy's. A multi-turn episode
-        (train/episodes.py) sets 1 on the policy's tokens and 0 on the
+        (train/sample/episodes.py) sets 1 on the policy's tokens and 0 on the
         environment's observation tokens, which sit in the sequence but are
         no action of the policy (their sampler_logprobs are 0).
     """

@@ -20,7 +20,7 @@ Why not ml_collections (big_vision's choice): its ConfigDict checks types
 only against the value first assigned, has no ranges or allowed values, no
 `X | None` fields and no "did you mean" for unknown keys; a frozen dataclass
 tree gives all of that plus attribute completion in an editor, with no dependency.
-Config files: `utils.config_files`. The schema of jaxrl_llm's runs: train/config.py.
+Config files: `utils.config_files`. The schema of jaxrl_llm's runs: train/config/schema.py.
 """
 
 from __future__ import annotations

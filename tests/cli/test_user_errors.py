@@ -53,7 +53,7 @@ def _unreadable_checkpoints(tmp_path: Path) -> list[str]:
     """A run directory whose only checkpoint has every data file truncated (a full disk)."""
     import numpy as np
 
-    from jaxrl_llm.train.checkpoint import Checkpointer
+    from jaxrl_llm.train.run.checkpoint import Checkpointer
 
     with Checkpointer(tmp_path / "run" / "checkpoints", every_steps=1, keep=2, async_save=False) as ckpt:
         ckpt.save(1, {"x": np.arange(3.0)}, force=True)

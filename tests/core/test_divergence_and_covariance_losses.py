@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl_llm import core
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides
-from jaxrl_llm.train.runnable import plan_run
+from jaxrl_llm.train.plan import plan_run
 from tests.core.batches import random_batch
 
 

@@ -106,7 +106,7 @@ def test_sapo_gradient_at_ratio_one_is_the_policy_gradient_and_the_gate_decays()
 
 
 def test_the_config_runs_them_and_refuses_k_above_the_group():
-    from jaxrl_llm.train.runnable import plan_run
+    from jaxrl_llm.train.plan import plan_run
 
     cfg = apply_overrides(Config(), ["recipe.loss=sapo", "recipe.advantage=pass_at_4", "rollout.samples_per_prompt=4"])
     plan = plan_run(cfg)

@@ -13,9 +13,9 @@ from jaxrl_llm.data import HELDOUT, TRAIN
 from jaxrl_llm.data.plugins import load_object
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.train.config import load_config
-from jaxrl_llm.train.grading import grade
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.sample.grading import grade
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.sample.prompts import task_from_config
 from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture: random 2-layer decoder, SmolLM2 tokenizer)
 
 REPO = Path(__file__).resolve().parents[2]

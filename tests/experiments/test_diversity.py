@@ -10,7 +10,7 @@ import pytest
 from jaxrl_llm.data import Example, make_task
 from jaxrl_llm.data.many_answers import correct_answers, multiple_reward
 from jaxrl_llm.reports.stats import Interval
-from jaxrl_llm.train.evaluation import pass_at_k_curve
+from jaxrl_llm.train.run.evaluation import pass_at_k_curve
 from tests.experiments.test_experiments import load_experiment, png_shape
 
 

@@ -13,8 +13,8 @@ import pytest
 from jaxrl_llm.reports import bias_report, difficulty
 from jaxrl_llm.reports.precision import matched_ratios
 from jaxrl_llm.train.config import ConfigError
-from jaxrl_llm.train.metrics import read_groups, read_metrics, read_run_info
-from jaxrl_llm.train.plots import plot_runs
+from jaxrl_llm.train.run.metrics import read_groups, read_metrics, read_run_info
+from jaxrl_llm.train.run.plots import plot_runs
 from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture: random 2-layer decoder, SmolLM2 tokenizer)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_length_bias_gpu_config_and_bad_scale():
     cfg = exp.get_config("grpo,gpu")
     assert (cfg.rollout.engine, cfg.rollout.max_tokens, cfg.rollout.samples_per_prompt) == ("vllm", 3000, 8)
     assert cfg.recipe.name == "grpo" and cfg.task.name == "jsonl" and cfg.task.jsonl_path is None
-    from jaxrl_llm.train.prompts import task_from_config
+    from jaxrl_llm.train.sample.prompts import task_from_config
 
     with pytest.raises(ConfigError, match=r"task.name = 'jsonl' needs task.jsonl_path"):
         task_from_config(cfg)  # the data set is the user's: refused until named, before any model loads
@@ -234,7 +234,7 @@ def test_ppo_addition_reduced_writes_before_after_and_critic_metrics(tiny_model_
 
 
 def test_multi_turn_configs_hold_out_examples_and_two_proportions_by_hand():
-    from jaxrl_llm.train.prompts import heldout_examples, task_from_config
+    from jaxrl_llm.train.sample.prompts import heldout_examples, task_from_config
 
     mt = load_experiment("multi_turn")
     guess = mt.get_config("guess_number")

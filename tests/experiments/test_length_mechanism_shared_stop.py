@@ -18,7 +18,7 @@ STUDY = dataclasses.replace(lm.MechanismStudy(), seeds=1, steps=1, max_tokens=8,
 def start():
     """A briefly supervised decoder and a GRPO learner."""
     from jaxrl_llm.train.config import TrainConfig
-    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.learn.learner import Learner
 
     cfg, params = lm.supervised_start(3, STUDY)
     recipe = lm.study_recipes(STUDY)["grpo"]

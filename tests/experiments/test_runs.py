@@ -11,9 +11,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 from jaxrl_llm.reports.runs import experiment_parser, interval_row, run_seeded_experiment, train_or_resume
-from jaxrl_llm.train.checkpoint import Checkpointer
+from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import config_from_dict
-from jaxrl_llm.train.metrics import write_run_info
+from jaxrl_llm.train.run.metrics import write_run_info
 
 VARIANTS = ("plain", "shaped")
 
@@ -122,7 +122,7 @@ def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tm
     monkeypatch.setattr(results, "git_dirty", lambda *a, **k: False)
     experiment_parser("doc", name="x")  # the start: reads the commit once
     monkeypatch.setattr(results, "git_commit", lambda *a, **k: "b" * 40)  # HEAD moved during the run
-    import jaxrl_llm.train.metrics as metrics
+    import jaxrl_llm.train.run.metrics as metrics
     monkeypatch.setattr(metrics, "git_commit", lambda *a, **k: "b" * 40)
     runs.write_summary(tmp_path, [{"a": 1}], ["a"], title="t")
     info = json.loads((tmp_path / "run_info.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl_llm.benchmarks import gpu_check, gpu_check_report, rl_batch
 from jaxrl_llm.benchmarks.learner_gpu import model_config
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.learn.batch import SequenceBatch
 
 
 def test_learner_flops_by_hand():
@@ -78,7 +78,7 @@ def test_phase_flops_add_up_to_the_step():
     """The per-micro-batch FLOPs of learner_phases, summed over the micro-batches of a packed
     step, equal the step's count by learner_flops (a second formulation of the same sum)."""
     from jaxrl_llm.benchmarks.learner_phases import phase_flops
-    from jaxrl_llm.train.packing import plan_rows
+    from jaxrl_llm.train.learn.packing import plan_rows
 
     cfg = model_config("tiny", 64)
     seq, _ = rl_batch.rl_length_mix(600, rl_batch.TINY_MIX, cfg.vocab_size)

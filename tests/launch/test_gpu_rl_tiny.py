@@ -64,7 +64,7 @@ def test_rl_step_split_parts_sum_to_at_most_the_step():
 @pytest.mark.timeout(600)  # ~2 min on 2 idle cores
 def test_rl_end_to_end_tiny_learns(tmp_path):
     from jaxrl_llm.data import HELDOUT, make_task
-    from jaxrl_llm.train.metrics import read_metrics
+    from jaxrl_llm.train.run.metrics import read_metrics
 
     out = gpu_rl.rl_end_to_end(str(tmp_path), tiny=True)
     json.dumps(out)

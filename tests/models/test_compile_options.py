@@ -9,9 +9,9 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
 from jaxrl_llm.models.compile_options import FLOAT32_CPU_OPTIONS, YNN_FUSION, learner_compiler_options
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 
 TINY = DecoderConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
                      num_kv_heads=2, head_dim=16)

@@ -8,7 +8,7 @@ import pytest
 from jaxrl_llm.data import make_task
 from jaxrl_llm.rollout import VLLMClient, VLLMEngine
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
+from jaxrl_llm.train.sample.episodes import EpisodeLimits, run_episodes
 from jaxrl_llm.train.policy import load_policy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # ~45 s of test call under load, plus the shared server

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_llm.rollout import DiskWeightSync, VLLMClient, bridge_export
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run.metrics import read_metrics
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_dapo_dynamic_sampling_and_eval_every_through_vllm(vllm_server, smollm2,
 
     import numpy as np
 
-    from jaxrl_llm.train.metrics import read_groups
+    from jaxrl_llm.train.run.metrics import read_groups
 
     server = vllm_server.get()
     run_dir = tmp_path / "run"

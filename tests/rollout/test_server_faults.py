@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_llm.rollout import DiskWeightSync, VLLMClient, bridge_export
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run.metrics import read_metrics
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from jaxrl_llm.data import TRAIN, ChatTemplate, make_task
 from jaxrl_llm.models import forward
 from jaxrl_llm.rollout import VLLMClient, VLLMEngine
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train import vineppo_step
+from jaxrl_llm.train.sample import vineppo_step
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # ~1 min beside the shared server's start
 K = 48

@@ -1,4 +1,4 @@
-"""Every weight push of the RL loop is verified by a logprob probe (train/weight_check.py).
+"""Every weight push of the RL loop is verified by a logprob probe (train/sample/weight_check.py).
 Through the loop's own path and a real vLLM server, a deliberately wrong export (layer 5's
 down_proj zeroed) stops the run at step 1 with a clear error and a checkpoint of step 1;
 `jaxrl train --resume` (its own process, one CPU device, as a user runs it) with the right
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from jaxrl_llm.rollout import DiskWeightSync, VLLMClient, bridge_export
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.weight_check import PROBE_ATOL
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.sample.weight_check import PROBE_ATOL
 from tests.rollout.wrong_weights_run import CONFIG, train_overrides
 
 pytestmark = pytest.mark.vllm

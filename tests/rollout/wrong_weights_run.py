@@ -12,10 +12,10 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from jaxrl_llm import rollout
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.checkpoint import Checkpointer
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import load_config
-from jaxrl_llm.train.step_failure import StepFailed
+from jaxrl_llm.train.run.step_failure import StepFailed
 
 REPO = Path(__file__).resolve().parents[2]
 RIGHT_EXPORT = rollout.bridge_export

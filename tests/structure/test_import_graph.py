@@ -58,6 +58,21 @@ LAYERS: dict[str, set[str]] = {
     "experiments": {"cli"},
 }
 
+# The rooms of jaxrl_llm.train, by stage, checked the same way among train's own modules: config
+# imports none of them (not even the planner), the sampling stage never imports the learning stage
+# (nor the other way), and only run/ joins the two.
+TRAIN = f"{PACKAGE}.train"
+TRAIN_ROOMS: dict[str, set[str]] = {
+    TRAIN: set(),
+    "config": set(),  # the schema and its checks
+    "policy": set(),  # weights, tokenizer, chat template: both stages use it
+    "distributed": set(),  # JAX processes and the mesh: both stages use it
+    "plan": {"config"},  # the run planner
+    "sample": {"plan", "policy", "distributed"},
+    "learn": {"plan", "policy", "distributed"},
+    "run": {"sample", "learn"},
+}
+
 
 # --------------------------------------------------------------------------- graph
 @dataclasses.dataclass(frozen=True)
@@ -259,10 +274,12 @@ def _shortest_cycle(start: str, succ: Mapping[str, list[str]], members: set[str]
 
 
 def layer_of(module: str, package: str = PACKAGE) -> str:
-    parts = module.split(".")
-    if parts[0] != package:
-        return parts[0]  # an app folder
-    return parts[1] if len(parts) > 1 else package
+    """The layer of `module` inside `package` (its first name below it; `package` itself for its
+    __init__); a module outside `package` is its own top-level name (an app folder)."""
+    if module != package and not module.startswith(package + "."):
+        return module.split(".")[0]
+    rest = module[len(package) + 1:].split(".") if module != package else []
+    return rest[0] if rest else package
 
 
 def allowed_layers(layers: Mapping[str, set[str]]) -> dict[str, set[str]]:
@@ -455,6 +472,33 @@ def test_no_upward_imports(real_graph):
     _, edges, _ = real_graph
     bad = upward_imports(edges, LAYERS)
     assert not bad, "\n" + upward_report(bad, LAYERS)
+
+
+def train_edges(edges: Iterable[Import]) -> list[Import]:
+    """The edges between two modules of jaxrl_llm.train."""
+    inside = lambda module: module == TRAIN or module.startswith(TRAIN + ".")  # noqa: E731
+    return [e for e in edges if inside(e.src) and inside(e.dst)]
+
+
+def test_train_rooms_on_hand_built_edges():
+    def edge(src, dst, line):
+        return Import(f"{TRAIN}.{src}", f"{TRAIN}.{dst}", f"{src}.py", line, f"import {dst}")
+    edges = [edge("sample.stage", "learn.learner", 1), edge("config.schema", "plan", 2),
+             edge("run.loop", "learn.step", 3), edge("learn.learner", "config.schema", 4),
+             edge("sample.engines", "sample.weight_check", 5), edge("learn.step", "run.metrics", 6)]
+    bad = upward_imports(edges, TRAIN_ROOMS, package=TRAIN)
+    assert [e.line for e in bad] == [1, 2, 6]
+    report = upward_report(bad, TRAIN_ROOMS, package=TRAIN)
+    assert "upward import sample -> learn: sample.stage.py:1" in report
+    assert "upward import config -> plan: config.schema.py:2" in report
+
+
+def test_train_rooms(real_graph):
+    modules, edges, _ = real_graph
+    rooms = {layer_of(m, TRAIN) for m in modules if m == TRAIN or m.startswith(TRAIN + ".")}
+    assert rooms == set(TRAIN_ROOMS), f"place these in TRAIN_ROOMS: {sorted(rooms - set(TRAIN_ROOMS))}"
+    bad = upward_imports(train_edges(edges), TRAIN_ROOMS, package=TRAIN)
+    assert not bad, "\n" + upward_report(bad, TRAIN_ROOMS, package=TRAIN)
 
 
 def test_imported_modules_exist(real_graph):

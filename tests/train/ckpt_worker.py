@@ -19,7 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler  # noqa: E402
+from jaxrl_llm.train.run.checkpoint import Checkpointer, install_stop_handler  # noqa: E402
 
 
 def small_state(seed: int) -> dict:

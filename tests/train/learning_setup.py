@@ -126,13 +126,13 @@ def reference_sync_loop(cfg, policy, task):
 
     from jaxrl_llm.rewards import GraderPool
     from jaxrl_llm.train import distributed
-    from jaxrl_llm.train.runnable import recipe_from_config
-    from jaxrl_llm.train.engines import engine_params, make_engine, sampling_params
-    from jaxrl_llm.train.grading import grade
-    from jaxrl_llm.train.learn import learn
+    from jaxrl_llm.train.config.recipe import recipe_from_config
+    from jaxrl_llm.train.sample.engines import engine_params, make_engine, sampling_params
+    from jaxrl_llm.train.sample.grading import grade
+    from jaxrl_llm.train.learn.step import learn
     from jaxrl_llm.train.policy import decode_completions, encode_prompts
-    from jaxrl_llm.train.prompts import step_examples, step_seed
-    from jaxrl_llm.train.run_state import make_learner
+    from jaxrl_llm.train.sample.prompts import step_examples, step_seed
+    from jaxrl_llm.train.run.run_state import make_learner
 
     recipe = recipe_from_config(cfg)
     mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
@@ -165,7 +165,7 @@ def child_command(model_dir: str, run_dir: Path, *args: str) -> list[str]:
 def main(argv: list[str]) -> None:
     import logging
 
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.run import loop
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     model_dir, run_dir, *rest = argv

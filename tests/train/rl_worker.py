@@ -8,9 +8,9 @@ non-zero advantages and its policy, reference KL and critic all move.
 """
 import sys
 
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import load_config_json
-from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.sample.prompts import task_from_config
 
 
 def parity_reward(completion: str, example) -> float:

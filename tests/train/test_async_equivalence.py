@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.metrics import read_metrics
 from tests.train.learning_setup import (SpacesTask, flat_params, learning_config, learning_model_dir,  # noqa: F401
                                         learning_policy, reference_sync_loop)
 

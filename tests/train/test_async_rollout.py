@@ -12,8 +12,9 @@ import pytest
 
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
 from jaxrl_llm.rollout.engine_pool import RolloutPool
-from jaxrl_llm.train.async_rollout import (AsyncRolloutProducer, RolloutJob, SampleAccountingError, SampleLedger,
-                                           staleness_corrected)
+from jaxrl_llm.train.plan import staleness_corrected
+from jaxrl_llm.train.sample.async_rollout import (AsyncRolloutProducer, RolloutJob, SampleAccountingError,
+                                                  SampleLedger)
 
 
 class FakeSlowEngine:
@@ -181,9 +182,9 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
     from jaxrl_llm import core
     from jaxrl_llm.models import DecoderConfig, init_params
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
-    from jaxrl_llm.train.batch import build_sequences
+    from jaxrl_llm.train.learn.batch import build_sequences
     from jaxrl_llm.train.config import TrainConfig
-    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.learn.learner import Learner
 
     cfg = DecoderConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                         num_kv_heads=1, head_dim=8, max_position_embeddings=64)
@@ -226,7 +227,7 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
 
 
 # ------------------------------------------------------------- the RL loop
-from jaxrl_llm.train.metrics import read_metrics  # noqa: E402
+from jaxrl_llm.train.run.metrics import read_metrics  # noqa: E402
 from tests.train.learning_setup import SpacesTask, flat_params, learning_config, learning_model_dir  # noqa: E402,F401
 from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: E402,F401
 
@@ -236,7 +237,7 @@ def test_loop_lag0_equals_the_reference_loop_and_lag1_runs_stale(tiny_model_dir,
     """rollout.max_lag=0 is the synchronous loop: its metrics equal a second run of the same
     config (determinism), and max_lag=1 runs the same steps with staleness 1 from step 2 on
     and the token TIS correction in place."""
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.run import loop
     from jaxrl_llm.train.policy import load_policy
 
     policy = load_policy(tiny_model_dir)
@@ -265,7 +266,7 @@ def test_async_loop_checkpoints_and_resumes_without_reusing_a_sample(learning_mo
     the same resume's with max_lag=0; the ledger of each session balances."""
     import shutil
 
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.run import loop
     from jaxrl_llm.train.policy import load_policy
 
     policy = load_policy(learning_model_dir)

@@ -6,10 +6,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop, sampling
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run import loop
+
+from jaxrl_llm.train.sample import stage as sampling
+from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
-from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.sample.prompts import task_from_config
 from tests.train.test_loop import raises_or_hangs, tiny_config, tiny_model_dir  # noqa: F401  (fixture)
 
 STEPS = 10

@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
+from jaxrl_llm.train.run.checkpoint import Checkpointer, install_stop_handler
 
 WORKER = Path(__file__).with_name("ckpt_worker.py")
 REPO = Path(__file__).resolve().parents[2]

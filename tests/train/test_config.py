@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from jaxrl_llm import core
+from jaxrl_llm.train.config.recipe import ADVANTAGE_NAMES
 from jaxrl_llm.train.config import (
-    ADVANTAGE_NAMES,
     Config,
     ConfigError,
     RecipeConfig,
@@ -109,7 +109,7 @@ def test_combinations_the_loop_cannot_run_are_refused_at_load(overrides, field):
 
 
 def test_critic_and_kl_recipes_are_runnable():
-    from jaxrl_llm.train.runnable import recipe_from_config
+    from jaxrl_llm.train.config.recipe import recipe_from_config
 
     ppo = apply_overrides(Config(), ["recipe.name=ppo", "critic.lr=1e-3", "critic.warmup_steps=2"])
     assert recipe_from_config(ppo).value_coef > 0 and ppo.critic.lr == 1e-3 and ppo.critic.warmup_steps == 2
@@ -121,7 +121,7 @@ def test_critic_and_kl_recipes_are_runnable():
 def test_recipe_from_config_applies_each_override_to_the_named_recipe():
     import functools
 
-    from jaxrl_llm.train.runnable import recipe_from_config
+    from jaxrl_llm.train.config.recipe import recipe_from_config
 
     plain = recipe_from_config(Config())
     assert plain == core.get_recipe("grpo")

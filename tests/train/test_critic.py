@@ -10,12 +10,12 @@ import pytest
 from jaxrl_llm.models import forward, make_mesh
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train.batch import build_sequences
+from jaxrl_llm.train.learn.batch import build_sequences
 from jaxrl_llm.train.config import config_from_dict
-from jaxrl_llm.train.runnable import recipe_from_config
-from jaxrl_llm.train.critic import CriticState
-from jaxrl_llm.train.learn import learn
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.config.recipe import recipe_from_config
+from jaxrl_llm.train.learn.critic import CriticState
+from jaxrl_llm.train.learn.step import learn
+from jaxrl_llm.train.learn.learner import Learner
 from tests.models.hf_reference import hf_model, our_config_and_params
 
 TEMPERATURE = 1.0

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.evaluation import evaluate_params
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.runnable import plan_run
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.evaluation import evaluate_params
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.plan import plan_run
 from tests.train.learning_setup import SpacesTask, learning_config, learning_model_dir, learning_policy  # noqa: F401
 
 TEACHER_STEPS, STUDENT_STEPS, EVAL_SAMPLES = 8, 16, 4

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import ConfigError
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run.metrics import read_metrics
 from tests.train.learning_setup import (SpacesTask, flat_params, learning_config,  # noqa: F401
                                         learning_model_dir, learning_policy, make_tiny_model_dir)
 
@@ -86,7 +86,7 @@ def test_combinations_that_cannot_run_are_refused_when_the_config_loads(override
 
 
 def test_distill_teacher_on_another_recipe_mixes_the_reward_with_weight_one(tmp_path):
-    from jaxrl_llm.train.runnable import plan_run
+    from jaxrl_llm.train.plan import plan_run
 
     plain = plan_run(learning_config("smollm2", tmp_path / "a")).recipe
     mixed = plan_run(learning_config("smollm2", tmp_path / "b", "distill.teacher=smollm2")).recipe

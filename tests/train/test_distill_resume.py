@@ -10,9 +10,9 @@ import signal
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.checkpoint import Checkpointer
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.checkpoint import Checkpointer
+from jaxrl_llm.train.run.metrics import read_metrics
 from tests.train.learning_setup import (SpacesTask, flat_params, learning_config,  # noqa: F401
                                         learning_model_dir, learning_policy, make_tiny_model_dir)
 from tests.train.test_resume_learning import (PARAM_ATOL, assert_rows_equal, kill_after_logged_step,

@@ -30,7 +30,7 @@ def tiny_setup():
     from jaxrl_llm import core
     from jaxrl_llm.models import DecoderConfig, init_params
     from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord
-    from jaxrl_llm.train.batch import build_sequences
+    from jaxrl_llm.train.learn.batch import build_sequences
     from jaxrl_llm.train.config import TrainConfig
 
     cfg = DecoderConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=4,
@@ -78,7 +78,7 @@ def worker(out: str) -> None:
     import jax
 
     from jaxrl_llm.train import distributed
-    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.learn.learner import Learner
 
     env = distributed.initialize_from_env()
     assert env.num_processes == 2 and jax.process_count() == 2 and jax.device_count() == 4
@@ -126,7 +126,7 @@ def test_two_processes_equal_one_process(tmp_path):
 
     import jax
 
-    from jaxrl_llm.train.learner import Learner
+    from jaxrl_llm.train.learn.learner import Learner
 
     kwargs, params, seq, rewards = tiny_setup()
     learner = Learner(**kwargs)  # one process, one device, no mesh

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import ConfigError
-from jaxrl_llm.train.runnable import recipe_from_config
-from jaxrl_llm.train.dynamic_sampling import SampledRound, informative_groups, round_seed, sample_until_full
-from jaxrl_llm.train.metrics import read_groups, read_metrics
-from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.config.recipe import recipe_from_config
+from jaxrl_llm.train.sample.dynamic_sampling import SampledRound, informative_groups, round_seed, sample_until_full
+from jaxrl_llm.train.run.metrics import read_groups, read_metrics
+from jaxrl_llm.train.sample.prompts import task_from_config
 from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
 
 

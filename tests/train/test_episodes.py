@@ -1,4 +1,4 @@
-"""Multi-turn episodes (train/episodes.py): scripted policies against both built-in
+"""Multi-turn episodes (train/sample/episodes.py): scripted policies against both built-in
 environments (rewards, limits, discount, per-token loss masks checked token by token
 against the chat template's own rendering of the dialogue), and a tiny random decoder on
 the JAX sampler, whose policy-token log-probs the learner reproduces."""
@@ -12,13 +12,13 @@ from jaxrl_llm.data import make_task
 from jaxrl_llm.data.environments import EnvironmentOutputError, PluginEnvTask, SingleTurnEnv, StepResult
 from jaxrl_llm.rewards import addition_reward
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.batch import build_sequences
-from jaxrl_llm.train.engines import make_engine
-from jaxrl_llm.train.episodes import EpisodeLimits, observation_text, run_episodes
-from jaxrl_llm.train.grading import grade
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.learn.batch import build_sequences
+from jaxrl_llm.train.sample.engines import make_engine
+from jaxrl_llm.train.sample.episodes import EpisodeLimits, observation_text, run_episodes
+from jaxrl_llm.train.sample.grading import grade
 from jaxrl_llm.train.policy import encode_prompts, load_policy
-from jaxrl_llm.train.run_state import make_learner
+from jaxrl_llm.train.run.run_state import make_learner
 from jaxrl_llm.rewards import GraderPool
 from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: F401 (fixture)
 
@@ -329,8 +329,8 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
 
 def test_environment_config_errors_name_the_field(tmp_path):
     from jaxrl_llm.train.config import ConfigError
-    from jaxrl_llm.train.runnable import check_runnable
-    from jaxrl_llm.train.prompts import task_from_config
+    from jaxrl_llm.train.config.checks import check_runnable
+    from jaxrl_llm.train.sample.prompts import task_from_config
     from tests.train.test_loop import REPO
     from jaxrl_llm.train.config import load_config
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop, sampling
-from jaxrl_llm.train.checkpoint import Checkpointer
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.run_state import restore_params
+from jaxrl_llm.train.run import loop
+
+from jaxrl_llm.train.sample import stage as sampling
+from jaxrl_llm.train.run.checkpoint import Checkpointer
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.run.run_state import restore_params
 from tests.train.learning_setup import (SpacesTask, dies_on_die, flat_params, learning_config,  # noqa: F401
                                         learning_model_dir, learning_policy, space_share)
 

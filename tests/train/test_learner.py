@@ -12,9 +12,9 @@ from jaxrl_llm import core
 from jaxrl_llm.models import make_mesh, params_to_hf
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train.batch import build_sequences
+from jaxrl_llm.train.learn.batch import build_sequences
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 from tests.models.hf_reference import hf_model, our_config_and_params, torch
 
 TEMPERATURE = 0.9
@@ -167,7 +167,7 @@ def test_remat_auto_takes_the_first_mode_that_fits(setup, monkeypatch):
     step's estimates for "full" and "off" (measured here on the same program) a remat mode, and
     the step's parameters equal those of the same step without remat."""
     from jaxrl_llm.models import remat as remat_lib
-    from jaxrl_llm.train import learner as learner_lib
+    from jaxrl_llm.train.learn import learner as learner_lib
 
     _, cfg, params, seq, rewards = setup
     recipe = core.get_recipe("grpo")

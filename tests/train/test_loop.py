@@ -16,13 +16,14 @@ import pytest
 from jaxrl_llm import bridge
 from jaxrl_llm.models import init_params
 from jaxrl_llm.models.config import tiny_decoder_config
-from jaxrl_llm.train import loop, sampling
-from jaxrl_llm.train.evaluation import evaluate_params
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.sample import stage as sampling
+from jaxrl_llm.train.run.evaluation import evaluate_params
 from jaxrl_llm.train.policy import load_policy
-from jaxrl_llm.train.prompts import task_from_config
-from jaxrl_llm.train.run_state import restore_params
+from jaxrl_llm.train.sample.prompts import task_from_config
+from jaxrl_llm.train.run.run_state import restore_params
 from jaxrl_llm.train.config import ConfigError, load_config, replace_values
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_OVERRIDES = ["rollout.engine=jax", "total_steps=4", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",

@@ -17,13 +17,13 @@ from jaxrl_llm.models import init_params, lora
 from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.policy import load_policy
-from jaxrl_llm.train.run_state import checkpoint_state, restore_params
-from jaxrl_llm.train.batch import build_sequences
-from jaxrl_llm.train.checkpoint import Checkpointer
+from jaxrl_llm.train.run.run_state import checkpoint_state, restore_params
+from jaxrl_llm.train.learn.batch import build_sequences
+from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import TrainConfig, load_config
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 from tests.models.hf_reference import hf_model, our_config_and_params, torch
 
 REPO = Path(__file__).resolve().parents[2]

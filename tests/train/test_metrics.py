@@ -13,7 +13,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from jaxrl_llm.train.config import Config, config_from_dict, replace_values
-from jaxrl_llm.train.metrics import (
+from jaxrl_llm.train.run.metrics import (
     MetricsWriter,
     git_commit,
     git_dirty,

@@ -31,10 +31,12 @@ def run(run_dir: str, model_dir: str, out: str) -> None:
     model never answers right, and the updates would be zero), then saves the params."""
     import jax
 
-    from jaxrl_llm.train import loop, sampling
+    from jaxrl_llm.train.run import loop
+
+    from jaxrl_llm.train.sample import stage as sampling
     from jaxrl_llm.train.config import load_config
     from jaxrl_llm.train.distributed import gather_to_host
-    from jaxrl_llm.train.prompts import task_from_config
+    from jaxrl_llm.train.sample.prompts import task_from_config
     from tests.train.test_loop import raises_or_hangs
 
     cfg = load_config(str(ROOT / "experiments/demo.py"), [*OVERRIDES, f"model.source={model_dir}",
@@ -75,7 +77,7 @@ def _finish(procs) -> None:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    from jaxrl_llm.train.loop import TIMING_METRICS
+    from jaxrl_llm.train.run.loop import TIMING_METRICS
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in (*TIMING_METRICS, "time")} for r in rows]

@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
-from jaxrl_llm.train.run_state import restore_params
+from jaxrl_llm.train.run.run_state import restore_params
 from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
 
 WIDE_BAND = ["recipe.clip_cov_lower=-1e9", "recipe.clip_cov_upper=1e9"]  # every token is a candidate

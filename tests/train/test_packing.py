@@ -1,4 +1,4 @@
-"""Packing in the learner (train/packing.py): the plan against hand-built layouts, packed ==
+"""Packing in the learner (train/learn/packing.py): the plan against hand-built layouts, packed ==
 one-sequence-per-row loss, gradients and metrics for every aggregation mode and on an 8-device
 mesh, segment isolation, and the padding metric against a hand count."""
 import dataclasses
@@ -11,10 +11,10 @@ import pytest
 from jaxrl_llm import core
 from jaxrl_llm.core.aggregation import AGGREGATION_MODES
 from jaxrl_llm.models import DecoderConfig, init_params, make_mesh, token_logprobs
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
-from jaxrl_llm.train.packing import first_fit_decreasing, plan_rows
+from jaxrl_llm.train.learn.learner import Learner
+from jaxrl_llm.train.learn.packing import first_fit_decreasing, plan_rows
 
 PROMPT_WIDTH, COMPLETION_WIDTH = 6, 10
 CFG = DecoderConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,

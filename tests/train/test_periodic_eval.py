@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.evaluation import pass_at_k_curve
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.plots import plot_pass_at_k
-from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.evaluation import pass_at_k_curve
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.run.plots import plot_pass_at_k
+from jaxrl_llm.train.sample.prompts import task_from_config
 from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train.config import Config, replace_values
-from jaxrl_llm.train.metrics import MetricsWriter
-from jaxrl_llm.train.plots import ema_smooth, plot_main, plot_runs
+from jaxrl_llm.train.run.metrics import MetricsWriter
+from jaxrl_llm.train.run.plots import ema_smooth, plot_main, plot_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

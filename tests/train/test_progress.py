@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from jaxrl_llm.train.progress import Progress, is_interactive
+from jaxrl_llm.train.run.progress import Progress, is_interactive
 
 
 class FakeClock:

@@ -12,9 +12,9 @@ from jaxrl_llm import core
 from jaxrl_llm.models import forward, make_mesh
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import SamplingParams
-from jaxrl_llm.train.batch import build_sequences
+from jaxrl_llm.train.learn.batch import build_sequences
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learn.learner import Learner
 from tests.models.hf_reference import hf_model, our_config_and_params
 
 TEMPERATURE = 0.9

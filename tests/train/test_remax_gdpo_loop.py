@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import ConfigError, Config, apply_overrides
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run.metrics import read_metrics
 from tests.train import user_plugins
 from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401  (fixture)
 from tests.train.test_shaping_effects import stopping_model_dir  # noqa: F401  (fixture)
@@ -97,7 +97,7 @@ def test_config_refuses_what_cannot_run_naming_the_field(overrides, message):
 
 
 def test_gdpo_weights_reach_the_estimator():
-    from jaxrl_llm.train.runnable import plan_run
+    from jaxrl_llm.train.plan import plan_run
 
     cfg = apply_overrides(Config(), ["recipe.name=gdpo", "task.reward_fns=[exact, addition]",
                                      "task.reward_weights=[2.0, 0.5]"])

@@ -1,4 +1,4 @@
-"""The run plan (`train.runnable.plan_run`): each fact derived once from the config and the task,
+"""The run plan (`train.plan.plan_run`): each fact derived once from the config and the task,
 checked against what the config says by hand, and the sampling mode it selects."""
 import functools
 
@@ -6,9 +6,9 @@ import pytest
 
 from jaxrl_llm import core
 from jaxrl_llm.data import make_task
-from jaxrl_llm.train import sampling
+from jaxrl_llm.train.sample import stage as sampling
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides
-from jaxrl_llm.train.runnable import plan_run
+from jaxrl_llm.train.plan import plan_run
 
 
 def cfg(*overrides: str) -> Config:

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.data import Example
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import ConfigError
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.prompts import task_from_config
-from jaxrl_llm.train.shaping import TARGET_KEY, answer_partition, lexical_partition, shape_rewards, with_length_targets
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.sample.prompts import task_from_config
+from jaxrl_llm.train.sample.shaping import TARGET_KEY, answer_partition, lexical_partition, shape_rewards, with_length_targets
 from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
 
 

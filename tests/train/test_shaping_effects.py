@@ -16,9 +16,9 @@ from jaxrl_llm.data import Example, Task
 from jaxrl_llm.models import init_params
 from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.rewards import extract_integer_answer
-from jaxrl_llm.train import loop
+from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import load_config
-from jaxrl_llm.train.metrics import read_metrics
+from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
 from tests.train.test_loop import REPO, tiny_config
 

@@ -21,10 +21,10 @@ import time
 import numpy as np
 import pytest
 
-from jaxrl_llm.train import loop
-from jaxrl_llm.train.checkpoint import Checkpointer
-from jaxrl_llm.train.metrics import read_metrics
-from jaxrl_llm.train.run_state import restore_params
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run.checkpoint import Checkpointer
+from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.run.run_state import restore_params
 from tests.train.learning_setup import (REPO, SpacesTask, child_command, child_env, flat_params,  # noqa: F401
                                         learning_config, learning_model_dir, learning_policy)
 

@@ -1,4 +1,4 @@
-"""The user's own reward, task and data named in the config (train/task_plugins.py): each
+"""The user's own reward, task and data named in the config (train/config/task.py): each
 reaches the run through the config alone, and every bad name is a ConfigError naming its field."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from jaxrl_llm.data import TASK_FACTORIES, TRAIN, Example, register_task
 from jaxrl_llm.rewards import GraderPool, exact_match_reward, math_verify_reward
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides
-from jaxrl_llm.train.grading import grade
-from jaxrl_llm.train.prompts import task_from_config
+from jaxrl_llm.train.sample.grading import grade
+from jaxrl_llm.train.sample.prompts import task_from_config
 from tests.train import user_plugins
 
 PLUGINS = "tests.train.user_plugins"

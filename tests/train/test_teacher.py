@@ -10,8 +10,8 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.learner import Learner
-from jaxrl_llm.train.teacher import Teacher
+from jaxrl_llm.train.learn.learner import Learner
+from jaxrl_llm.train.run.teacher import Teacher
 from tests.models.hf_reference import hf_model, our_config_and_params
 from tests.train.test_reference import TEMPERATURE, separate_forward_logprobs, setup  # noqa: F401
 

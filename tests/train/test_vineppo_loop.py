@@ -20,10 +20,11 @@ import pytest
 
 from jaxrl_llm.models import forward
 from jaxrl_llm.rewards import trusted_in_process
-from jaxrl_llm.train import loop, vineppo_step
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.sample import vineppo_step
 from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.policy import encode_prompts
-from jaxrl_llm.train.prompts import step_examples
+from jaxrl_llm.train.sample.prompts import step_examples
 from tests.train.learning_setup import SpacesTask, learning_config, learning_model_dir, learning_policy  # noqa: F401
 
 K = 64
@@ -53,7 +54,7 @@ def vine_run(learning_model_dir, learning_policy, tmp_path_factory):
     """One step of recipe.name=vineppo; every estimate, learner input and engine call recorded."""
     import contextlib
 
-    from jaxrl_llm.train.engines import host_params, make_engine
+    from jaxrl_llm.train.sample.engines import host_params, make_engine
 
     mp = pytest.MonkeyPatch()
     rec = Recorded([], [], [], None, [])
@@ -174,7 +175,7 @@ def test_train_refuses_vineppo_on_an_environment_built_by_a_factory_function(tmp
     """A task factory *function* returning an EnvTask passes the config's class-based check;
     train() checks the task it built, before any model loads."""
     from jaxrl_llm.data import make_task
-    from jaxrl_llm.train import loop
+    from jaxrl_llm.train.run import loop
 
     cfg = learning_config("smollm2", tmp_path, "recipe.name=vineppo")
     with pytest.raises(ConfigError, match="multi-turn environment.*vineppo"):
@@ -188,8 +189,8 @@ def test_a_short_vineppo_run_raises_heldout_pass_at_1(learning_model_dir, learni
     import contextlib
 
     from jaxrl_llm.rewards import GraderPool
-    from jaxrl_llm.train.engines import host_params, make_engine
-    from jaxrl_llm.train.evaluation import evaluate
+    from jaxrl_llm.train.sample.engines import host_params, make_engine
+    from jaxrl_llm.train.run.evaluation import evaluate
 
     cfg = learning_config(learning_model_dir, tmp_path / "run", "recipe.name=vineppo", "total_steps=6",
                           "vineppo.k=4", "vineppo.chunk_tokens=2", "task.eval_size=16", "task.eval_samples=4")

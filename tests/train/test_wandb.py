@@ -1,4 +1,4 @@
-"""Weights & Biases tracking (train/tracking.py), offline: what the loop logs is read back
+"""Weights & Biases tracking (train/run/tracking.py), offline: what the loop logs is read back
 from the run's .wandb files with wandb's own reader (`wandb leet inspect --json`)."""
 import json
 import math
@@ -12,10 +12,11 @@ import time
 import pytest
 
 from jaxrl_llm import cli
-from jaxrl_llm.train import loop, tracking
+from jaxrl_llm.train.run import loop
+from jaxrl_llm.train.run import tracking
 from jaxrl_llm.train.config import Config, replace_values
-from jaxrl_llm.train.metrics import MetricsWriter, read_metrics
-from jaxrl_llm.train.tracking import ID_FILE
+from jaxrl_llm.train.run.metrics import MetricsWriter, read_metrics
+from jaxrl_llm.train.run.tracking import ID_FILE
 from tests.train.test_loop import REPO, run_cli, tiny_config, tiny_model_dir  # noqa: F401
 
 

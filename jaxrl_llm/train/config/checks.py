@@ -1,132 +1,59 @@
-"""What the RL loop runs from a `Config`: the run plan (`plan_run`: the recipe with the config's
-overrides, whether the loop over-samples, whether the task is a multi-turn environment, what a
-checkpoint carries), derived once and passed down, and the cross-field checks that refuse,
-naming the field, a combination the loop cannot run. Every `Config` is checked when it is built
-(`check_runnable`, without the task object); `train()` plans again with the task it built, since
-a factory function or a `task=` object may turn out to be an environment only then.
+"""The cross-field checks of a run's config: they refuse, naming the field, a combination the RL
+loop cannot run (e.g. GAE advantages without a critic loss, dynamic sampling with groups of one,
+VinePPO on an environment). Every `Config` runs `check_runnable` when it is built (without the
+task object: the config's task section decides whether it is an environment); the run planner
+(train/plan.py) runs it again with the task object the loop built.
+
+`RunFacts` are the facts of a run that follow from its config alone; the planner builds the
+`RunPlan` from them. Nothing here imports the planner.
 """
 from __future__ import annotations
 
-import dataclasses
-import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from jaxrl_llm import core
-from jaxrl_llm.data import EnvTask, Task
-from jaxrl_llm.train.async_rollout import staleness_corrected
-from jaxrl_llm.train.distill_config import check_distill, with_distillation
-from jaxrl_llm.train.task_plugins import is_env_task
+from jaxrl_llm.train.config.distill import check_distill
+from jaxrl_llm.train.config.recipe import recipe_from_config
+from jaxrl_llm.train.config.task import is_env_task
 from jaxrl_llm.utils.typed_config import ConfigError
 
-if TYPE_CHECKING:  # config.py imports this module to check every Config it builds
-    from jaxrl_llm.train.config import Config, RecipeConfig
+if TYPE_CHECKING:  # schema.py imports this module to check every Config it builds
+    from jaxrl_llm.train.config.schema import Config
 
 
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """The facts of a run that follow from its config and task, derived once (`plan_run`)."""
+class RunFacts(NamedTuple):
+    """What a config decides about its run, before any planning."""
 
-    recipe: core.Recipe  # the config's recipe; with rollout.max_lag > 0, token TIS against staleness
+    recipe: core.Recipe  # the config's recipe (before any staleness correction)
     dynamic_sampling: bool  # over-sample prompt rounds until the step holds informative groups
-    sampling_rounds: int  # prompt rounds drawn per step (1 without dynamic sampling)
     env_task: bool  # a multi-turn environment: a step's groups are episodes
     vineppo: bool  # Monte-Carlo values: K continuations per chunk start after grading
-    greedy_baseline: bool  # ReMax: the job also draws one greedy response per prompt, its reward the baseline
-    carries_sampled_ahead: bool  # checkpoints carry the batches sampled ahead (exact async resume)
+    greedy_baseline: bool  # ReMax: the job also draws one greedy response per prompt
 
 
-def plan_run(cfg: Config, task: Task | None = None, *, processes: int = 1) -> RunPlan:
-    """The run plan of `cfg` (with `task`, the task object the loop built; else the config's task
-    section decides whether it is an environment) on `processes` JAX processes. Raises
-    ConfigError, naming the field, for a combination the loop cannot run."""
+def run_facts(cfg: Config, env_task: bool | None = None) -> RunFacts:
+    """The facts of `cfg`'s run; `env_task` None: the task section decides it. A recipe the
+    config cannot build raises ConfigError naming the recipe section."""
     try:
         recipe = recipe_from_config(cfg)
     except ConfigError:
         raise
     except ValueError as err:
         raise ConfigError(f"recipe: {err}") from None
-    over_sample = dynamic_sampling(cfg)
-    env = isinstance(task, EnvTask) if task is not None else is_env_task(cfg.task)
-    plan = RunPlan(
-        recipe=staleness_corrected(recipe, cfg.recipe.correction_cap or 2.0) if cfg.rollout.max_lag > 0 else recipe,
-        dynamic_sampling=over_sample, sampling_rounds=cfg.rollout.dynamic_sampling_rounds if over_sample else 1,
-        env_task=env, vineppo=isinstance(recipe.advantage_fn, core.MonteCarloAdvantage),
-        greedy_baseline="baseline_rewards" in getattr(recipe.advantage_fn, "inputs", ()),
-        # Not with several processes (each holds only its share), nor dynamic sampling (a step's rows
-        # come from several prompt rounds), nor an environment (its batches are resampled instead).
-        carries_sampled_ahead=processes == 1 and not over_sample and not env)
-    _check(cfg, plan, recipe)
-    _check_extra_inputs(cfg, plan, recipe, processes)
-    return plan
+    return RunFacts(
+        recipe=recipe, dynamic_sampling=dynamic_sampling(cfg),
+        env_task=is_env_task(cfg.task) if env_task is None else env_task,
+        vineppo=isinstance(recipe.advantage_fn, core.MonteCarloAdvantage),
+        greedy_baseline="baseline_rewards" in getattr(recipe.advantage_fn, "inputs", ()))
 
 
-def recipe_from_config(cfg: Config) -> core.Recipe:
-    """`core.get_recipe(cfg.recipe.name)` with the config's explicit overrides (None keeps
-    the recipe's own choice), through `core.customize_recipe`. The constant aggregation's
-    L_const defaults to rollout.max_tokens."""
-    rc = cfg.recipe
-    base = core.get_recipe(rc.name)
-    _check_loss_fields(rc, base)
-    recipe = core.customize_recipe(
-        base, advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
-        constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
-        kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
-        correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups,
-        loss_params=_set_values(rc, LOSS_FIELDS), selection_params=_set_values(rc, SELECTION_FIELDS))
-    if isinstance(recipe.advantage_fn, core.MultiRewardAdvantage) and cfg.task.reward_weights:
-        recipe = dataclasses.replace(recipe, advantage_fn=core.MultiRewardAdvantage(tuple(cfg.task.reward_weights)))
-    if recipe.aggregation == "constant" and recipe.constant_length is None:
-        recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
-    if rc.mask_truncated is not None:
-        recipe = dataclasses.replace(recipe, mask_truncated=rc.mask_truncated)
-    recipe = with_distillation(recipe, cfg.distill)
-    return dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
-
-
-# recipe.<field> -> the keyword it binds on the policy loss / on the token selection (Clip-Cov, KL-Cov).
-LOSS_FIELDS = {"eps_low": "eps_low", "eps_high": "eps_high", "dual_clip_c": "dual_clip", "dppo_threshold": "threshold",
-               "sapo_tau_pos": "tau_pos", "sapo_tau_neg": "tau_neg", "kl_cov_coef": "kl_coef"}
-SELECTION_FIELDS = {"cov_fraction": "fraction", "clip_cov_lower": "lower", "clip_cov_upper": "upper"}
-_CORE_KEYWORDS = ("eps_low", "eps_high", "dual_clip_c")  # customize_recipe's own arguments
-
-
-def _set_values(rc: RecipeConfig, fields: dict[str, str]) -> dict:
-    return {keyword: getattr(rc, name) for name, keyword in fields.items()
-            if getattr(rc, name) is not None and name not in _CORE_KEYWORDS}
-
-
-def _check_loss_fields(rc: RecipeConfig, base: core.Recipe) -> None:
-    """Refuses, naming the field, a loss hyperparameter that the run's loss (recipe.loss, else the
-    recipe's own) does not take, e.g. recipe.sapo_tau_pos with ppo_clip."""
-    loss_fn = core.POLICY_LOSSES[rc.loss] if rc.loss else getattr(base.policy_loss_fn, "func", base.policy_loss_fn)
-    loss_name = rc.loss or next(n for n, f in core.POLICY_LOSSES.items() if f is loss_fn)
-    selection = core.entropy_control.SELECTIONS.get(loss_fn)
-    for name, keyword in {**LOSS_FIELDS, **SELECTION_FIELDS}.items():
-        value = getattr(rc, name)
-        target = loss_fn if name in LOSS_FIELDS else getattr(selection, "func", None)
-        if value is None or (target is not None and keyword in inspect.signature(target).parameters):
-            continue
-        takes = [n for n, f in core.POLICY_LOSSES.items() if keyword in inspect.signature(f).parameters]
-        if name in SELECTION_FIELDS:
-            takes = [n for n, f in core.POLICY_LOSSES.items() if f in core.entropy_control.SELECTIONS]
-        raise ConfigError(f"recipe.{name} = {value!r} is set, but the run's policy loss {loss_name!r} has no "
-                          f"{keyword!r}; valid: recipe.loss in {takes}, or leave recipe.{name} unset")
-
-
-def _overlong(base: core.OverlongPenalty | None, rc: RecipeConfig, max_tokens: int) -> core.OverlongPenalty | None:
-    """The overlong penalty over this run's generation limit: L_max = rollout.max_tokens, the
-    buffer from recipe.overlong_buffer or, when None, the recipe's own share of L_max."""
-    if rc.overlong_buffer == 0 or (base is None and rc.overlong_buffer is None):
-        if rc.overlong_factor is not None:
-            raise ConfigError(f"recipe.overlong_factor = {rc.overlong_factor!r} is set but recipe {rc.name!r} has "
-                              "no overlong penalty; valid: also set recipe.overlong_buffer (> 0)")
-        return None
-    buffer = rc.overlong_buffer or max(1, round(max_tokens * base.buffer / base.max_length))
-    if buffer > max_tokens:
-        raise ConfigError(f"recipe.overlong_buffer = {buffer} exceeds rollout.max_tokens = {max_tokens}; valid: "
-                          f"0 (off) to {max_tokens}")
-    factor = rc.overlong_factor if rc.overlong_factor is not None else (base.factor if base else 1.0)
-    return core.OverlongPenalty(max_length=max_tokens, buffer=buffer, factor=factor)
+def check_runnable(cfg: Config, *, env_task: bool | None = None, processes: int = 1) -> RunFacts:
+    """Raises ConfigError, naming the field, for a combination the RL loop cannot run; returns the
+    run's facts (`env_task`: whether the task object is an environment, None: the config says)."""
+    facts = run_facts(cfg, env_task)
+    _check(cfg, facts, facts.recipe)
+    _check_extra_inputs(cfg, facts, facts.recipe, processes)
+    return facts
 
 
 def dynamic_sampling(cfg: Config) -> bool:
@@ -135,11 +62,6 @@ def dynamic_sampling(cfg: Config) -> bool:
     if cfg.rollout.dynamic_sampling is not None:
         return cfg.rollout.dynamic_sampling
     return core.get_recipe(cfg.recipe.name).dynamic_sampling
-
-
-def check_runnable(cfg: Config) -> None:
-    """Raises ConfigError, naming the field, for a combination the RL loop cannot run."""
-    plan_run(cfg)
 
 
 def _check_batch_invariant(cfg: Config) -> None:
@@ -167,7 +89,7 @@ def _check_batch_invariant(cfg: Config) -> None:
                           "valid: model.compute_dtype unset (it follows train.precision)")
 
 
-def _check(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
+def _check(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
     """`plan_run`'s refusals; `recipe` is the config's, before any staleness correction."""
     _check_batch_invariant(cfg)
     rc = cfg.recipe
@@ -204,7 +126,7 @@ def _check(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
                           f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
 
 
-def _check_vineppo(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
+def _check_vineppo(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
     """VinePPO's values are means of the graders' rewards of continuations drawn by the weights
     that drew the responses; refuse what would break either."""
     why = "VinePPO's Monte-Carlo values (recipe.advantage = 'vineppo')"
@@ -233,7 +155,7 @@ def _check_vineppo(cfg: Config, plan: RunPlan, recipe: core.Recipe) -> None:
                           "task, or another advantage")
 
 
-def _check_extra_inputs(cfg: Config, plan: RunPlan, recipe: core.Recipe, processes: int) -> None:
+def _check_extra_inputs(cfg: Config, plan: RunFacts, recipe: core.Recipe, processes: int) -> None:
     """ReMax's greedy baseline and GDPO's per-grader rewards come from the plain sampling stage's
     grades of the graders' rewards; refuse what would change or lose them."""
     needs = getattr(recipe.advantage_fn, "inputs", ())

@@ -18,8 +18,8 @@ import os
 from typing import Any, NamedTuple
 
 from jaxrl_llm.models import DecoderConfig
-from jaxrl_llm.train.distill_config import TEACHER_HELP
-from jaxrl_llm.train.metrics import RUN_INFO_FILE, read_run_info
+from jaxrl_llm.train.config.distill import TEACHER_HELP
+from jaxrl_llm.train.run.metrics import RUN_INFO_FILE, read_run_info
 from jaxrl_llm.train.policy import Policy, load_policy
 from jaxrl_llm.utils.typed_config import ConfigError
 
@@ -48,7 +48,7 @@ def load_teacher(source: str, student: Policy) -> Teacher:
 def _from_run(run_dir: str) -> tuple[Policy, int, Any]:
     """(the run's base policy, its latest checkpoint's step, that checkpoint's float32 params)."""
     from jaxrl_llm.train.config import config_from_dict, replace_values
-    from jaxrl_llm.train.run_state import restore_params
+    from jaxrl_llm.train.run.run_state import restore_params
 
     info = read_run_info(run_dir) or {}
     if not info.get("config"):

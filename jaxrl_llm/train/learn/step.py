@@ -15,10 +15,10 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.rollout.types import RolloutBatch
-from jaxrl_llm.train.batch import SequenceBatch, build_sequences
+from jaxrl_llm.train.learn.batch import SequenceBatch, build_sequences
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.critic import critic_metrics
-from jaxrl_llm.train.learner import Learner, LearnerState, StepLogprobs
+from jaxrl_llm.train.learn.critic import critic_metrics
+from jaxrl_llm.train.learn.learner import Learner, LearnerState, StepLogprobs
 
 
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,

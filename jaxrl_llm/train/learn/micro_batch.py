@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models import DecoderConfig, chunked_logprobs_from_hidden, forward
-from jaxrl_llm.train import critic as critic_lib
+from jaxrl_llm.train.learn import critic as critic_lib
 
 
 class DeviceRows(NamedTuple):

@@ -5,7 +5,7 @@ Layout of a run directory:
     run_dir/metrics.jsonl   one JSON object per logged step:
                             {"step": 3, "time": 1731...., "reward/mean": 0.4, ...}
     run_dir/tb/             TensorBoard event files (tensorboardX)
-    run_dir/wandb/          Weights & Biases run files, with metrics.wandb on (train/tracking.py)
+    run_dir/wandb/          Weights & Biases run files, with metrics.wandb on (train/run/tracking.py)
     run_dir/run_info.json   config, git commit, package versions, host, date
     run_dir/groups.jsonl    per step, every prompt group's rewards [P][G] and
                             completion lengths [P][G] (`GroupLog`): what the
@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.tracking import WandbRun, wandb_run
+from jaxrl_llm.train.run.tracking import WandbRun, wandb_run
 from jaxrl_llm.utils.atomic_files import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 RUN_INFO_FILE = "run_info.json"
 TB_DIR = "tb"
 GROUPS_FILE = "groups.jsonl"
-EVAL_FILE = "eval.jsonl"  # held-out evaluations (train/evaluation.py)
+EVAL_FILE = "eval.jsonl"  # held-out evaluations (train/run/evaluation.py)
 
 # Distributions whose versions identify the software a run used.
 TRACKED_PACKAGES = (

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.rollout.types import SamplingParams
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.learner import PRECISION_DTYPES
+from jaxrl_llm.train.config import PRECISION_DTYPES
 from jaxrl_llm.train.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
                           batch_invariant=cfg.rollout.batch_invariant)
     from jaxrl_llm.rollout import (DiskWeightSync, VLLMClient, VLLMEngine, VLLMServer, VLLMServerConfig,
                                    bridge_export)
-    from jaxrl_llm.train.weight_check import logprob_probe
+    from jaxrl_llm.train.sample.weight_check import logprob_probe
 
     urls = list(cfg.rollout.server_urls)
     servers = []
@@ -101,7 +101,7 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
         servers.append(server)
         urls = [server.url]
     client = VLLMClient(urls)
-    # Every push is verified: one prompt-logprobs request per server (train/weight_check.py).
+    # Every push is verified: one prompt-logprobs request per server (train/sample/weight_check.py).
     sync = DiskWeightSync(client, bridge_export(policy.cfg), probe=logprob_probe(policy, cfg.rollout.server_dtype))
     engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0,
                                             overlap_verify=cfg.rollout.overlap_verify))

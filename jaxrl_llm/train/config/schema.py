@@ -8,7 +8,7 @@ command line adds dotted overrides such as `train.lr=1e-5`:
 
 The validation machinery (types, ranges, "did you mean") is `utils.typed_config`;
 this module holds the fields and their ranges. Every `Config` also runs
-`train.runnable.check_runnable`, which refuses, naming the field, the combinations
+`train.config.checks.check_runnable`, which refuses, naming the field, the combinations
 the loop cannot run (e.g. a recipe that needs a critic) before any model loads.
 
 To add a field: add it to the right section with a default and, if it has a
@@ -23,22 +23,24 @@ from pathlib import Path
 import json
 from typing import Any, Literal, Mapping, Sequence
 
-from jaxrl_llm.train.distill_config import DistillConfig
-from jaxrl_llm.train.mesh_config import MeshConfig
-from jaxrl_llm.train.recipe_config import (ADVANTAGE_NAMES, AGGREGATION_NAMES, CORRECTION_NAMES, KL_ESTIMATOR_NAMES,
+from jaxrl_llm.train.config.distill import DistillConfig
+from jaxrl_llm.train.config.mesh import MeshConfig
+from jaxrl_llm.train.config.recipe import (ADVANTAGE_NAMES, AGGREGATION_NAMES, CORRECTION_NAMES, KL_ESTIMATOR_NAMES,
                                           POLICY_LOSS_NAMES, RECIPE_NAMES, RecipeConfig)
-from jaxrl_llm.train.runnable import check_runnable
-from jaxrl_llm.train.task_plugins import check_task_section
+from jaxrl_llm.train.config.checks import check_runnable
+from jaxrl_llm.train.config.task import check_task_section
 from jaxrl_llm.utils import config_files, typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section
 
 __all__ = [
-    "CheckpointConfig", "Config", "ConfigError", "CriticConfig", "DistillConfig", "MeshConfig", "MetricsConfig",
+    "CheckpointConfig", "Config", "PRECISION_DTYPES", "ConfigError", "CriticConfig", "DistillConfig", "MeshConfig", "MetricsConfig",
     "ModelConfig", "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig",
     "apply_overrides", "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values",
     "save_config", "schema_help"]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+# train.precision -> the learner's compute dtype (and the JAX sampler's, unless model.compute_dtype says)
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,7 @@ class RolloutConfig(Section):
     max_lag: int = field(0, ge=0)
     # DAPO dynamic sampling (Yu et al. 2025): keep only groups whose accuracy is neither 0 nor 1,
     # drawing fresh prompts until the step is full, in at most dynamic_sampling_rounds rounds
-    # (train/dynamic_sampling.py). None: the recipe's own choice (on for dapo).
+    # (train/sample/dynamic_sampling.py). None: the recipe's own choice (on for dapo).
     dynamic_sampling: bool | None = None
     dynamic_sampling_rounds: int = field(4, ge=1)
     # Bitwise on-policy (JAX engine): sampler and learner pi_old run models/batch_invariant.py, so every
@@ -106,7 +108,7 @@ class TrainConfig(Section):
     # Token slots per forward/backward pass: rows of the step's width in a micro-batch =
     # micro_batch_tokens // width (at least 1). None: micro_batch_size rows.
     micro_batch_tokens: int | None = field(None, ge=1)
-    # Pack a step's sequences first-fit-decreasing into the learner's rows (train/packing.py):
+    # Pack a step's sequences first-fit-decreasing into the learner's rows (train/learn/packing.py):
     # same loss, gradients and metrics as one sequence per row, fewer padding slots computed.
     pack: bool = True
     # pi_old := the sampler's log-probs (no recompute pass); only with rollout.batch_invariant (the same numbers).
@@ -148,7 +150,7 @@ class TrainConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class CriticConfig(Section):
     """The learned critic of recipes with GAE advantages (recipe.name=ppo): a value head on
-    the policy's trunk (train/critic.py), with its own optimiser."""
+    the policy's trunk (train/learn/critic.py), with its own optimiser."""
 
     lr: float = field(1e-4, gt=0.0)
     warmup_steps: int = field(0, ge=0)  # first optimiser steps in which only the critic learns
@@ -159,7 +161,7 @@ class CriticConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class VinePPOConfig(Section):
     """VinePPO's Monte-Carlo values (recipe.name=vineppo, or recipe.advantage=vineppo on another
-    recipe; train/vineppo_step.py): K continuations from every chunk start of every response."""
+    recipe; train/sample/vineppo_step.py): K continuations from every chunk start of every response."""
 
     k: int = field(4, ge=1)  # continuations per prefix
     # "tokens": a chunk starts every chunk_tokens tokens; "newline": after every token whose text
@@ -173,7 +175,7 @@ class VinePPOConfig(Section):
 class TaskConfig(Section):
     """Prompt source and verifier. `name` is looked up in the task registry; the user's own
     tasks, graders and data files plug in through plugins / kwargs / reward_fn / data_path
-    (train/task_plugins.py)."""
+    (train/config/task.py)."""
 
     name: str = "addition"
     # Modules imported before `name` is looked up: they register tasks with @register_task.
@@ -200,7 +202,7 @@ class TaskConfig(Section):
     eval_every: int = field(0, ge=0)
     reward_workers: int = field(1, ge=1)  # grader processes (trusted graders such as addition run in-process)
     reward_timeout_s: float = field(10.0, gt=0.0)  # per answer; a timeout scores 0 and is counted
-    # Multi-turn environments (train/episodes.py): the built-in env tasks (calculator_tool,
+    # Multi-turn environments (train/sample/episodes.py): the built-in env tasks (calculator_tool,
     # guess_number), or any task's examples played in a user's class, env="package.module:Class".
     env: str | None = None
     # Keyword arguments of env's class (a JSON object). The built-in env tasks take theirs from
@@ -217,7 +219,7 @@ class TaskConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class ShapingConfig(Section):
-    """Reward shaping on top of the graders' rewards (train/shaping.py; the pass rate and
+    """Reward shaping on top of the graders' rewards (train/sample/shaping.py; the pass rate and
     dynamic sampling still judge the graders' rewards)."""
 
     # "l1": L1/LCPO (Aggarwal and Welleck 2025): each prompt states a target from l1_targets
@@ -248,7 +250,7 @@ class CheckpointConfig(Section):
 class MetricsConfig(Section):
     tensorboard: bool = True
     progress_every: int = field(10, ge=1)  # line print interval without a TTY
-    # Weights & Biases (train/tracking.py; pip install -e '.[wandb]'): "offline" writes <run_dir>/wandb
+    # Weights & Biases (train/run/tracking.py; pip install -e '.[wandb]'): "offline" writes <run_dir>/wandb
     # with no network or account (`wandb sync` uploads it later), "online" streams to the server.
     wandb: Literal["off", "offline", "online"] = "off"
     wandb_project: str = "jaxrl_llm"
@@ -289,7 +291,7 @@ class Config(Section):
 
     def _check_consistency(self) -> None:
         # The step batch is split into minibatches of whole prompt groups (one optimiser step
-        # each); micro-batches may be uneven (train/packing.py: the weights are global).
+        # each); micro-batches may be uneven (train/learn/packing.py: the weights are global).
         prompts = self.rollout.prompts_per_step
         k = self.train.minibatches_per_batch
         if prompts % k:

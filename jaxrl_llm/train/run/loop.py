@@ -1,6 +1,6 @@
 """The RL loop: rollout -> rewards -> advantages/filters -> learner -> weight sync.
 
-`train` first derives the run plan once from the config and the task (`runnable.plan_run`:
+`train` first derives the run plan once from the config and the task (`plan.plan_run`:
 the recipe, dynamic sampling, environment task, what a checkpoint carries, what it refuses).
 One step (`run_step`):
 
@@ -47,24 +47,27 @@ from jaxrl_llm.bridge import CheckpointError
 from jaxrl_llm.data import Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch
-from jaxrl_llm.train import distributed, sampled_ahead, step_failure, weight_check
-from jaxrl_llm.train.async_rollout import AsyncRolloutProducer, ProducedBatch
-from jaxrl_llm.train.checkpoint import Checkpointer, install_stop_handler
+from jaxrl_llm.train import distributed
+from jaxrl_llm.train.run import sampled_ahead
+from jaxrl_llm.train.run import step_failure
+from jaxrl_llm.train.sample import weight_check
+from jaxrl_llm.train.sample.async_rollout import AsyncRolloutProducer, ProducedBatch
+from jaxrl_llm.train.run.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.engines import check_server_urls, engine_weights, host_params, make_engine
-from jaxrl_llm.train.evaluation import PeriodicEval
-from jaxrl_llm.train.grading import Graded, learner_rollouts, response_metrics
-from jaxrl_llm.train.learn import learn
-from jaxrl_llm.train.learner import Learner, LearnerState
-from jaxrl_llm.train.metrics import GroupLog, MetricsWriter
+from jaxrl_llm.train.sample.engines import check_server_urls, engine_weights, host_params, make_engine
+from jaxrl_llm.train.run.evaluation import PeriodicEval
+from jaxrl_llm.train.sample.grading import Graded, learner_rollouts, response_metrics
+from jaxrl_llm.train.learn.step import learn
+from jaxrl_llm.train.learn.learner import Learner, LearnerState
+from jaxrl_llm.train.run.metrics import GroupLog, MetricsWriter
 from jaxrl_llm.train.policy import Policy, load_policy
-from jaxrl_llm.train.progress import Progress
-from jaxrl_llm.train.prompts import task_from_config
-from jaxrl_llm.train.runnable import RunPlan, plan_run
-from jaxrl_llm.train.sampling import step_sampling
-from jaxrl_llm.train.teacher import load_teacher
-from jaxrl_llm.train.tracking import WandbRun, require_wandb
-from jaxrl_llm.train.run_state import (RunPosition, check_lora_base, checkpoint_state, lora_checkpoint_metadata,
+from jaxrl_llm.train.run.progress import Progress
+from jaxrl_llm.train.sample.prompts import task_from_config
+from jaxrl_llm.train.plan import RunPlan, plan_run
+from jaxrl_llm.train.sample.stage import step_sampling
+from jaxrl_llm.train.run.teacher import load_teacher
+from jaxrl_llm.train.run.tracking import WandbRun, require_wandb
+from jaxrl_llm.train.run.run_state import (RunPosition, check_lora_base, checkpoint_state, lora_checkpoint_metadata,
                                        make_learner, position_of)
 
 log = logging.getLogger(__name__)

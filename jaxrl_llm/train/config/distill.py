@@ -1,5 +1,5 @@
 """The on-policy distillation section of a run's config (`Config.distill`, re-exported by
-train/config.py) and its cross-field checks.
+train/config/schema.py) and its cross-field checks.
 
 One mechanism: a recipe with a `core.Distillation` adds the teacher's per-token signal
 log pi_T - log pi_old to its advantages (core/distill.py). `recipe.name=opd` is such a
@@ -18,7 +18,7 @@ from jaxrl_llm import core
 from jaxrl_llm.utils.typed_config import ConfigError, Section, field
 
 if TYPE_CHECKING:
-    from jaxrl_llm.train.config import Config
+    from jaxrl_llm.train.config.schema import Config
 
 TEACHER_HELP = ("'smollm2', an HF directory (config.json, *.safetensors, tokenizer.json), a .gguf file, or a run "
                 "directory (run_info.json; its latest checkpoint), with the student's tokenizer")
@@ -26,7 +26,7 @@ TEACHER_HELP = ("'smollm2', an HF directory (config.json, *.safetensors, tokeniz
 
 @dataclasses.dataclass(frozen=True)
 class DistillConfig(Section):
-    """On-policy distillation (recipe.name=opd, or a teacher on any recipe; train/teacher.py).
+    """On-policy distillation (recipe.name=opd, or a teacher on any recipe; train/run/teacher.py).
     The frozen teacher scores the sampled tokens in the learner's pi_old pass."""
 
     # The teacher: see TEACHER_HELP. None: no teacher (required by recipe.name=opd).

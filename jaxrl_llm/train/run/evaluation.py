@@ -22,13 +22,13 @@ from jaxrl_llm.data import EnvTask, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.utils.atomic_files import write_text_atomic
-from jaxrl_llm.train.engines import make_engine, sampling_params
-from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
-from jaxrl_llm.train.grading import grade
-from jaxrl_llm.train.metrics import EVAL_FILE, read_metrics, truncate_metrics
+from jaxrl_llm.train.sample.engines import make_engine, sampling_params
+from jaxrl_llm.train.sample.episodes import EpisodeLimits, run_episodes
+from jaxrl_llm.train.sample.grading import grade
+from jaxrl_llm.train.run.metrics import EVAL_FILE, read_metrics, truncate_metrics
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
-from jaxrl_llm.train.prompts import heldout_examples, task_from_config
-from jaxrl_llm.train.shaping import distinct_correct, group_classes
+from jaxrl_llm.train.sample.prompts import heldout_examples, task_from_config
+from jaxrl_llm.train.sample.shaping import distinct_correct, group_classes
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,11 @@ def evaluate(engine, policy: Policy, task: Task, cfg: Config, *, samples: int, s
              pool: GraderPool | None = None) -> dict[str, Any]:
     """pass@1, pass@k (k = samples) and avg@k on the held-out split (at most
     task.eval_size prompts), the number of distinct correct answers per prompt (classes
-    of train/shaping.py's partition), plus three example completions; for an environment
+    of train/sample/shaping.py's partition), plus three example completions; for an environment
     task also the episodes' means of turns, tool calls, ... (`episode_metrics`)."""
     examples = heldout_examples(task, cfg)
     episode_metrics = {}
-    if isinstance(task, EnvTask):  # multi-turn: the episodes' returns (train/episodes.py)
+    if isinstance(task, EnvTask):  # multi-turn: the episodes' returns (train/sample/episodes.py)
         episodes = run_episodes(engine, policy, task, examples, samples, sampling_params(cfg, seed),
                                 EpisodeLimits.from_config(cfg))
         rollouts, rewards, episode_metrics = episodes.rollouts, episodes.rewards, episodes.metrics

@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 
-from jaxrl_llm.train.checkpoint import Checkpointer
+from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.runnable import plan_run
-from jaxrl_llm.train.learner import Learner, LearnerState
+from jaxrl_llm.train.plan import plan_run
+from jaxrl_llm.train.learn.learner import Learner, LearnerState
 from jaxrl_llm.train.policy import Policy
 
 

@@ -32,17 +32,18 @@ import numpy as np
 from jaxrl_llm.data import TRAIN, Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
-from jaxrl_llm.train import distributed, vineppo_step
-from jaxrl_llm.train.async_rollout import RolloutJob
+from jaxrl_llm.train import distributed
+from jaxrl_llm.train.sample import vineppo_step
+from jaxrl_llm.train.sample.async_rollout import RolloutJob
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.dynamic_sampling import SampledRound, round_seed, sample_until_full
-from jaxrl_llm.train.engines import sampling_params
-from jaxrl_llm.train.episodes import EpisodeLimits, run_episodes
-from jaxrl_llm.train.grading import Graded, grade, learner_rollouts
+from jaxrl_llm.train.sample.dynamic_sampling import SampledRound, round_seed, sample_until_full
+from jaxrl_llm.train.sample.engines import sampling_params
+from jaxrl_llm.train.sample.episodes import EpisodeLimits, run_episodes
+from jaxrl_llm.train.sample.grading import Graded, grade, learner_rollouts
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
-from jaxrl_llm.train.prompts import step_seed
-from jaxrl_llm.train.runnable import RunPlan
-from jaxrl_llm.train.shaping import shape_rewards, with_length_targets
+from jaxrl_llm.train.sample.prompts import step_seed
+from jaxrl_llm.train.plan import RunPlan
+from jaxrl_llm.train.sample.shaping import shape_rewards, with_length_targets
 
 WithEngine = Callable[[Callable[[Any], Any]], Any]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord
-from jaxrl_llm.train.async_rollout import SampledBatch
+from jaxrl_llm.train.sample.async_rollout import SampledBatch
 
 KEY = "sampled_ahead"
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from jaxrl_llm.data import HELDOUT, TRAIN, Example, Task
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.task_plugins import build_task
+from jaxrl_llm.train.config.task import build_task
 
 
 def task_from_config(cfg: Config) -> Task:
     """The task of cfg.task: a data file when task.data_path / task.jsonl_path is set, else the
     named task with task.kwargs, graded by task.reward_fn when set, played in task.env's
-    environment class when that is set (train/task_plugins.py)."""
+    environment class when that is set (train/config/task.py)."""
     return build_task(cfg.task)
 
 

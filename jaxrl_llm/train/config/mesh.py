@@ -1,4 +1,4 @@
-"""The device mesh section of a run's config (`Config.mesh`, re-exported by train/config.py)."""
+"""The device mesh section of a run's config (`Config.mesh`, re-exported by train/config/schema.py)."""
 
 from __future__ import annotations
 

@@ -341,12 +341,3 @@ class AsyncRolloutProducer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# ------------------------------------------------------------------ recipes
-def staleness_corrected(recipe: core.Recipe, cap: float = 2.0) -> core.Recipe:
-    """The recipe with token TIS min(pi_old/mu, cap) when it has no correction of its own
-    (a recipe's own correction, e.g. sequence MIS, already uses the sampler logprobs)."""
-    if recipe.correction is not None:
-        return recipe
-    return dataclasses.replace(recipe, correction=functools.partial(core.token_tis, cap=cap))

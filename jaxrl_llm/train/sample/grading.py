@@ -22,7 +22,7 @@ class Graded:
     wall_s: float
     sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. dynamic sampling's metrics
     shaped: np.ndarray | None = None  # [P, G] the learner's rewards after shaping (None: `rewards`)
-    advantages: np.ndarray | None = None  # [N, T_c] VinePPO's Monte-Carlo advantages (train/vineppo_step.py)
+    advantages: np.ndarray | None = None  # [N, T_c] VinePPO's Monte-Carlo advantages (train/sample/vineppo_step.py)
     # [P, G] each grader's reward by its name (task.reward_fns; one grader: {"reward": rewards})
     parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     baseline: np.ndarray | None = None  # [P] ReMax: the reward of each prompt's greedy response

@@ -1,7 +1,7 @@
 """What the RL loop does when a step fails: keep the work done, and say how to go on.
 
 A step can fail outside the learner: a vLLM server dies or becomes unreachable, the
-producer thread raises, a weight push cannot be verified (train/weight_check.py). The
+producer thread raises, a weight push cannot be verified (train/sample/weight_check.py). The
 learner state of the last finished step (for a failed push: of the step itself, whose
 update is good but did not reach the servers) is written as a checkpoint, unless that
 step is already on disk, and the loop stops with `StepFailed`, whose message names the

@@ -57,15 +57,15 @@ from jaxrl_llm.models import DecoderConfig, batch_sharding, lora, param_sharding
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_setting
 from jaxrl_llm.models.sharding import BATCH_AXES
-from jaxrl_llm.train import critic as critic_lib
-from jaxrl_llm.train import packing
-from jaxrl_llm.train import reference as reference_lib
-from jaxrl_llm.train.batch import SequenceBatch
+from jaxrl_llm.train.config import PRECISION_DTYPES
+from jaxrl_llm.train.learn import critic as critic_lib
+from jaxrl_llm.train.learn import packing
+from jaxrl_llm.train.learn import reference as reference_lib
+from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.distributed import gather_to_host, put_global
-from jaxrl_llm.train.micro_batch import DeviceRows, head_logprobs, to_step_layout
-from jaxrl_llm.train.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
+from jaxrl_llm.train.learn.micro_batch import DeviceRows, head_logprobs, to_step_layout
+from jaxrl_llm.train.learn.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
 
-PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 class StepLogprobs(NamedTuple):
