@@ -37,6 +37,19 @@ def resolve_decode_kernel(name: str, backend: str | None = None) -> str:
     return "dense" if name == "auto" else name
 
 
+CACHE_MULTIPLE = 16  # the slot decode's cache length is a multiple of this (the Pallas kernel's blocks)
+
+
+def pallas_blocks(length: int) -> tuple[int, int]:
+    """(k_splits, block_k) of the Pallas decode kernel for a cache of ``length`` slots: the most
+    splits (<= 16) leaving whole blocks of >= 16 slots, the largest block (<= 128) dividing a split."""
+    if length % CACHE_MULTIPLE:
+        raise ValueError(f"the Pallas decode kernel needs a cache length that is a multiple of {CACHE_MULTIPLE}, "
+                         f"got {length}")
+    splits = next(k for k in (16, 8, 4, 2, 1) if length % (k * 16) == 0)
+    return splits, next(b for b in (128, 64, 32, 16) if (length // splits) % b == 0)
+
+
 def write_rows(cache: jax.Array, layer_index: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
     """cache [nL, B, S, H, hd] with new [B, T, H, hd] written at layer ``layer_index``, row b's
     token t at slot ``slots[b, t]`` (a slot >= S is dropped: rows that write nothing)."""
@@ -58,8 +71,9 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
     if kernel == "pallas":
         from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
 
-        out = pallas_decode.gqa(q[:, 0], k, v, kv_seq_len=lengths, sm_scale=q.shape[-1] ** -0.5,
-                                block_k=min(128, k.shape[1]), interpret=jax.default_backend() == "cpu")
+        splits, block = pallas_blocks(k.shape[1])
+        out = pallas_decode.gqa(q[:, 0], k, v, kv_seq_len=lengths, sm_scale=q.shape[-1] ** -0.5, k_splits=splits,
+                                block_k=block, interpret=jax.default_backend() == "cpu")
         return out[:, None].astype(q.dtype)
     raise ValueError(f"decode attention kernel {kernel!r} is not one of {DECODE_KERNELS[1:]} (resolve 'auto' first)")
 

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
+from jaxrl_llm.models.decode_attention import CACHE_MULTIPLE
 from jaxrl_llm.models.decoder import Decoder
 from jaxrl_llm.rollout.sampling import draw, row_uniforms
 
@@ -112,13 +113,14 @@ def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, 
     """prompt_tokens/prompt_mask [P, Lp] RIGHT-padded distinct prompts -> (tokens [N, max_tokens],
     logprobs [N, max_tokens], lengths [N], stopped [N]) for output rows 0..total-1 (row i continues
     prompt ``source_rows[i]``; rows from ``total`` to N = len(source_rows) are batch filler, never
-    sampled), decoded in ``slots`` slots over a cache of Lp + max_tokens slots (module doc).
+    sampled), decoded in ``slots`` slots over a cache of Lp + max_tokens slots, rounded up to a multiple
+    of `models.decode_attention.CACHE_MULTIPLE` (module doc).
     The uniform of row i's token t is element first_row + i of a [first_row + N] draw under
     fold_in(key, t), as in `jax_sampler._generate` called with the same N rows.
     ``kernel``: the decode attention (`models.decode_attention`; resolved, not "auto").
     ``batch_invariant``: `models.batch_invariant`'s ops (the learner's numbers), the dense kernel."""
     rows, width = source_rows.shape[0], prompt_tokens.shape[1]
-    capacity = width + max_tokens
+    capacity = -(-(width + max_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE  # slots past width + max_tokens: unused
     greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
     scale = jnp.where(greedy, 1.0, temperature)
     head = sampling_head(params, cfg, batch_invariant, scale)
