@@ -74,14 +74,17 @@ def test_refilled_slots_match_compacting_decode_on_all_rows(tiny):
 
 
 def test_row_samples_do_not_depend_on_batch_mates_or_slots(tiny):
-    """Prompt 0's two samples (output rows 0, 1) with other prompts beside them and other slot counts."""
+    """Prompt X's two samples are output rows 4 and 5 (X third of three prompts, n = 2). With one slot
+    per row they sit in slots 4, 5; with 2 or 3 slots they wait for whichever slot frees first, which
+    depends on how long the other prompts' samples run. Their tokens and log-probs stay the same."""
     cfg, params = tiny
     sampling = SamplingParams(max_tokens=12, seed=5, stop_token_ids=STOPS)
-    alone = run(cfg, params, PROMPTS[:1], 2, sampling, decode="slots")
-    for prompts, slots in ((PROMPTS, 3), ([PROMPTS[0], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]], 2),
-                           (PROMPTS[:1] + PROMPTS[2:], 5)):
+    x = [23, 4, 58]
+    alone = run(cfg, params, [PROMPTS[0], PROMPTS[1], x], 2, sampling, decode="slots", decode_slots=6)
+    others = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 41]]
+    for prompts, slots in (([PROMPTS[0], PROMPTS[1], x], 2), (others + [x], 3), (others + [x, PROMPTS[3]], 2)):
         mixed = run(cfg, params, prompts, 2, sampling, decode="slots", decode_slots=slots)
-        for row in (0, 1):
+        for row in (4, 5):
             np.testing.assert_array_equal(mixed.records[row].completion_token_ids,
                                           alone.records[row].completion_token_ids)
             np.testing.assert_allclose(mixed.records[row].sampler_logprobs, alone.records[row].sampler_logprobs,
