@@ -173,3 +173,14 @@ def test_smollm2_slot_decode_matches_compacting_decode(smollm2):
     slots = JaxSampler(smollm2.cfg, smollm2.params, decode="slots", decode_slots=4, **options).generate(
         prompts, 2, sampling)
     assert_same_samples(compact, slots, atol=5e-5)
+
+
+def test_config_names_the_bad_decode_field():
+    from jaxrl_llm.train.config import RolloutConfig
+    from jaxrl_llm.utils.typed_config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match=r"rollout.decode = 'slot'.*'compact'"):
+        from_dict(RolloutConfig, {"decode": "slot"})
+    with pytest.raises(ConfigError, match=r"rollout.decode_kernel = 'flash'.*'pallas'"):
+        from_dict(RolloutConfig, {"decode_kernel": "flash"})
+    assert from_dict(RolloutConfig, {"decode": "slots", "decode_slots": 64}).decode_slots == 64
