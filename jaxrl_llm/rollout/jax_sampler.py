@@ -29,7 +29,10 @@ has stopped, and rows that have stopped leave the loop's batch (steps of 3/4,
 completions end at different lengths is not computed at full width to the
 longest one. Each step's attention reads only the filled part of the KV cache,
 in windows of ``cache_window`` slots (`jaxrl_llm.models.attention.windowed_cache_attention`),
-so a step costs what the sequence so far needs, not what max_tokens reserves.
+so a step costs what the sequence so far needs, not what max_tokens reserves. That design was
+tuned for a 2-core CPU; on accelerators its 12 loops x cache-window branches take minutes to
+compile per batch size, and ``decode="auto"`` takes `rollout.decode_slots` instead (fixed slots
+refilled from the call's queue, one loop; same samples: the draw is `rollout.sampling`'s).
 """
 from __future__ import annotations
 
