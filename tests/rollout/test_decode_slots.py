@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.models.decode_attention import prefix_attention, resolve_decode_kernel
+from jaxrl_llm.models.decode_attention import pallas_blocks, prefix_attention, resolve_decode_kernel
 from jaxrl_llm.rollout.jax_sampler import JaxSampler, decode_path
 from jaxrl_llm.rollout.sampling import row_uniforms
 from jaxrl_llm.rollout.types import SamplingParams
@@ -134,6 +134,14 @@ def test_prefix_attention_matches_numpy(kernel):
     got = np.asarray(prefix_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(row_lengths),
                                       kernel))
     np.testing.assert_allclose(got, numpy_prefix_attention(q, k, v, row_lengths), rtol=1e-5, atol=1e-5)
+
+
+def test_pallas_blocks_split_the_cache_into_whole_blocks():
+    """(k_splits, block_k): the kernel asserts length % splits == 0, length / splits >= 16 and a whole number
+    of blocks per split."""
+    assert pallas_blocks(2048) == (16, 128) and pallas_blocks(64) == (4, 16) and pallas_blocks(48) == (1, 16)
+    with pytest.raises(ValueError, match="multiple of 16, got 24"):
+        pallas_blocks(24)
 
 
 def test_pallas_kernel_draws_the_dense_kernels_samples(tiny):
