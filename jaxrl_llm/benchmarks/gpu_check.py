@@ -69,11 +69,12 @@ SEGMENT_TOLERANCE = 2e-2  # relative error vs float32 that bf16 attention stays 
 
 # ---------------------------------------------------------------- learner rows
 def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tokens: int, steps: int,
-                mix: LengthMix, peak_tflops: float | None, ceiling_flops: float | None) -> dict[str, Any]:
+                mix: LengthMix, peak_tflops: float | None, ceiling_flops: float | None,
+                remat: str = "auto") -> dict[str, Any]:
     """`Learner.update` on one RL-like step: median seconds over `steps` after a warm-up (compile)."""
     cfg = model_config(model, mix.prompt_width + mix.completion_width)
     seq, rewards = rl_length_mix(tokens_per_step, mix, cfg.vocab_size)
-    train_cfg = dataclasses.replace(TrainConfig(), precision="bf16", lr=1e-6, pack=pack, remat="auto",
+    train_cfg = dataclasses.replace(TrainConfig(), precision="bf16", lr=1e-6, pack=pack, remat=remat,
                                     micro_batch_tokens=micro_batch_tokens)
     recipe = core.get_recipe("grpo")
     batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
