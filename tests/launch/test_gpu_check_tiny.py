@@ -135,3 +135,13 @@ def test_section_order_and_estimates_from_a_fake_result(tmp_path):
                                  device_kind="NVIDIA H100 80GB HBM3")
     assert got == {"rl_run": 300.0, "ceilings": plan.GPU_ESTIMATES_S["ceilings"],
                    "attention": plan.GPU_ESTIMATES_S["attention"]}  # a failed run's wall is not an estimate
+
+
+def test_the_winner_is_the_fastest_lever_by_hand():
+    from jaxrl_llm.benchmarks.learner_phases import winner
+
+    levers = {"baseline": {"ms": 90.0, "fraction_of_matmul": 0.16}, "chunk_1024": {"ms": 45.0},
+              "logits_bf16": {"ms": 60.0}, "attention_cudnn_mask": {"skipped": "no cuDNN"}, "x": {"error": "OOM"}}
+    assert winner(levers) == {"lever": "chunk_1024", "ms": 45.0, "baseline_ms": 90.0, "speedup_vs_baseline": 2.0,
+                              "fraction_of_matmul": None}
+    assert winner({"chunk_1024": {"ms": 1.0}})["lever"] is None  # no baseline, no ratio
