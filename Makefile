@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
 	bench-batch-invariance \
-	bench-op-profile bench-sampler-paired bench-async gpu-check experiments-quick experiments results-table clean
+	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep experiments-quick experiments results-table clean
 
 venv: $(STAMP)
 
@@ -110,6 +110,12 @@ bench-learner-gpu: venv
 # (PY=... to choose); GPU_CHECK_ARGS="--tiny" runs it at CPU size.
 gpu-check:
 	PY=$${PY:-python3} bash launch/gpu_check.sh $(GPU_CHECK_ARGS)
+
+# The prepared GPU sweep (one call, <= 500 s of measuring): the learner over LM-head chunk x attention
+# path x remat mode, the sampler over batch x cache length; every variant recorded in
+# benchmarks/results/gpu-sweep-<device>-<date>.json, rewritten after each. GPU_SWEEP_ARGS="--tiny": CPU size.
+gpu-sweep:
+	PY=$${PY:-python3} GPU_MODULE=jaxrl_llm.benchmarks.gpu_sweep bash launch/gpu_check.sh $(GPU_SWEEP_ARGS)
 
 # The loop with rollout.max_lag 0 and 1 on the demo config (JAX sampler), one row per lag.
 bench-async: venv

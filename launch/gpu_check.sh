@@ -10,6 +10,7 @@
 #   d=$(.venv/bin/python -c "from jaxrl_llm import bridge; print(bridge.smollm2_hf_dir())")
 #   mkdir -p .gpu_carry/tokenizer && cp "$d"/*.json .gpu_carry/tokenizer/
 #   OUT=dir bash launch/gpu_check.sh [gpu_check.py args...]
+# GPU_MODULE=jaxrl_llm.benchmarks.gpu_sweep runs the sweep (`make gpu-sweep`) the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -33,4 +34,4 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_
 tokenizer=()
 [ -f .gpu_carry/tokenizer/tokenizer.json ] && tokenizer=(--tokenizer-dir .gpu_carry/tokenizer)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv 2>/dev/null || true
-exec $PY -m jaxrl_llm.benchmarks.gpu_check --out-dir "$OUT_DIR" "${tokenizer[@]}" "$@"
+exec $PY -m "${GPU_MODULE:-jaxrl_llm.benchmarks.gpu_check}" --out-dir "$OUT_DIR" "${tokenizer[@]}" "$@"

@@ -1,29 +1,33 @@
 """`make gpu-check`: one prepared command that measures the learner, the JAX sampler and an RL run
 on whatever accelerator JAX finds, and writes benchmarks/results/gpu-check-<device>-<date>.json (+ .md).
 
-    python -m jaxrl_llm.benchmarks.gpu_check [--out-dir DIR] [--budget-s 450] [--tokenizer-dir DIR]
+    python -m jaxrl_llm.benchmarks.gpu_check [--out-dir DIR] [--budget-s 480] [--tokenizer-dir DIR]
     python -m jaxrl_llm.benchmarks.gpu_check --tiny     # CPU, tiny shapes: the code path only
 
-Sections, run in this order while the time budget lasts (a section that would not fit is
-recorded as skipped; one that fails is recorded with its error and the rest still run; the
-result file is rewritten after every section, so a run cut short keeps what it measured;
-`benchmarks.gpu_check_report`):
+The budget (default 480 s, everything included) is spent most valuable section first
+(`gpu_check_sections.run_order`): a section whose estimated cost (`section_estimates`: the last
+H100 walls, or a guess) does not fit what is left is recorded as skipped with that reason; one
+that fails is recorded with its error and the rest still run; the result file is rewritten after
+every section, so a run cut short keeps what it measured (`benchmarks.gpu_check_report`).
+Sections (described in the order of the pipeline, not of the run):
 
   torch         the PyTorch reference of a learner row (`benchmarks.torch_learner`: the same batch,
-                eager and torch.compile), in a child process before JAX takes the device;
+                eager, torch.compile and packed), in a child process before JAX takes the device;
   ceilings      the device's measured bf16 matmul rate and copy bandwidth;
   attention     cuDNN's segment-aware attention on packed rows against its mask path and a
                 float32 XLA reference (forward and gradients), GPU only;
   batch_invariance  bitwise on-policy sampling on the device (`benchmarks.batch_invariance.exactness`):
                 64 sequences sampled at the Qwen2.5-0.5B shape (random weights; --tiny: the tiny model),
                 bf16 and fp32, rollout.batch_invariant on and off; per composition of the learner's
-                batch, how many sampled log-probs differ from its pi_old (on: must be 0);
+                batch, how many sampled log-probs differ from its pi_old (on: must be 0); and the
+                sampler's tokens/s with the flag on / off in bf16 (`gpu_check_sections`);
   learner       `Learner.update` (the real step: micro-batches, fp32 master weights, AdamW,
                 train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
                 an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
                 one sequence per row; tokens/s and MFU;
   learner_phases  one packed micro-batch's layers, LM head and optimiser timed alone
-                (`benchmarks.learner_phases`): where the learner's time goes;
+                (`benchmarks.learner_phases`): where the learner's time goes; then each lever of
+                the head and the layers alone, and which one won by how much;
   sampler       JAX sampler decode tokens/s and the memory-bandwidth roofline fraction, one
                 section per batch size (`gpu_sampler.sampler_decode`);
   rl_run        an end-to-end RL run on the device (`gpu_rl.rl_end_to_end`);
@@ -39,10 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +55,8 @@ import numpy as np
 
 from jaxrl_llm import core
 from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
+from jaxrl_llm.benchmarks.gpu_check_sections import (DEFAULT_BUDGET_S, batch_invariance_check, run_order,
+                                                     section_estimates, torch_rates, torch_reference)
 from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
 from jaxrl_llm.benchmarks.learner_phases import learner_phases
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
@@ -69,11 +72,12 @@ SEGMENT_TOLERANCE = 2e-2  # relative error vs float32 that bf16 attention stays 
 
 # ---------------------------------------------------------------- learner rows
 def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tokens: int, steps: int,
-                mix: LengthMix, peak_tflops: float | None, ceiling_flops: float | None) -> dict[str, Any]:
+                mix: LengthMix, peak_tflops: float | None, ceiling_flops: float | None,
+                remat: str = "auto") -> dict[str, Any]:
     """`Learner.update` on one RL-like step: median seconds over `steps` after a warm-up (compile)."""
     cfg = model_config(model, mix.prompt_width + mix.completion_width)
     seq, rewards = rl_length_mix(tokens_per_step, mix, cfg.vocab_size)
-    train_cfg = dataclasses.replace(TrainConfig(), precision="bf16", lr=1e-6, pack=pack, remat="auto",
+    train_cfg = dataclasses.replace(TrainConfig(), precision="bf16", lr=1e-6, pack=pack, remat=remat,
                                     micro_batch_tokens=micro_batch_tokens)
     recipe = core.get_recipe("grpo")
     batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
@@ -156,31 +160,20 @@ def attention_check(seed: int = 0) -> dict[str, Any]:
     return out
 
 
-def batch_invariance_check(tiny: bool) -> dict[str, Any]:
-    """`benchmarks.batch_invariance.exactness` at the 0.5B shape (tiny: the tiny model, 8 sequences)."""
-    from jaxrl_llm.benchmarks.batch_invariance import exactness
-
-    cfg = model_config("tiny" if tiny else "qwen2.5-0.5b", 128)
-    params = init_params(cfg, jax.random.PRNGKey(0))
-    rng = np.random.RandomState(0)
-    prompts = [list(rng.randint(10, cfg.vocab_size, size=rng.randint(2, 40))) for _ in range(8 if tiny else 64)]
-    return exactness(cfg, params, prompts, 8 if tiny else 32)
-
-
-def learner_plan(tiny: bool) -> list[tuple[str, int, bool, float]]:
-    """(model, tokens per step, pack, estimated seconds) in the order they run."""
+def learner_plan(tiny: bool) -> list[tuple[str, int, bool]]:
+    """(model, tokens per step, pack), the headline row first, then the one torch is compared with."""
     if tiny:
-        return [("tiny", 256, True, 5), ("tiny", 256, False, 5)]
-    return [("qwen2.5-1.5b", 65536, True, 30), ("qwen2.5-1.5b", 65536, False, 30),
-            ("qwen2.5-1.5b", 16384, False, 15), ("qwen2.5-1.5b", 16384, True, 15),
-            ("qwen2.5-0.5b", 65536, True, 35), ("qwen2.5-0.5b", 65536, False, 45),
-            ("qwen2.5-0.5b", 16384, True, 25), ("qwen2.5-0.5b", 16384, False, 25)]
+        return [("tiny", 256, True), ("tiny", 256, False)]
+    return [("qwen2.5-1.5b", 65536, True), ("qwen2.5-1.5b", 16384, False), ("qwen2.5-1.5b", 16384, True),
+            ("qwen2.5-1.5b", 65536, False), ("qwen2.5-0.5b", 65536, True), ("qwen2.5-0.5b", 65536, False),
+            ("qwen2.5-0.5b", 16384, True), ("qwen2.5-0.5b", 16384, False)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
-    parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help="the whole run, torch included: sections that would not fit are skipped")
     parser.add_argument("--tiny", action="store_true", help="CPU-sized shapes: the code path only")
     parser.add_argument("--tokenizer-dir", default=None, help="tokenizer files for the RL run (default: SmolLM2's)")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
@@ -205,112 +198,89 @@ def main(argv=None) -> int:
         report.write()
     print(f"[gpu-check] devices: {jax.devices()} -> {report.path}", flush=True)
     wanted = lambda name: only is None or name in only or name.split(":")[0] in only  # noqa: E731
-    mix = TINY_MIX if args.tiny else LengthMix()
-    micro_tokens = 2 * (mix.prompt_width + mix.completion_width) if args.tiny else args.micro_batch_tokens
-    peak = datasheet_peak(report.data["device"], "bf16")
-    ceilings: dict[str, Any] = {"peak_tflops": peak}
-
-    def measure_ceilings():
-        ceilings["matmul_tflops"] = matmul_ceiling("bfloat16", 256 if args.tiny else 8192, 5) / 1e12
-        from jaxrl_llm.benchmarks.gpu_sampler import copy_bandwidth
-
-        ceilings["copy_gb_s"] = copy_bandwidth(2 ** 22 if args.tiny else 2 ** 30)["copy_bandwidth_Bps"] / 1e9
-        report.data["ceilings"] = ceilings
-        return ceilings
-
-    if wanted("ceilings"):
-        report.section("ceilings", 10, measure_ceilings)
-    if wanted("attention"):
-        attention = report.data["attention"] = report.section("attention", 20, attention_check)
-        errors = (attention or {}).get("cudnn_segments", {})
-        if attention is None or ("skipped" not in attention and not all(
-                errors.get(part, 1.0) < SEGMENT_TOLERANCE for part in ("out", "dq", "dk", "dv"))):
-            # the segment-aware call failed or disagrees: the learner rows use the mask path
-            os.environ[SEGMENTS_SWITCH] = "0"
-            report.data["cudnn_segments_disabled"] = True
-            report.write()
-    if wanted("batch_invariance"):
-        report.data["batch_invariance"] = report.section("batch_invariance", 20 if args.tiny else 90,
-                                                         lambda: batch_invariance_check(args.tiny))
-        report.write()
-
-    def gpu_rl():  # imported by the sections that use it: an import error fails those sections only
-        from jaxrl_llm.benchmarks import gpu_rl as module
-        return module
-
-    def gpu_sampler():
-        from jaxrl_llm.benchmarks import gpu_sampler as module
-        return module
-
-    tokenizer_dir = args.tokenizer_dir
-    runs: list[tuple[str, float, Callable[[], Any]]] = []
-    learner_jobs = [(f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}", estimate,
-                     _learner_job(report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings))
-                    for model, tokens, pack, estimate in learner_plan(args.tiny)]
-    work = Path(tempfile.mkdtemp(prefix="gpu_check_rl_"))  # the RL run's model and run folders, not results
-    runs += learner_jobs[:1]
-    runs.append(("learner_phases", 10 if args.tiny else 45,
-                 lambda: learner_phases(micro_batch_tokens=micro_tokens, tiny=args.tiny)))
-    runs += learner_jobs[1:3]
-    # Estimates from the H100 run of 2026-11-26: the RL run 124 s; the 1.5B sampler compiles for
-    # 150-185 s per batch size (its decode loops: one per compaction size, each reading the cache in
-    # windows), and the 1.5B RL step compiles that sampler too, so the whole list needs ~15 min and an
-    # 8-minute budget skips its tail.
-    runs.append(("rl_run", 120 if args.tiny else 130, lambda: gpu_rl().rl_end_to_end(
-        work, tiny=args.tiny, tokenizer_dir=tokenizer_dir)))
-    for batch in (4, 8) if args.tiny else (256, 64):
-        runs.append((f"sampler:{batch}", 10 if args.tiny else 200, lambda batch=batch: gpu_sampler().sampler_decode(
-            "tiny" if args.tiny else "qwen2.5-1.5b", batch, 8 if args.tiny else 512, tiny=args.tiny, repeats=1)))
-    runs.append(("rl_step", 20 if args.tiny else 260, lambda: gpu_rl().rl_step_at_scale(tiny=args.tiny, remat="auto")))
-    runs += learner_jobs[3:]
-    for name, estimate, job in runs:
+    jobs = section_jobs(args, report)
+    names = [name for name in run_order(*job_names(args.tiny)) if wanted(name)]
+    estimates = section_estimates(names, tiny=args.tiny, results_dir=Path(args.out_dir),
+                                  device_kind=report.data["device"])
+    report.data["estimates_s"] = estimates
+    for name in names:
+        result = report.section(name, estimates[name], jobs[name])
         group = name.split(":")[0]
-        if not wanted(name):
-            continue
-        result = report.section(name, estimate, job)
         if group == "sampler":
             report.data.setdefault("sampler", []).extend([] if result is None else [result])
-        elif group in ("rl_run", "rl_step", "learner_phases"):
+        elif group in ("attention", "batch_invariance", "rl_run", "rl_step", "learner_phases"):
             report.data[group] = result
         report.write()
     print(report.path.with_suffix(".md").read_text(), flush=True)
     return 0
 
 
-def torch_rates(result: dict[str, Any] | None, *, mix: LengthMix, peak: float | None) -> dict[str, Any] | None:
-    """The torch reference's runs with tokens/s and MFU by this module's FLOP count (same batch)."""
-    if result is None:
-        return None
-    cfg = model_config(result["model"], mix.prompt_width + mix.completion_width)
-    seq, _ = rl_length_mix(result["target_tokens"], mix, cfg.vocab_size)
-    flops = learner_flops(cfg, seq)
-    for run in result["runs"]:
-        run["tokens_per_s"] = flops["tokens"] / run["seconds"]
-        run["mfu"] = None if peak is None else flops["flops"] / run["seconds"] / (peak * 1e12)
-    return result
+def job_names(tiny: bool) -> tuple[list[str], list[str]]:
+    """The learner rows' and the sampler sections' names, in their plan's order."""
+    learner = [f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}" for model, tokens, pack in learner_plan(tiny)]
+    return learner, [f"sampler:{batch}" for batch in sampler_batches(tiny)]
 
 
-def torch_reference(tiny: bool, timeout_s: float) -> dict[str, Any]:
-    """`benchmarks.torch_learner` in a child process: {"status", "wall_s", "result" | "error"}."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "torch.json"
-        command = [sys.executable, "-m",
-                   "jaxrl_llm.benchmarks.torch_learner", "--json", str(path), "--tokens", "256" if tiny else "16384"]
-        if tiny:
-            command += ["--tiny", "--micro-batch-tokens", str(2 * (TINY_MIX.prompt_width + TINY_MIX.completion_width))]
-        print(f"[gpu-check] torch reference: {' '.join(command[1:])}", flush=True)
-        t0 = time.time()
+def sampler_batches(tiny: bool) -> tuple[int, ...]:
+    return (4, 8) if tiny else (64, 256)
+
+
+def section_jobs(args, report: Report) -> dict[str, Callable[[], Any]]:
+    """Section name -> the call that measures it."""
+    tiny = args.tiny
+    mix = TINY_MIX if tiny else LengthMix()
+    micro_tokens = 2 * (mix.prompt_width + mix.completion_width) if tiny else args.micro_batch_tokens
+    peak = datasheet_peak(report.data["device"], "bf16")
+    ceilings: dict[str, Any] = {"peak_tflops": peak}
+
+    def measure_ceilings():
+        ceilings["matmul_tflops"] = matmul_ceiling("bfloat16", 256 if tiny else 8192, 5) / 1e12
+        from jaxrl_llm.benchmarks.gpu_sampler import copy_bandwidth
+
+        ceilings["copy_gb_s"] = copy_bandwidth(2 ** 22 if tiny else 2 ** 30)["copy_bandwidth_Bps"] / 1e9
+        report.data["ceilings"] = ceilings
+        return ceilings
+
+    def attention():
         try:
-            done = subprocess.run(command, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, text=True,
-                                  capture_output=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            finished = json.loads(path.read_text()) if path.exists() else None  # the modes that finished
-            return {"status": "failed", "wall_s": time.time() - t0, "error": f"timed out after {timeout_s:.0f} s",
-                    **({"result": finished} if finished and finished["runs"] else {})}
-        if done.returncode != 0 or not path.exists():
-            return {"status": "failed", "wall_s": time.time() - t0,
-                    "error": f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"}
-        return {"status": "ok", "wall_s": time.time() - t0, "result": json.loads(path.read_text())}
+            result = attention_check()
+        except Exception:
+            disable_segments(report)  # the segment-aware call failed: the learner rows use the mask path
+            raise
+        errors = result.get("cudnn_segments", {})
+        if "skipped" not in result and not all(errors.get(part, 1.0) < SEGMENT_TOLERANCE
+                                               for part in ("out", "dq", "dk", "dv")):
+            disable_segments(report)  # disagrees with float32: the learner rows use the mask path
+        return result
+
+    def gpu_rl():  # imported by the sections that use it: an import error fails those sections only
+        from jaxrl_llm.benchmarks import gpu_rl as module
+        return module
+
+    def sampler(batch):
+        from jaxrl_llm.benchmarks import gpu_sampler
+        return gpu_sampler.sampler_decode("tiny" if tiny else "qwen2.5-1.5b", batch, 8 if tiny else 512, tiny=tiny,
+                                          repeats=1)
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_rl_"))  # the RL run's model and run folders, not results
+    jobs: dict[str, Callable[[], Any]] = {
+        "ceilings": measure_ceilings, "attention": attention,
+        "batch_invariance": lambda: batch_invariance_check(tiny),
+        "learner_phases": lambda: learner_phases(micro_batch_tokens=micro_tokens, tiny=tiny, levers=True,
+                                                 matmul_tflops=ceilings.get("matmul_tflops")),
+        "rl_run": lambda: gpu_rl().rl_end_to_end(work, tiny=tiny, tokenizer_dir=args.tokenizer_dir),
+        "rl_step": lambda: gpu_rl().rl_step_at_scale(tiny=tiny, remat="auto")}
+    jobs.update({f"sampler:{batch}": lambda batch=batch: sampler(batch) for batch in sampler_batches(tiny)})
+    for model, tokens, pack in learner_plan(tiny):
+        jobs[f"learner:{model}:{tokens}:{'packed' if pack else 'rows'}"] = _learner_job(
+            report, model, tokens, pack, micro_tokens, args.steps, mix, peak, ceilings)
+    return jobs
+
+
+def disable_segments(report: Report) -> None:
+    os.environ[SEGMENTS_SWITCH] = "0"
+    report.data["cudnn_segments_disabled"] = True
+    report.write()
 
 
 def _learner_job(report: Report, model, tokens, pack, micro_tokens, steps, mix, peak, ceilings):

@@ -116,19 +116,10 @@ def markdown(data: dict[str, Any]) -> str:
                          f"{r['tokens_per_s']:.0f} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
                          f"{_pct(r['fraction_of_matmul_ceiling'])} |")
         lines.append("")
-    torch_result = data.get("torch")
-    if torch_result:
-        lines += ["## PyTorch reference (same batch, one sequence per row; `benchmarks/torch_learner.py`)", "",
-                  "| model | tokens/step | mode | s/step | tokens/s | MFU | JAX one per row / torch (tokens/s) |",
-                  "|---|---:|---|---:|---:|---:|---:|"]
-        jax_row = next((r for r in data["learner"] if r["model"] == torch_result["model"] and not r["pack"]
-                        and r["target_tokens"] == torch_result["target_tokens"]), None)
-        for run in torch_result["runs"]:
-            ratio = "" if jax_row is None else f"{jax_row['tokens_per_s'] / run['tokens_per_s']:.2f}x"
-            lines.append(f"| {torch_result['model']} | {torch_result['tokens_per_step']} | {run['mode']} | "
-                         f"{run['seconds']:.3f} | {run['tokens_per_s']:.0f} | {_pct(run.get('mfu'))} | {ratio} |")
-        lines += ["", f"torch {torch_result['runs'][0]['torch']}: {torch_result['runs'][0]['matmul_precision']}.", ""]
-    for name in ("attention", "learner_phases", "sampler", "rl_run", "rl_step"):
+    lines += torch_lines(data)
+    lines += lever_lines(data.get("learner_phases"))
+    lines += invariance_lines(data.get("batch_invariance"))
+    for name in ("attention", "sampler", "rl_run", "rl_step"):
         if data.get(name) is not None:
             lines += [f"## {name}", "", "```json", json.dumps(data[name], indent=1, default=float)[:6000], "```", ""]
     lines += ["## Sections", "", "| section | status | wall s | note |", "|---|---|---:|---|"]
@@ -136,3 +127,64 @@ def markdown(data: dict[str, Any]) -> str:
         note = s.get("error") or s.get("reason") or ""
         lines.append(f"| {name} | {s['status']} | {s.get('wall_s', 0):.1f} | {note[:200]} |")
     return "\n".join(lines) + "\n"
+
+
+def torch_lines(data: dict[str, Any]) -> list[str]:
+    """The PyTorch reference's runs beside the JAX row of the same batch and layout."""
+    ref = data.get("torch")
+    if not ref:
+        return []
+    lines = ["## PyTorch reference (the same batch; `benchmarks/torch_learner.py`)", "",
+             "| model | tokens/step | mode | attention | s/step | tokens/s | MFU | JAX same layout / torch |",
+             "|---|---:|---|---|---:|---:|---:|---:|"]
+    for run in ref["runs"]:
+        packed = run.get("layout") == "packed"
+        jax_row = next((r for r in data["learner"] if r["model"] == ref["model"] and r["pack"] == packed
+                        and r["target_tokens"] == ref["target_tokens"]), None)
+        ratio = "" if jax_row is None else f"{jax_row['tokens_per_s'] / run['tokens_per_s']:.2f}x"
+        lines.append(f"| {ref['model']} | {ref['tokens_per_step']} | {run['mode']} | {run.get('attention', 'sdpa')} | "
+                     f"{run['seconds']:.3f} | {run['tokens_per_s']:.0f} | {_pct(run.get('mfu'))} | {ratio} |")
+    for failed in ref.get("failed", []):
+        lines.append(f"| {ref['model']} | {ref['tokens_per_step']} | {failed['mode']} | not run: "
+                     f"{failed['error'][:160]} | | | | |")
+    if ref["runs"]:
+        lines += ["", f"torch {ref['runs'][0]['torch']}: {ref['runs'][0]['matmul_precision']}."]
+    return lines + [""]
+
+
+def lever_lines(phases: dict[str, Any] | None) -> list[str]:
+    """learner_phases: each phase, then each lever alone and the winner per phase."""
+    if not phases:
+        return []
+    lines = [f"## Learner phases ({phases['model']}, one packed micro-batch of {phases['tokens']} tokens, "
+             f"{phases['completion_tokens']} completion tokens)", "",
+             "| phase / lever | ms | TFLOP/s | of matmul rate | note |", "|---|---:|---:|---:|---|"]
+    groups = [("", phases.get("phases", {}))] + [(f"{kind} ", phases.get(f"{kind}_levers") or {})
+                                                 for kind in ("head", "layer")]
+    for prefix, entries in groups:
+        for name, r in entries.items():
+            note = r.get("error") or r.get("skipped") or ""
+            ms = "" if "ms" not in r else f"{r['ms']:.2f}"
+            tflops = "" if r.get("tflops") is None else f"{r['tflops']:.1f}"
+            lines.append(f"| {prefix}{name} | {ms} | {tflops} | {_pct(r.get('fraction_of_matmul'))} | {note[:120]} |")
+    for phase, won in (phases.get("winner") or {}).items():
+        if won.get("lever"):
+            lines.append(f"\nWinner, {phase}: `{won['lever']}` at {won['ms']:.2f} ms, "
+                         f"{won['speedup_vs_baseline']:.2f}x the baseline's speed.")
+    return lines + [""]
+
+
+def invariance_lines(check: dict[str, Any] | None) -> list[str]:
+    """batch_invariance: differing log-probs per dtype x flag x composition, and the sampler's cost."""
+    if not check:
+        return []
+    lines = ["## Batch invariance (sampled log-probs that differ from the learner's pi_old)", "",
+             "| dtype, flag | tokens | differing per composition |", "|---|---:|---|"]
+    for key, r in check.get("exactness", {}).items():
+        lines.append(f"| {key} | {r['tokens']} | {', '.join(f'{c}: {n}' for c, n in r['differing'].items())} |")
+    cost = check.get("sampler_cost")
+    if cost:
+        lines += ["", f"Sampler cost ({cost['dtype']}, {cost['sequences']} x {cost['new_tokens']} tokens): "
+                  f"{cost['tokens_per_s_on']:.0f} tokens/s with the flag on, {cost['tokens_per_s_off']:.0f} off "
+                  f"(on / off {cost['on_over_off']:.2f})."]
+    return lines + [""]

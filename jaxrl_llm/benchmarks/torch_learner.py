@@ -11,7 +11,14 @@ gradients summed, then AdamW (torch's fused kernel on CUDA). The batch is
 completions with positions counting real tokens, attention through transformers' "sdpa" (fused
 kernels on CUDA). Timed eagerly and under `torch.compile` (default mode), medians after warm-up
 steps; float32 matmuls at full precision (TF32 off), so nothing runs in a lower precision than
-JAX's side does. `gpu_check` runs it in a process of its own before JAX takes the GPU (JAX
+JAX's side does.
+
+Mode "packed" (eager): the same sequences packed as the JAX learner packs them (`train.learn.packing`,
+first-fit decreasing, R rows of W slots), fed to transformers' packed-sequence path: no attention
+mask, position_ids restarting at 0 in every sequence. With flash-attn installed (CUDA) that is its
+varlen kernel (attn_implementation="flash_attention_2"); without it transformers (>= 4.53) turns the
+position_ids into a block-diagonal causal mask for "sdpa" (a dense mask, no varlen kernel), and the
+run says so in its `attention` field. `gpu_check` runs it in a process of its own before JAX takes the GPU (JAX
 preallocates the device's memory), with JAX_PLATFORMS=cpu (the batch is built with its code).
 """
 from __future__ import annotations
@@ -37,18 +44,52 @@ def qwen2_config(shape: dict[str, Any], max_positions: int):
                        max_position_embeddings=max_positions, attn_implementation="sdpa")
 
 
+def packed_micro_batches(seq, weights: np.ndarray, rows_per_micro: int) -> list[dict[str, np.ndarray]]:
+    """The JAX learner's packed micro-batches (`packing.plan_rows`): ids and positions [R, W], and per
+    head slot (R * T_c, the slots predicting completion tokens) its flat slot, target and weight."""
+    from jaxrl_llm.train.learn.packing import plan_rows
+
+    plan = plan_rows(seq.tokens, seq.attention_mask, seq.prompt_width, rows_per_micro=rows_per_micro, pack=True)
+    out = []
+    for m in np.flatnonzero(plan.used):
+        w = np.zeros(plan.head_slots.shape[1], np.float32)
+        for n in np.flatnonzero(plan.micro_batch == m):
+            real = seq.completion_mask[n] > 0
+            w[plan.completion_index[n][real]] = weights[n][real]
+        flat = plan.tokens[m].reshape(-1)
+        out.append({"ids": plan.tokens[m], "positions": plan.positions[m], "slots": plan.head_slots[m],
+                    "targets": flat[plan.head_slots[m] + 1], "w": w})
+    return out
+
+
+def packed_attention(device: str) -> tuple[str, str]:
+    """(attn_implementation, what it means) for transformers' packed-sequence path on `device`."""
+    from transformers.utils import is_flash_attn_2_available
+
+    if device == "cuda" and is_flash_attn_2_available():
+        return "flash_attention_2", "flash-attn varlen kernel (position_ids restart per sequence)"
+    why = "flash_attn is not importable" if device == "cuda" else "no CUDA device"
+    return "sdpa", (f"sdpa with transformers' block-diagonal causal mask from position_ids; the varlen kernel "
+                    f"not run: {why}")
+
+
 def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.ndarray, weights: np.ndarray,
                     prompt_width: int, *, rows_per_micro: int, compiled: bool, steps: int, warmup: int,
-                    device: str) -> dict[str, Any]:
-    """Median seconds of one optimiser step (module docstring) over `steps`, after `warmup`."""
+                    device: str, packed: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """Median seconds of one optimiser step (module docstring) over `steps`, after `warmup`;
+    `packed` (`packed_micro_batches`): the packed layout instead of one sequence per row."""
     import torch
     from transformers import Qwen2ForCausalLM
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
+    config = qwen2_config(shape, tokens.shape[1] + 8)
+    attention_note = "sdpa, one sequence per row (padding masked)"
+    if packed is not None:
+        config._attn_implementation, attention_note = packed_attention(device)
     with torch.device(device):  # initialised on the device: a 1.5B init on the host takes minutes
-        model = Qwen2ForCausalLM(qwen2_config(shape, tokens.shape[1] + 8)).float().train()
+        model = Qwen2ForCausalLM(config).float().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
     ids = torch.tensor(tokens, dtype=torch.long, device=device)
     mask = torch.tensor(attention, dtype=torch.long, device=device)
@@ -65,6 +106,18 @@ def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.nda
         targets = ids[:, prompt_width:prompt_width + completion]
         return -(logp.gather(-1, targets[..., None])[..., 0] * w).sum()
 
+    def packed_loss(batch):
+        ids = torch.tensor(batch["ids"], dtype=torch.long, device=device)
+        positions = torch.tensor(batch["positions"], dtype=torch.long, device=device)
+        slots = torch.tensor(batch["slots"], dtype=torch.long, device=device)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            hidden = model.model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+            logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1])[slots])
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        targets = torch.tensor(batch["targets"], dtype=torch.long, device=device)
+        w_packed = torch.tensor(batch["w"], dtype=torch.float32, device=device)
+        return -(logp.gather(-1, targets[:, None])[:, 0] * w_packed).sum()
+
     # Static shapes: a last, smaller micro-batch gets a graph of its own. (With the row slice as
     # an argument, torch 2.x recompiled it with symbolic sizes and inductor's backward failed on
     # the H100: "shape '[512, 1536]' is invalid for input of size 0".)
@@ -73,7 +126,11 @@ def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.nda
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for start in range(0, ids.shape[0], rows_per_micro):
+        for batch in packed or []:
+            loss = packed_loss(batch)
+            loss.backward()
+            total += float(loss.detach())
+        for start in range(0, ids.shape[0] if packed is None else 0, rows_per_micro):
             rows = slice(start, start + rows_per_micro)
             loss = forward_backward(ids[rows], mask[rows], positions[rows], w[rows])
             loss.backward()
@@ -84,11 +141,14 @@ def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.nda
         return total
 
     t0 = time.perf_counter()
-    for _ in range(warmup):
+    first_loss = step()  # at the initial weights: the same in every mode (same seed, same batch)
+    for _ in range(warmup - 1):
         step()
     warmup_s = time.perf_counter() - t0
     times = interleaved_times({"step": step}, 0, steps)["step"]
-    return {"mode": "torch.compile" if compiled else "eager", "seconds": float(np.median(times)),
+    mode = "torch.compile" if compiled else "eager"
+    return {"mode": mode if packed is None else f"packed {mode}", "layout": "one per row" if packed is None
+            else "packed", "attention": attention_note, "seconds": float(np.median(times)), "first_loss": first_loss,
             "seconds_all": times, "warmup_s": warmup_s, "torch": torch.__version__, "device": device,
             "matmul_precision": "bf16 autocast; float32 matmuls full precision (TF32 off)",
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
@@ -102,7 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=sorted(MODELS))
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per step (rl_length_mix's target)")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
-    parser.add_argument("--modes", default="eager,compile")
+    parser.add_argument("--modes", default="eager,compile,packed", help="eager, compile, packed (packed eager)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="tiny model, CPU: the code path only")
     parser.add_argument("--json", required=True)
@@ -122,12 +182,14 @@ def main(argv=None) -> int:
            "sequences": int(seq.tokens.shape[0]), "group": GROUP, "rows_per_micro_batch": rows_per_micro,
            "row_width": width, "layout": "one per row", "runs": []}
     for mode in args.modes.split(","):
-        if mode not in ("eager", "compile"):
-            parser.error(f"--modes entry {mode!r} is unknown; valid: eager, compile")
+        if mode not in ("eager", "compile", "packed"):
+            parser.error(f"--modes entry {mode!r} is unknown; valid: eager, compile, packed")
         try:
+            packed = packed_micro_batches(seq, weights, rows_per_micro) if mode == "packed" else None
             run = torch_step_rate(shape, seq.tokens, seq.attention_mask, weights, seq.prompt_width,
                                   rows_per_micro=rows_per_micro, compiled=mode == "compile",
-                                  steps=args.steps, warmup=1 if mode == "eager" else 2, device=device)
+                                  steps=args.steps, warmup=2 if mode == "compile" else 1, device=device,
+                                  packed=packed)
         except Exception as error:  # one mode failing keeps the other's result
             out.setdefault("failed", []).append({"mode": mode, "error": f"{type(error).__name__}: {error}"[-800:]})
             print(f"[torch_learner] {mode} failed: {error}", flush=True)

@@ -28,11 +28,27 @@ then dh = dL/dlogits @ W per chunk and dW = sum over chunks of dL/dlogits^T h
 (logsumexp, gather, entropy) and then autodiff's backward through it; the fused
 one runs 1 logits matmul forward and 1 recompute + 2 gradient matmuls backward,
 with the same O(B * chunk_size * V) peak. ``fused=False`` keeps the checkpointed path.
+
+Levers of the fused head (``HeadOptions``; the learner's call takes them from the environment,
+``head_options``, so a benchmark can switch them without a config field):
+
+* ``chunk_size`` (``JAXRL_LLM_HEAD_CHUNK``, default 128): positions per logits matmul. Larger
+  chunks give the [c, D] x [D, V] matmul a larger M dimension (better tensor-core use) at
+  O(c * V) float32 of scratch per chunk;
+* ``logits_dtype`` (``JAXRL_LLM_HEAD_LOGITS``): "float32" (default) writes the matmul's float32
+  accumulator out as is; "compute" rounds it to the compute dtype (bf16) on the way out, halving
+  the logits' bytes, and the log-softmax still runs in float32 on the rounded values. Rounding to
+  nearest moves each logit by at most u |z_v| (u = 2^-8 for bf16), and logsumexp is 1-Lipschitz
+  in the max norm, so |delta log p| <= 2 u max_v |z_v| (tests/models/test_logprob_levers.py);
+* ``matmul_dtype`` (``JAXRL_LLM_HEAD_MATMUL``): "compute" (default: bf16 operands summing in
+  float32) or "float32" (hidden and W in float32: the exact reference, slower on tensor cores).
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +56,45 @@ import jax.numpy as jnp
 from jaxrl_llm.models import batch_invariant as invariant
 from jaxrl_llm.models.config import DecoderConfig
 from jaxrl_llm.models.decoder import forward, jnp_dtype, lm_head_logits
+
+
+HEAD_CHUNK_SWITCH = "JAXRL_LLM_HEAD_CHUNK"
+HEAD_LOGITS_SWITCH = "JAXRL_LLM_HEAD_LOGITS"
+HEAD_MATMUL_SWITCH = "JAXRL_LLM_HEAD_MATMUL"
+LOGITS_DTYPES = ("float32", "compute")
+MATMUL_DTYPES = ("compute", "float32")
+
+
+class HeadOptions(NamedTuple):
+    """The fused LM head's levers (module docstring)."""
+
+    chunk_size: int = 128
+    logits_dtype: str = "float32"  # one of LOGITS_DTYPES
+    matmul_dtype: str = "compute"  # one of MATMUL_DTYPES
+
+
+def check_head_options(options: HeadOptions) -> HeadOptions:
+    """``options`` if valid; ValueError naming the bad value and the valid ones."""
+    chunk = options.chunk_size
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ValueError(f"chunk_size={chunk!r} must be a positive int")
+    if options.logits_dtype not in LOGITS_DTYPES:
+        raise ValueError(f"logits_dtype={options.logits_dtype!r} is invalid; valid: {', '.join(LOGITS_DTYPES)}")
+    if options.matmul_dtype not in MATMUL_DTYPES:
+        raise ValueError(f"matmul_dtype={options.matmul_dtype!r} is invalid; valid: {', '.join(MATMUL_DTYPES)}")
+    return options
+
+
+def head_options(environ: Mapping[str, str] | None = None) -> HeadOptions:
+    """The levers set by JAXRL_LLM_HEAD_CHUNK / _LOGITS / _MATMUL (read when a step is traced), else the defaults."""
+    environ = os.environ if environ is None else environ
+    default = HeadOptions()
+    chunk = environ.get(HEAD_CHUNK_SWITCH, "")
+    if chunk and not chunk.isdigit():
+        raise ValueError(f"{HEAD_CHUNK_SWITCH}={chunk!r} must be a positive integer")
+    return check_head_options(HeadOptions(int(chunk) if chunk else default.chunk_size,
+                                          environ.get(HEAD_LOGITS_SWITCH) or default.logits_dtype,
+                                          environ.get(HEAD_MATMUL_SWITCH) or default.matmul_dtype))
 
 
 def _check_temperature(temperature: Any) -> None:
@@ -68,16 +123,18 @@ def logprobs_from_logits(logits: jax.Array, targets: jax.Array, *, temperature: 
     return logp, entropy
 
 
-def _logits(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:
-    """float32 logits [..., V] from hidden [..., D] and W (tied: embed [V, D], else lm_head [D, V]), one dtype."""
+def _logits(hidden: jax.Array, weight: jax.Array, tied: bool, out_dtype: str = "float32") -> jax.Array:
+    """float32 logits [..., V] from hidden [..., D] and W (tied: embed [V, D], else lm_head [D, V]), one dtype;
+    the matmul writes ``out_dtype`` ("float32" or "compute": hidden's dtype), read back as float32."""
     contract = 1 if tied else 0
+    written = jnp.float32 if out_dtype == "float32" else hidden.dtype
     return jax.lax.dot_general(hidden, weight, (((hidden.ndim - 1,), (contract,)), ((), ())),
-                               preferred_element_type=jnp.float32)
+                               preferred_element_type=written).astype(jnp.float32)
 
 
-def _chunk_stats(hidden, weight, temperature, targets, tied, return_entropy):
+def _chunk_stats(hidden, weight, temperature, targets, tied, return_entropy, logits_dtype="float32"):
     """One chunk: scaled logits z [B, c, V], logp, logsumexp and entropy (None unless asked) [B, c]."""
-    scaled = _logits(hidden, weight, tied) / temperature
+    scaled = _logits(hidden, weight, tied, logits_dtype) / temperature
     log_norm = jax.nn.logsumexp(scaled, axis=-1)
     logp = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0] - log_norm
     entropy = None
@@ -87,17 +144,18 @@ def _chunk_stats(hidden, weight, temperature, targets, tied, return_entropy):
     return scaled, logp, log_norm, entropy
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _fused_chunks(hidden, weight, temperature, targets, tied, return_entropy):
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused_chunks(hidden, weight, temperature, targets, tied, return_entropy, logits_dtype):
     """hidden [C, B, c, D] (compute dtype), targets [C, B, c] -> logp (, entropy) [C, B, c] float32."""
-    return _fused_forward(hidden, weight, temperature, targets, tied, return_entropy)[0]
+    return _fused_forward(hidden, weight, temperature, targets, tied, return_entropy, logits_dtype)[0]
 
 
-def _fused_forward(hidden, weight, temperature, targets, tied, return_entropy):
+def _fused_forward(hidden, weight, temperature, targets, tied, return_entropy, logits_dtype):
     w = weight.astype(hidden.dtype)
 
     def one_chunk(args):
-        _, logp, log_norm, entropy = _chunk_stats(args[0], w, temperature, args[1], tied, return_entropy)
+        _, logp, log_norm, entropy = _chunk_stats(args[0], w, temperature, args[1], tied, return_entropy,
+                                                  logits_dtype)
         return logp, log_norm, entropy
 
     logp, log_norm, entropy = jax.lax.map(one_chunk, (hidden, targets))
@@ -106,7 +164,7 @@ def _fused_forward(hidden, weight, temperature, targets, tied, return_entropy):
     return out, (hidden, weight, temperature, targets, log_norm, entropy)
 
 
-def _fused_backward(tied, return_entropy, residuals, cotangent):
+def _fused_backward(tied, return_entropy, logits_dtype, residuals, cotangent):
     hidden, weight, temperature, targets, log_norm, entropy = residuals
     g_logp, g_entropy = cotangent if return_entropy else (cotangent, None)
     w = weight.astype(hidden.dtype)
@@ -114,7 +172,7 @@ def _fused_backward(tied, return_entropy, residuals, cotangent):
     def one_chunk(carry, args):
         dweight, dtemperature = carry
         h, y, lse, g = args[:4]
-        scaled = _logits(h, w, tied) / temperature  # the one recompute
+        scaled = _logits(h, w, tied, logits_dtype) / temperature  # the one recompute (the forward's rounding)
         log_probs = scaled - lse[..., None]
         probs = jnp.exp(log_probs)
         onehot = jax.lax.broadcasted_iota(jnp.int32, scaled.shape, scaled.ndim - 1) == y[..., None]
@@ -165,31 +223,43 @@ def _to_chunks(hidden, targets, chunk_size):
 
 
 def fused_chunked_logprobs(hidden: jax.Array, targets: jax.Array, weight: jax.Array, *, tied: bool,
-                           temperature: Any = 1.0, chunk_size: int = 128, return_entropy: bool = False):
+                           temperature: Any = 1.0, chunk_size: int = 128, return_entropy: bool = False,
+                           logits_dtype: str = "float32"):
     """logp [B, N] (, entropy [B, N]) float32 of targets [B, N] under logits (hidden [B, N, D] @ W) / temperature.
 
     W is embed [V, D] when ``tied``, else lm_head [D, V]; it is cast to hidden's dtype for the
     matmuls, which sum in float32. Hand-written VJP (module docstring): gradients for hidden
     (its dtype), W (its dtype, summed over chunks in float32) and temperature. The float32 logit
     cotangent is cast to hidden's dtype for the two gradient matmuls, as ``low_precision_logits``
-    does, so bf16 operands stay bf16 in the backward too.
+    does, so bf16 operands stay bf16 in the backward too. ``logits_dtype``: see ``HeadOptions``.
     """
     _check_temperature(temperature)
+    check_head_options(HeadOptions(chunk_size, logits_dtype))
     hidden_chunks, target_chunks, unchunk = _to_chunks(hidden, targets.astype(jnp.int32), chunk_size)
     temperature = jnp.asarray(temperature, jnp.float32)
-    out = _fused_chunks(hidden_chunks, weight, temperature, target_chunks, bool(tied), bool(return_entropy))
+    out = _fused_chunks(hidden_chunks, weight, temperature, target_chunks, bool(tied), bool(return_entropy),
+                        logits_dtype)
     return jax.tree_util.tree_map(unchunk, out)
 
 
 def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: dict, cfg: DecoderConfig, *,
-                                 temperature: float = 1.0, chunk_size: int = 128, return_entropy: bool = False,
-                                 fused: bool = True, batch_invariant: bool = False):
+                                 temperature: float = 1.0, chunk_size: int | None = None,
+                                 return_entropy: bool = False, fused: bool = True, batch_invariant: bool = False,
+                                 options: HeadOptions | None = None):
     """Log-probs of targets [B, N] under LM-head logits of hidden [B, N, D], ``chunk_size`` positions at a time.
 
-    ``fused``: ``fused_chunked_logprobs``'s hand-written VJP; False: checkpointed chunks under autodiff.
-    ``batch_invariant``: `models.batch_invariant.token_logprobs` (the JAX sampler's numbers, bit for bit).
+    ``options``: the fused head's levers (``HeadOptions``; None: ``head_options()``, the environment's or
+    the defaults); ``chunk_size``, when given, overrides the options' chunk.
+    ``fused``: ``fused_chunked_logprobs``'s hand-written VJP; False: checkpointed chunks under autodiff
+    (default logits and matmul dtypes only).
+    ``batch_invariant``: `models.batch_invariant.token_logprobs` (the JAX sampler's numbers, bit for bit;
+    the levers do not apply).
     """
     _check_temperature(temperature)
+    options = check_head_options(head_options() if options is None else options)
+    if chunk_size is not None:
+        options = check_head_options(options._replace(chunk_size=chunk_size))
+    chunk_size = options.chunk_size
     if batch_invariant:
         tied = cfg.tie_word_embeddings
         return invariant.token_logprobs(hidden.astype(jnp_dtype(cfg.compute_dtype)), targets,
@@ -198,8 +268,12 @@ def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: 
     if fused:
         tied = cfg.tie_word_embeddings
         weight = params["embed"] if tied else params["lm_head"]
-        return fused_chunked_logprobs(hidden.astype(jnp_dtype(cfg.compute_dtype)), targets, weight, tied=tied,
-                                      temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy)
+        dtype = jnp.float32 if options.matmul_dtype == "float32" else jnp_dtype(cfg.compute_dtype)
+        return fused_chunked_logprobs(hidden.astype(dtype), targets, weight, tied=tied, temperature=temperature,
+                                      chunk_size=chunk_size, return_entropy=return_entropy,
+                                      logits_dtype=options.logits_dtype)
+    if options[1:] != HeadOptions()[1:]:
+        raise ValueError(f"logits_dtype/matmul_dtype levers ({options}) need fused=True")
     hidden, targets, unchunk = _to_chunks(hidden, targets, chunk_size)
     head = {"embed": params["embed"], "lm_head": params.get("lm_head")}
 
@@ -217,7 +291,7 @@ def chunked_logprobs_from_hidden(hidden: jax.Array, targets: jax.Array, params: 
 
 def token_logprobs(params: dict, cfg: DecoderConfig, tokens: jax.Array, *, attention_mask: jax.Array | None = None,
                    segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
-                   temperature: float = 1.0, chunk_size: int = 128, return_entropy: bool = False,
+                   temperature: float = 1.0, chunk_size: int | None = None, return_entropy: bool = False,
                    remat: bool | str = False, batch_invariant: bool = False):
     """logp [B, T-1] float32: log pi(tokens[:, t+1] | tokens[:, :t+1]) at ``temperature``
     (+ entropy [B, T-1] of that next-token distribution when ``return_entropy``).

@@ -52,13 +52,20 @@ def table(results: list[dict[str, Any]]) -> str:
                        f"{_pct(row['mfu'])} |")
     references = [(r, r["torch"]) for r in results if r.get("torch")]
     if references:
-        out += ["", "**PyTorch reference** (transformers Qwen2, the same batch one sequence per row, bf16 autocast on "
-                "fp32 weights, sdpa attention, fused AdamW; `benchmarks/torch_learner.py`)", "",
-                "| device | date | commit | model | tokens/step | mode | tokens/s | MFU |", "|---|---|---|---|---:|---|---:|---:|"]
+        out += ["", "**PyTorch reference** (transformers Qwen2, the same batch, bf16 autocast on fp32 weights, "
+                "fused AdamW; one sequence per row with sdpa, or packed through transformers' packed-sequence "
+                "path; `benchmarks/torch_learner.py`)", "",
+                "| device | date | commit | model | tokens/step | mode | attention | tokens/s | MFU |",
+                "|---|---|---|---|---:|---|---|---:|---:|"]
         for r, ref in references:
             for run in ref["runs"]:
                 out.append(f"| {r['device']} | {r['date']} | {r['commit']} | {ref['model']} | {ref['tokens_per_step']} | "
-                           f"{run['mode']} | {run['tokens_per_s']:,.0f} | {_pct(run.get('mfu'))} |")
+                           f"{run['mode']} | {run.get('attention', 'sdpa, one sequence per row')} | "
+                           f"{run['tokens_per_s']:,.0f} | {_pct(run.get('mfu'))} |")
+            for failed in ref.get("failed", []):
+                out.append(f"| {r['device']} | {r['date']} | {r['commit']} | {ref['model']} | {ref['tokens_per_step']} | "
+                           f"{failed['mode']} | not run: {failed['error'][:120]} | - | - |")
+    out += lever_rows(results) + invariance_rows(results)
     out += ["", "**JAX sampler decode** (random weights, every row decodes all new tokens)", "",
             "| device | date | commit | model | batch x new tokens | decode tokens/s | of bandwidth roofline |",
             "|---|---|---|---|---|---:|---:|"]
@@ -87,6 +94,44 @@ def table(results: list[dict[str, Any]]) -> str:
                        f"{_num(step.get('step_s'), '.2f')} s per step | {_num(step.get('sample_s'), '.2f')} / "
                        f"{_num(step.get('learn_s'), '.2f')} / {_num(step.get('sync_s'), '.3f')} |")
     return "\n".join(out)
+
+
+def lever_rows(results: list[dict[str, Any]]) -> list[str]:
+    """The learner_phases levers' winners (runs that measured levers only)."""
+    rows = []
+    for r in results:
+        phases = r.get("learner_phases") or {}
+        for phase, won in (phases.get("winner") or {}).items():
+            if won.get("lever"):
+                rows.append(f"| {r['device']} | {r['date']} | {r['commit']} | {phases['model']} | {phase} | "
+                            f"{won['lever']} | {won['baseline_ms']:.1f} -> {won['ms']:.1f} | "
+                            f"{won['speedup_vs_baseline']:.2f}x | {_pct(won.get('fraction_of_matmul'))} |")
+    if not rows:
+        return []
+    return ["", "**Learner levers** (`learner_phases`: one packed micro-batch, each lever alone against the "
+            "baseline; of matmul = the winner's TFLOP/s over the measured bf16 matmul rate)", "",
+            "| device | date | commit | model | phase | fastest lever | ms | speedup | of matmul |",
+            "|---|---|---|---|---|---|---|---:|---:|", *rows]
+
+
+def invariance_rows(results: list[dict[str, Any]]) -> list[str]:
+    """Batch invariance on the device: differing log-probs with the flag on, and the sampler's cost."""
+    rows = []
+    for r in results:
+        check = r.get("batch_invariance") or {}
+        if "exactness" not in check:
+            continue
+        differing = {k.split()[0]: sum(v["differing"].values()) for k, v in check["exactness"].items()
+                     if k.endswith("batch_invariant=True")}
+        cost = check.get("sampler_cost") or {}
+        rows.append(f"| {r['device']} | {r['date']} | {r['commit']} | "
+                    f"{', '.join(f'{d}: {n}' for d, n in differing.items())} | "
+                    f"{_num(cost.get('on_over_off'), '.2f')} |")
+    if not rows:
+        return []
+    return ["", "**Batch-invariant sampling on the device** (`rollout.batch_invariant`; Qwen2.5-0.5B shape, random "
+            "weights)", "", "| device | date | commit | differing log-probs, flag on | sampler tokens/s on / off |",
+            "|---|---|---|---|---:|", *rows]
 
 
 def replace_between_markers(text: str, body: str) -> str:

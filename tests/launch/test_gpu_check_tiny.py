@@ -57,7 +57,7 @@ def test_a_failing_section_is_recorded_and_the_run_goes_on(tmp_path):
 def test_tiny_run_writes_every_section(tmp_path):
     """Every section (the torch reference eager and compiled) but the RL run, which tests/launch/test_gpu_rl_tiny.py runs through the same
     function (`gpu_rl.rl_end_to_end`) and which is the slowest at tiny size (~2 min on 2 cores)."""
-    sections = "torch,ceilings,attention,learner,learner_phases,sampler,rl_step"
+    sections = "torch,ceilings,attention,learner,learner_phases,batch_invariance,sampler,rl_step"
     assert gpu_check.main(["--tiny", "--out-dir", str(tmp_path), "--only", sections]) == 0
     (path,) = tmp_path.glob("gpu-check-*-tiny-*.json")
     data = json.loads(path.read_text())
@@ -68,10 +68,34 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert rows[True]["flops_per_step"] == rows[False]["flops_per_step"]  # the same work, laid out differently
     for name in ("sampler", "rl_step", "torch", "learner_phases"):
         assert data[name] is not None, name
-    assert [run["mode"] for run in data["torch"]["runs"]] == ["eager", "torch.compile"]
+    runs = {run["mode"]: run for run in data["torch"]["runs"]}
+    assert list(runs) == ["eager", "torch.compile", "packed eager"]
     assert data["torch"]["tokens_per_step"] == rows[False]["tokens_per_step"]  # the same batch on both sides
-    assert "| tiny |" in path.with_suffix(".md").read_text()
-    assert set(data["learner_phases"]["phases"]) == {"layers", "head", "micro_step", "optimizer"}
+    # packed, one row holds several sequences: the loss at the initial weights is the one-per-row loss
+    # only if no sequence attends to another (float32 on CPU: summation order only)
+    assert runs["packed eager"]["first_loss"] == pytest.approx(runs["eager"]["first_loss"], rel=1e-5, abs=1e-7)
+    assert "not run: no CUDA device" in runs["packed eager"]["attention"]
+    markdown = path.with_suffix(".md").read_text()
+    assert "| tiny |" in markdown and "packed eager" in markdown and "Winner, head" in markdown
+    phases = data["learner_phases"]
+    assert set(phases["phases"]) == {"layers", "head", "micro_step", "optimizer"}
+    assert set(phases["head_levers"]) == {"baseline", "chunk_32", "logits_bf16", "matmul_f32"}
+    assert all("ms" in r and r["fraction_of_matmul"] > 0 for r in phases["head_levers"].values())
+    assert {"baseline", "remat_dots", "remat_full"} <= set(phases["layer_levers"])
+    assert "no cuDNN attention" in phases["layer_levers"]["attention_cudnn_segments"]["skipped"]
+    for phase in ("head", "layers"):  # the winner is the fastest lever, its speedup baseline ms / its ms
+        won, levers = phases["winner"][phase], phases[f"{'head' if phase == 'head' else 'layer'}_levers"]
+        fastest = min((r["ms"], name) for name, r in levers.items() if "ms" in r)[1]
+        assert won["lever"] == fastest
+        assert won["speedup_vs_baseline"] == pytest.approx(levers["baseline"]["ms"] / levers[fastest]["ms"])
+    invariance = data["batch_invariance"]
+    for key, entry in invariance["exactness"].items():  # bf16 and fp32, flag on: no log-prob differs
+        if key.endswith("batch_invariant=True"):
+            assert entry["tokens"] > 0 and not any(entry["differing"].values()), (key, entry)
+    assert {k.split()[0] for k in invariance["exactness"]} == {"bfloat16", "float32"}
+    cost = invariance["sampler_cost"]
+    assert cost["on_over_off"] == pytest.approx(cost["tokens_per_s_on"] / cost["tokens_per_s_off"])
+    assert data["estimates_s"]["learner_phases"] > 0 and "rl_run" not in data["sections"]
 
 
 def test_phase_flops_add_up_to_the_step():
@@ -89,3 +113,35 @@ def test_phase_flops_add_up_to_the_step():
         parts = phase_flops(cfg, seq.attention_mask[members].sum(1), int(seq.completion_mask[members].sum()))
         total += parts["layers"] + parts["head"]
     assert total == pytest.approx(rl_batch.learner_flops(cfg, seq)["flops"], rel=1e-12)
+
+
+def test_section_order_and_estimates_from_a_fake_result(tmp_path):
+    """The plan runs the headline learner row before the slow compiles, and a recorded wall longer than
+    the table's raises the estimate (a fake result file of an earlier run on the same device)."""
+    from jaxrl_llm.benchmarks import gpu_check_sections as plan
+
+    learner, samplers = gpu_check.job_names(tiny=False)
+    order = plan.run_order(learner, samplers)
+    assert order[:5] == ["ceilings", "attention", "learner:qwen2.5-1.5b:65536:packed", "learner_phases",
+                         "batch_invariance"]
+    assert order.index("learner:qwen2.5-1.5b:16384:rows") < order.index("sampler:64") < order.index("rl_run")
+    assert order[-1] == "learner:qwen2.5-0.5b:16384:rows" and sorted(order) == sorted(
+        ["ceilings", "attention", "learner_phases", "batch_invariance", "rl_step", "rl_run", *learner, *samplers])
+    fake = {"tiny": False, "sections": {"rl_run": {"status": "ok", "wall_s": 300.0},
+                                        "ceilings": {"status": "ok", "wall_s": 1.0},
+                                        "attention": {"status": "failed", "wall_s": 900.0}}}
+    (tmp_path / "gpu-check-nvidia-h100-80gb-hbm3-2026-11-26-c.json").write_text(json.dumps(fake))
+    got = plan.section_estimates(["rl_run", "ceilings", "attention"], tiny=False, results_dir=tmp_path,
+                                 device_kind="NVIDIA H100 80GB HBM3")
+    assert got == {"rl_run": 300.0, "ceilings": plan.GPU_ESTIMATES_S["ceilings"],
+                   "attention": plan.GPU_ESTIMATES_S["attention"]}  # a failed run's wall is not an estimate
+
+
+def test_the_winner_is_the_fastest_lever_by_hand():
+    from jaxrl_llm.benchmarks.learner_phases import winner
+
+    levers = {"baseline": {"ms": 90.0, "fraction_of_matmul": 0.16}, "chunk_1024": {"ms": 45.0},
+              "logits_bf16": {"ms": 60.0}, "attention_cudnn_mask": {"skipped": "no cuDNN"}, "x": {"error": "OOM"}}
+    assert winner(levers) == {"lever": "chunk_1024", "ms": 45.0, "baseline_ms": 90.0, "speedup_vs_baseline": 2.0,
+                              "fraction_of_matmul": None}
+    assert winner({"chunk_1024": {"ms": 1.0}})["lever"] is None  # no baseline, no ratio

@@ -45,3 +45,26 @@ def test_check_fails_on_a_stale_table(tmp_path, capsys):
     assert "stale" in capsys.readouterr().err
     assert at.main(["--doc", str(doc)]) == 0
     assert at.main(["--check", "--doc", str(doc)]) == 0
+
+
+def test_lever_invariance_and_packed_torch_rows(tmp_path):
+    data = result() | {
+        "learner_phases": {"model": "qwen2.5-1.5b", "winner": {
+            "head": {"lever": "chunk_2048", "ms": 45.0, "baseline_ms": 90.0, "speedup_vs_baseline": 2.0,
+                     "fraction_of_matmul": 0.32},
+            "layers": {"lever": None, "reason": "the baseline did not run"}}},
+        "batch_invariance": {"exactness": {
+            "bfloat16 batch_invariant=True": {"tokens": 9, "differing": {"together": 0, "split": 0}},
+            "bfloat16 batch_invariant=False": {"tokens": 9, "differing": {"together": 4}},
+            "float32 batch_invariant=True": {"tokens": 9, "differing": {"together": 0}}},
+            "sampler_cost": {"on_over_off": 0.61}},
+        "torch": {"model": "qwen2.5-1.5b", "tokens_per_step": 25570, "runs": [
+            {"mode": "packed eager", "attention": "sdpa block mask", "tokens_per_s": 20000.0, "mfu": 0.2}],
+            "failed": [{"mode": "compile", "error": "InductorError: planted"}]}}
+    (tmp_path / "gpu-check-h100-2026-11-26.json").write_text(json.dumps(data))
+    text = at.table(at.load_results(tmp_path))
+    assert "| qwen2.5-1.5b | head | chunk_2048 | 90.0 -> 45.0 | 2.00x | 32.0 % |" in text
+    assert "| layers |" not in text  # no winner, no row
+    assert "| bfloat16: 0, float32: 0 | 0.61 |" in text
+    assert "| packed eager | sdpa block mask | 20,000 | 20.0 % |" in text
+    assert "| compile | not run: InductorError: planted | - | - |" in text
