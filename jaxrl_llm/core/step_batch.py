@@ -62,9 +62,10 @@ class StepBatch(NamedTuple):
 
 
 def _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values, teacher_logp) -> None:
-    if mask is None or old_logp is None:
-        raise ValueError("prepare_step_batch needs inputs.mask and inputs.old_logp ([N, T] each); got "
-                         f"mask={'none' if mask is None else 'an array'}, old_logp={'none' if old_logp is None else 'an array'}")
+    missing = [name for name, x in (("mask", mask), ("old_logp", old_logp)) if x is None]
+    if missing:
+        raise ValueError(f"StepInputs without {' and '.join(missing)}; prepare_step_batch needs mask and old_logp, "
+                         "[N, T] each")
     chex.assert_rank(rewards, 2)
     _checks.check_float(old_logp, 2)
     for optional in (sampler_logp, ref_logp, values, teacher_logp):

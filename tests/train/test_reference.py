@@ -141,7 +141,8 @@ def run_even_first_token_task(cfg, params, kl_beta: float, steps: int = 10):
     learner = Learner(cfg, core.get_recipe("grpo", kl_beta=kl_beta, kl_estimator="k3"), learner.train_cfg,
                       total_steps=steps, temperature=TEMPERATURE)
     state = learner.init(params)
-    prepare = jax.jit(lambda *args: core.prepare_step_batch(learner.recipe, core.StepInputs(*args[:4], ref_logp=args[4])))
+    prepare = jax.jit(lambda *args: core.prepare_step_batch(learner.recipe,
+                                                            core.StepInputs(*args[:4], ref_logp=args[4])))
     for step in range(steps):
         rollouts = JaxSampler(cfg, state.params, eos_token_ids=[96]).generate(
             PROMPTS, n=G, params=SamplingParams(temperature=TEMPERATURE, max_tokens=3, seed=step))

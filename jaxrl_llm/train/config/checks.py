@@ -162,7 +162,7 @@ def _check_extra_inputs(cfg: Config, plan: RunFacts, recipe: core.Recipe, proces
     needs = core.estimator_inputs(recipe)
     if not needs:
         return
-    why = f"recipe.advantage = {cfg.recipe.advantage or recipe.name!r}, whose estimator takes {list(needs)} from sampling"
+    why = f"recipe.advantage = {cfg.recipe.advantage or recipe.name!r} (its estimator takes {list(needs)})"
     refusals = (
         (plan.env_task, f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment",
          "a single-turn task"),
