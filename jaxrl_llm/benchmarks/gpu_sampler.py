@@ -106,11 +106,12 @@ def check_full_length(rollouts, new_tokens: int) -> None:
 
 def sampler_decode(shape: str, batch: int, new_tokens: int, *, dtype: str = "bfloat16", prompt_len: int = 128,
                    tiny: bool = False, repeats: int = 2, bandwidth: dict | None = None,
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, sampler_options: dict | None = None) -> dict[str, Any]:
     """Decode throughput of the JAX sampler at `shape` (random weights), `batch` distinct prompts
     of `prompt_len` random tokens, exactly `new_tokens` generated per row (EOS impossible), at
     temperature 1. Median over `repeats` timed calls after a warm-up (compile) call.
-    ``tiny``: the 'tiny' shape, batch <= 8, new_tokens <= 8, prompt_len <= 16, an 8 MiB copy."""
+    ``tiny``: the 'tiny' shape, batch <= 8, new_tokens <= 8, prompt_len <= 16, an 8 MiB copy.
+    ``sampler_options``: keyword arguments of `JaxSampler` (e.g. decode, decode_kernel), recorded."""
     from jaxrl_llm.models import forward, init_cache, init_params, lm_head_logits
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.types import SamplingParams
@@ -121,7 +122,7 @@ def sampler_decode(shape: str, batch: int, new_tokens: int, *, dtype: str = "bfl
     cfg = sampler_config(shape, prompt_len, new_tokens, dtype)
     log(f"sampler_decode {shape} {dtype}: batch {batch} x {new_tokens} new tokens, prompts of {prompt_len}")
     params = init_params(cfg, jax.random.key(seed), dtype=dtype)
-    sampler = JaxSampler(cfg, params, eos_token_ids=impossible_eos(cfg), pad_id=0)
+    sampler = JaxSampler(cfg, params, eos_token_ids=impossible_eos(cfg), pad_id=0, **(sampler_options or {}))
     prompts = random_prompts(cfg.vocab_size, batch, prompt_len, seed + 1)
     sampling = SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=seed)
 
@@ -164,6 +165,7 @@ def sampler_decode(shape: str, batch: int, new_tokens: int, *, dtype: str = "bfl
     out = {
         "shape": shape, "dtype": dtype, "batch": int(batch), "new_tokens": int(new_tokens),
         "prompt_len": int(prompt_len), "repeats": int(repeats), "device_kind": device_kind(),
+        "decode": sampler.decode, "decode_kernel": sampler.decode_kernel if sampler.decode == "slots" else None,
         "eos": "stop id = vocab_size (never drawn: ids are sampled in [0, vocab_size)); every row checked to "
                "decode new_tokens tokens",
         "prefill_s": prefill_s, "generate_s": total_s, "decode_s": decode_s, "prefill_fraction": prefill_s / total_s,
@@ -181,3 +183,66 @@ def sampler_decode(shape: str, batch: int, new_tokens: int, *, dtype: str = "bfl
          f"roofline {out['roofline_fraction']:.1%} of {bandwidth['copy_bandwidth_Bps'] / 1e9:.1f} GB/s")
     return out
 
+
+
+SWEEP_KERNELS = ("dense", "cudnn", "pallas")
+
+
+def sweep_variants(batches, cache_lengths, paths, kernels) -> list[dict[str, Any]]:
+    """Every (batch, cache length, decode path, kernel) to run; the compacting path has one kernel
+    (its windowed dense attention), so it appears once per (batch, cache length)."""
+    variants = []
+    for batch in batches:
+        for cache in cache_lengths:
+            for path in paths:
+                for kernel in (kernels if path == "slots" else ("windowed-dense",)):
+                    variants.append({"batch": int(batch), "cache_length": int(cache), "decode": path, "kernel": kernel})
+    return variants
+
+
+def sampler_sweep(*, shape: str = "qwen2.5-1.5b", dtype: str = "bfloat16", batches=(64, 256),
+                  cache_lengths=(1024, 2048), paths=("compact", "slots"), kernels=SWEEP_KERNELS,
+                  prompt_len: int = 128, repeats: int = 2, tiny: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+    """The sampler's decode at every variant of `sweep_variants`, in one call: for each, a record with
+    the variant and `sampler_decode`'s numbers (decode tokens/s, compile_s, roofline_fraction, ...)
+    or, where the variant failed (a kernel the device lacks), its ``error``. new_tokens = cache
+    length - prompt_len (every row decodes to the cache's end). One copy-bandwidth measurement
+    serves every variant. ``tiny``: on CPU with the tiny model (batches {2, 4}, a cache of 32 slots,
+    prompts of 16, kernels dense and pallas (interpreted); cuDNN needs an NVIDIA GPU)."""
+    if tiny:
+        shape, dtype, batches, cache_lengths, prompt_len = "tiny", "float32", (2, 4), (32,), 16
+        kernels = tuple(k for k in kernels if k != "cudnn")
+    bandwidth = copy_bandwidth(8 << 20 if tiny else 1 << 30)
+    records = []
+    for variant in sweep_variants(batches, cache_lengths, paths, kernels):
+        options = {"decode": variant["decode"]}
+        if variant["decode"] == "slots":
+            options["decode_kernel"] = variant["kernel"]
+        try:
+            out = sampler_decode(shape, variant["batch"], variant["cache_length"] - prompt_len, dtype=dtype,
+                                 prompt_len=prompt_len, repeats=repeats, bandwidth=bandwidth, seed=seed,
+                                 sampler_options=options)
+        except Exception as error:  # noqa: BLE001 - a sweep records every variant, failed ones too
+            log(f"  {variant}: {type(error).__name__}: {error}")
+            out = {"error": f"{type(error).__name__}: {str(error)[:500]}"}
+        records.append({**variant, "shape": shape, "dtype": dtype, **out})
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jaxrl_llm.benchmarks.gpu_sampler --out FILE [--tiny]``: `sampler_sweep` to a JSON file."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="the JAX sampler's decode sweep (sampler_sweep)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the sweep runs)")
+    args = parser.parse_args(argv)
+    records = sampler_sweep(tiny=args.tiny, repeats=1 if args.tiny else 2)
+    with open(args.out, "w") as f:
+        json.dump({"formula": ROOFLINE_FORMULA, "records": records}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

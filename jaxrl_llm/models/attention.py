@@ -94,3 +94,19 @@ def windowed_cache_attention(q: jax.Array, kv: dict, layer_index: jax.Array, vis
 
     index = jnp.clip((filled - 1) // window, 0, len(sizes) - 1)
     return jax.lax.switch(index, [attend(size) for size in sizes], q, kv, layer_index, visible)
+
+
+def shared_slot_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv: dict, layer_index: jax.Array,
+                          visible: jax.Array, write_at: jax.Array, window: int | None) -> tuple[dict, jax.Array]:
+    """Write k/v [B, T, Hkv, hd] at slots write_at.. (the same for every row) of layer ``layer_index``
+    of kv {"k", "v": [nL, B, S, Hkv, hd]}, then attend q [B, T, Hq, hd] over that layer's cache under
+    ``visible`` [B, T, S]: over its filled windows (`windowed_cache_attention`) or, with ``window``
+    None, all S slots -> (kv, attended [B, T, Hq, hd])."""
+    start = (layer_index, 0, write_at, 0, 0)
+    kv = {"k": jax.lax.dynamic_update_slice(kv["k"], k[None].astype(kv["k"].dtype), start),
+          "v": jax.lax.dynamic_update_slice(kv["v"], v[None].astype(kv["v"].dtype), start)}
+    if window is not None:
+        return kv, windowed_cache_attention(q, kv, layer_index, visible, write_at + q.shape[1], window)
+    layer_k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(q.dtype)
+    layer_v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(q.dtype)
+    return kv, grouped_attention(q, layer_k, layer_v, visible)

@@ -57,7 +57,8 @@ from jaxrl_llm.models import batch_invariant as invariant
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
 from jaxrl_llm.models.attention import (ATTENTION_BLOCKS, MIN_ATTENTION_BLOCK,  # noqa: F401  (importable from here)
                                         attention_block_size, cache_window_sizes, causal_attention, grouped_attention,
-                                        windowed_cache_attention)
+                                        shared_slot_attention, windowed_cache_attention)
+from jaxrl_llm.models.decode_attention import slot_cache_attention
 from jaxrl_llm.models.fused_attention import segment_spans, use_cudnn_attention, use_cudnn_segments
 from jaxrl_llm.models.matmul import low_precision_logits, project
 from jaxrl_llm.models.remat import remat_mode, remat_policy
@@ -126,12 +127,15 @@ class DecoderLayer(nn.Module):
     carry = (hidden [B, T, D], kv) with kv None or the whole cache {"k", "v": [nL, B, S, Hkv, hd]};
     the layer writes its keys/values at slot ``write_at`` of row ``layer_index`` in place.
     ``cache_window`` (slots, None: off): attend over the filled prefix of the cache only,
-    in whole windows (`windowed_cache_attention`).
+    in whole windows (`windowed_cache_attention`). ``decode_kernel`` (None: off): one token per row,
+    written at the row's own slot ``write_at`` [B, 1] and attending over the row's slots up to it
+    (`models.decode_attention`, this kernel; the slot decode of `rollout.decode_slots`).
     """
 
     cfg: DecoderConfig
     cache_window: int | None = None
     batch_invariant: bool = False  # models.batch_invariant.block; write_at: the slot of each token [B, T]
+    decode_kernel: str | None = None
 
     def _param(self, name, shape, init):
         return self.param(name, init, shape, jnp_dtype(self.cfg.param_dtype))
@@ -176,18 +180,12 @@ class DecoderLayer(nn.Module):
         inv_freq = rope_inverse_frequencies(cfg)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
 
-        if kv is not None:  # write this step's keys/values, attend over the cache row
-            start = (layer_index, 0, write_at, 0, 0)
-            kv = {"k": jax.lax.dynamic_update_slice(kv["k"], k[None].astype(kv["k"].dtype), start),
-                  "v": jax.lax.dynamic_update_slice(kv["v"], v[None].astype(kv["v"].dtype), start)}
-        if kv is not None and self.cache_window is not None:
-            attended = windowed_cache_attention(q, kv, layer_index, visible, write_at + length, self.cache_window)
-        elif kv is not None:
-            k = jax.lax.dynamic_index_in_dim(kv["k"], layer_index, keepdims=False).astype(dtype)
-            v = jax.lax.dynamic_index_in_dim(kv["v"], layer_index, keepdims=False).astype(dtype)
-            attended = grouped_attention(q, k, v, visible)
-        else:  # no cache (the learner's forward): the keys are the row's own tokens, the mask causal
+        if kv is None:  # no cache (the learner's forward): the keys are the row's own tokens, the mask causal
             attended = causal_attention(q, k, v, visible)
+        elif self.decode_kernel is not None:  # one token per row at its own slot write_at [B, 1]
+            kv, attended = slot_cache_attention(q, k, v, kv, layer_index, write_at, self.decode_kernel)
+        else:  # this step's keys/values at the slot shared by all rows, attention over the cache row
+            kv, attended = shared_slot_attention(q, k, v, kv, layer_index, visible, write_at, self.cache_window)
         attended = attended.reshape(batch, length, cfg.q_dim)
         attn_out = linear(attended, "o_proj", (cfg.q_dim, d))
         if cfg.o_bias:
@@ -214,6 +212,7 @@ class Decoder(nn.Module):
     cache_window: int | None = None
     batch_invariant: bool = False  # models.batch_invariant: a row's numbers independent of its batch and layout
     unroll_layers: bool = False  # one copy of the layer per layer instead of a loop (``unroll_layer_loop``)
+    decode_kernel: str | None = None  # per-row cache slots (DecoderLayer; models.decode_attention)
 
     @nn.compact
     def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False):
@@ -233,7 +232,7 @@ class Decoder(nn.Module):
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             unroll=cfg.num_layers if self.unroll_layers else 1,
-        )(cfg, self.cache_window, self.batch_invariant, name="layers")
+        )(cfg, self.cache_window, self.batch_invariant, self.decode_kernel, name="layers")
         (hidden, kv), _ = layers((hidden, kv), jnp.arange(cfg.num_layers), positions, visible, write_at)
 
         final_norm = self.param("final_norm", nn.initializers.ones, (cfg.hidden_size,), param_dtype)

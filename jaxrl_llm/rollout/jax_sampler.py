@@ -29,7 +29,10 @@ has stopped, and rows that have stopped leave the loop's batch (steps of 3/4,
 completions end at different lengths is not computed at full width to the
 longest one. Each step's attention reads only the filled part of the KV cache,
 in windows of ``cache_window`` slots (`jaxrl_llm.models.attention.windowed_cache_attention`),
-so a step costs what the sequence so far needs, not what max_tokens reserves.
+so a step costs what the sequence so far needs, not what max_tokens reserves. That design was
+tuned for a 2-core CPU; on accelerators its 12 loops x cache-window branches take minutes to
+compile per batch size, and ``decode="auto"`` takes `rollout.decode_slots` instead (fixed slots
+refilled from the call's queue, one loop; same samples: the draw is `rollout.sampling`'s).
 """
 from __future__ import annotations
 
@@ -42,68 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
+from jaxrl_llm.models.decode_attention import resolve_decode_kernel
+from jaxrl_llm.rollout.decode_slots import generate_slots
+from jaxrl_llm.rollout.sampling import (draw, filtered_logprobs,  # noqa: F401  (importable from here)
+                                        inverse_cdf_choice)
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
-
-_NEG_INF = -jnp.inf
-
 
 def _round_up(value: int, multiple: int) -> int:
     return max(multiple, int(math.ceil(value / multiple)) * multiple)
-
-
-def filtered_logprobs(logits: jax.Array, temperature: jax.Array, top_k: int | None, top_p: jax.Array,
-                      use_top_p: bool) -> jax.Array:
-    """log of the sampling distribution: softmax(logits / T) restricted to top-k and
-    the top-p nucleus, renormalised; excluded tokens get -inf. Float32 throughout."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(logp, top_k)[0][..., -1:]
-        logp = jnp.where(logp >= kth, logp, _NEG_INF)
-    if use_top_p:
-        sorted_logp = jnp.sort(logp, axis=-1)[..., ::-1]
-        probs = jnp.exp(sorted_logp)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # Keep a token while the mass strictly before it is < top_p: the smallest
-        # nucleus with mass >= top_p (the most likely token is always kept).
-        keep_sorted = mass_before < top_p
-        threshold = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
-        logp = jnp.where(logp >= threshold, logp, _NEG_INF)
-    if top_k is None and not use_top_p:  # nothing removed: already normalised, as the learner computes it
-        return logp
-    return jax.nn.log_softmax(logp, axis=-1)
-
-
-def inverse_cdf_choice(logp: jax.Array, uniform: jax.Array, block: int = 256) -> jax.Array:
-    """Token drawn from exp(logp) [B, V] by inversion with one uniform [B] in [0, 1) per row.
-
-    Returns for each row the first index whose cumulative mass exceeds ``uniform * total``:
-    token i is chosen for a fraction p_i / total of the uniform's range, so the draw
-    follows the (renormalised) distribution, and a token of probability 0 is never chosen
-    (its cumulative mass equals its predecessor's). The cumulative sum runs in two levels,
-    within blocks of ``block`` tokens and over the block totals, so the work is O(V) and
-    the search reads one block per row: only the chosen block's running sum is formed,
-    because XLA:CPU lowers a cumulative sum at block^2 work per block, so a running sum over
-    every block would dominate the draw (docs/benchmarks.md, the sampler section). Float32:
-    the interval of each token is exact up to float32 rounding of the sums (relative ~1e-7)."""
-    batch, vocab = logp.shape
-    padded = -(-vocab // block) * block
-    probs = jnp.exp(logp.astype(jnp.float32))
-    probs = jnp.pad(probs, ((0, 0), (0, padded - vocab))).reshape(batch, padded // block, block)
-    block_mass = jnp.sum(probs, axis=-1)  # [B, nb]
-    block_end = jnp.cumsum(block_mass, axis=-1)  # [B, nb] inclusive, over blocks
-    target = uniform * block_end[:, -1]
-    positive_blocks = block_mass > 0
-    last_block = (positive_blocks.shape[-1] - 1 - jnp.argmax(positive_blocks[:, ::-1], axis=-1)).astype(jnp.int32)
-    chosen_block = jnp.sum(block_end <= target[:, None], axis=-1, dtype=jnp.int32)
-    chosen_block = jnp.minimum(chosen_block, last_block)  # target rounded up to the total: last non-empty block
-    block_begin = jnp.pad(block_end[:, :-1], ((0, 0), (1, 0)))  # exclusive: the same sums the choice compared
-    block_start = jnp.take_along_axis(block_begin, chosen_block[:, None], axis=-1)[:, 0]
-    in_probs = probs[jnp.arange(batch), chosen_block]  # [B, block]
-    in_block = jnp.cumsum(in_probs, axis=-1)
-    offset = jnp.sum(in_block <= (target - block_start)[:, None], axis=-1, dtype=jnp.int32)
-    last_positive = (block - 1 - jnp.argmax(in_probs[:, ::-1] > 0, axis=-1)).astype(jnp.int32)
-    offset = jnp.minimum(offset, last_positive)  # rounding past the block's sum: its last token of mass > 0
-    return chosen_block * block + offset
 
 
 class _Decode(NamedTuple):
@@ -203,12 +152,10 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     cache = _spread_prompt_cache(cache, source_rows, max_tokens)
 
     def sample(logits, rows, step):
-        logp = logits if batch_invariant else filtered_logprobs(logits, scale, top_k, top_p, use_top_p)
         # Rows first_row.. of a [first_row + B] draw: with JAX's partitionable threefry an
         # element's value depends on its index only, so a split batch draws the numbers of one call.
         uniform = jax.random.uniform(jax.random.fold_in(key, step), (first_row + batch,))[first_row:]
-        token = jnp.where(greedy, jnp.argmax(logp, axis=-1).astype(jnp.int32), inverse_cdf_choice(logp, uniform[rows]))
-        return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+        return draw(logits, uniform[rows], greedy, scale, top_k, top_p, use_top_p, batch_invariant)
 
     def body(s: _Decode) -> _Decode:
         token, logp = sample(s.logits, s.rows, s.step)
@@ -238,6 +185,19 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     return state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
 
 
+DECODE_PATHS = ("auto", "compact", "slots")
+
+
+def decode_path(name: str, backend: str | None = None) -> str:
+    """The decode path ``name`` stands for on ``backend`` (default: JAX's): "auto" is "slots" on
+    accelerators (GPU, TPU) and "compact" on CPU, whose batch shrinking was tuned for 2 cores."""
+    if name not in DECODE_PATHS:
+        raise ValueError(f"decode {name!r} is not one of {DECODE_PATHS}")
+    if name != "auto":
+        return name
+    return "compact" if (backend or jax.default_backend()) == "cpu" else "slots"
+
+
 class JaxSampler:
     """A `RolloutEngine` running the policy in this process.
 
@@ -256,12 +216,19 @@ class JaxSampler:
       compactions: at most this many shrink steps of the decode batch (`compaction_sizes`).
       batch_invariant: each row's samples and log-probs bitwise independent of its batch, equal to
         the learner's ``forward(batch_invariant=True)`` (`_generate`); top_p = 1 and top_k off only.
+      decode: "compact" (`_generate`: the batch shrinks as rows finish; made for CPUs), "slots"
+        (`rollout.decode_slots`: fixed slots refilled with the call's queued samples, one loop to
+        compile; made for accelerators) or "auto" (`decode_path`: slots on GPU/TPU, compact on CPU).
+        Both draw the same samples.
+      decode_slots: slots of the slot decode (None: one per row of the call, rounded to batch_bucket).
+      decode_kernel: the slot decode's attention (`models.decode_attention.DECODE_KERNELS`).
     """
 
     def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
                  prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0,
                  cache_window: int | None = 32, long_generation: int = 128, compactions: int = 12,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, decode: str = "auto", decode_slots: int | None = None,
+                 decode_kernel: str = "auto"):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one stop token id")
         if cache_window is not None and cache_window < 1:
@@ -270,6 +237,11 @@ class JaxSampler:
             raise ValueError(f"long_generation ({long_generation}) must be >= 1 and compactions ({compactions}) >= 0")
         self.cache_window = cache_window
         self.batch_invariant = bool(batch_invariant)
+        self.decode = decode_path(decode)
+        if decode_slots is not None and decode_slots < 1:
+            raise ValueError(f"decode_slots must be >= 1 or None, got {decode_slots}")
+        self.decode_slots = decode_slots
+        self.decode_kernel = resolve_decode_kernel(decode_kernel)
         self.long_generation = int(long_generation)
         self.compactions = int(compactions)
         self.cfg = cfg
@@ -313,11 +285,12 @@ class JaxSampler:
         if self.batch_invariant and (params.top_k is not None or params.top_p < 1.0):
             raise ValueError(f"batch_invariant sampling needs top_p = 1 and top_k = None (the learner's full softmax), "
                              f"got top_p={params.top_p}, top_k={params.top_k}")
-        start = (lambda p: 0) if self.batch_invariant else (lambda p: width - p.size)  # right- or left-padded
+        right = self.batch_invariant or self.decode == "slots"
+        start = (lambda p: 0) if right else (lambda p: width - p.size)  # right- or left-padded
         for i, p in enumerate(prompts):
             tokens[i, start(p):start(p) + p.size] = p
             mask[i, start(p):start(p) + p.size] = True
-        mask[len(prompts):, 0 if self.batch_invariant else -1] = True  # filler prompts: one visible token
+        mask[len(prompts):, 0 if right else -1] = True  # filler prompts: one visible token
         source_rows = np.minimum(np.arange(batch) // n, len(prompts) - 1).astype(np.int32)
         live = np.arange(batch) < len(rows)
         if params.first_row and not jax.config.jax_threefry_partitionable:
@@ -328,13 +301,17 @@ class JaxSampler:
         seed = 0 if params.seed is None else params.seed
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
-        out = _generate(self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
-                        jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
-                        jnp.asarray(source_rows), jnp.asarray(live), max_tokens=params.max_tokens,
-                        top_k=params.top_k, use_top_p=params.top_p < 1.0,
-                        first_row=int(params.first_row), compactions=self.compactions, cache_window=self.cache_window,
-                        batch_invariant=self.batch_invariant,
-                        min_rows=1 if params.max_tokens >= self.long_generation else 8)
+        args = (self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
+                jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
+                jnp.asarray(source_rows))
+        options = dict(max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0,
+                       first_row=int(params.first_row), batch_invariant=self.batch_invariant)
+        if self.decode == "slots":
+            out = generate_slots(*args, jnp.int32(len(rows)), slots=min(batch, self.decode_slots or batch),
+                                 kernel=self.decode_kernel, **options)
+        else:
+            out = _generate(*args, jnp.asarray(live), compactions=self.compactions, cache_window=self.cache_window,
+                            min_rows=1 if params.max_tokens >= self.long_generation else 8, **options)
         out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
         records = []
         for i, prompt in enumerate(rows):

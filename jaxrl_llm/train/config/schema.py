@@ -89,6 +89,13 @@ class RolloutConfig(Section):
     # Bitwise on-policy (JAX engine): sampler and learner pi_old run models/batch_invariant.py, so every
     # sampled token's log-prob equals pi_old exactly (docs/objectives.md#batch-invariant-sampling).
     batch_invariant: bool = False
+    # JAX engine's decode (rollout/decode_slots.py): "compact" (the batch shrinks as rows finish; made for
+    # CPUs), "slots" (decode_slots slots refilled from the step's queued samples, one program to compile;
+    # made for GPUs/TPUs), "auto": slots on GPU/TPU, compact on CPU. decode_kernel: the slot decode's
+    # attention (models/decode_attention.py; "auto" is "dense" until a GPU sweep has measured the fused ones).
+    decode: Literal["auto", "compact", "slots"] = "auto"
+    decode_slots: int | None = field(None, ge=1)  # None: one slot per sample of the step
+    decode_kernel: Literal["auto", "dense", "cudnn", "pallas"] = "auto"
     _path_prefix = "rollout."
 
 

@@ -85,7 +85,8 @@ def make_engine(cfg: Config, policy: Policy, params, *, initial_version: int = 0
         log.info("rollout engine: JAX sampler (%s)", dtype)
         return JaxSampler(policy.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype), cast_params(params, dtype),
                           eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, initial_version=initial_version,
-                          batch_invariant=cfg.rollout.batch_invariant)
+                          batch_invariant=cfg.rollout.batch_invariant, decode=cfg.rollout.decode,
+                          decode_slots=cfg.rollout.decode_slots, decode_kernel=cfg.rollout.decode_kernel)
     from jaxrl_llm.rollout import (DiskWeightSync, VLLMClient, VLLMEngine, VLLMServer, VLLMServerConfig,
                                    bridge_export)
     from jaxrl_llm.train.sample.weight_check import logprob_probe
