@@ -80,8 +80,8 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
     train_cfg = dataclasses.replace(TrainConfig(), precision="bf16", lr=1e-6, pack=pack, remat=remat,
                                     micro_batch_tokens=micro_batch_tokens)
     recipe = core.get_recipe("grpo")
-    batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
-                                       jnp.asarray(seq.sampler_logp))
+    batch, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
+                                                               jnp.asarray(seq.sampler_logp)))
     learner = Learner(cfg, recipe, train_cfg, total_steps=steps + 2)
     params = init_params(cfg, jax.random.key(0), dtype="float32")
     holder = {"state": learner.init(params)}

@@ -55,6 +55,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.types import SamplingParams
     from jaxrl_llm.train.sample.engines import engine_weights, sampler_dtype
+    from jaxrl_llm import core
     from jaxrl_llm.train.learn.step import learn
     from jaxrl_llm.train.learn.learner import Learner
     from jaxrl_llm.train.plan import plan_run
@@ -91,7 +92,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
         check_full_length(rollouts, new_tokens)
         rewards = rng.integers(0, 2, size=(batch // group, group)).astype(np.float32)
         t2 = time.perf_counter()
-        state, metrics = learn(learner, state, recipe, cfg, rollouts, rewards)
+        state, metrics = learn(learner, state, recipe, cfg, rollouts, core.StepInputs(rewards))
         jax.block_until_ready(state.params)
         t3 = time.perf_counter()
         new = engine_weights(cfg, learner, state.params)

@@ -167,8 +167,8 @@ def learner_inputs(padded: dict[str, np.ndarray], seq_len: int, prompt_width: in
     seq = SequenceBatch(tokens, mask, positions, completion, -2.0 * completion, np.zeros(rows, bool), prompt_width)
     rewards = np.random.default_rng(3).integers(0, 2, size=(rows // 2, 2)).astype(np.float32)
     recipe = core.get_recipe("grpo")
-    batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(completion),
-                                       jnp.asarray(-2.0 * completion))
+    batch, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards), jnp.asarray(completion),
+                                                               jnp.asarray(-2.0 * completion)))
     return recipe, seq, batch
 
 

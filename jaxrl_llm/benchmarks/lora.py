@@ -66,9 +66,8 @@ class Setup:
         self.learner = Learner(cfg, core.get_recipe("grpo"), train_cfg, total_steps=100)
         self.state = self.learner.init(params)
         old_logp, _ = self.learner.logprobs(self.state.params, seq)
-        self.step_batch, _ = core.prepare_step_batch(self.learner.recipe, jnp.asarray(rewards),
-                                                     jnp.asarray(seq.completion_mask), old_logp,
-                                                     jnp.asarray(seq.sampler_logp))
+        self.step_batch, _ = core.prepare_step_batch(self.learner.recipe, core.StepInputs(
+            jnp.asarray(rewards), jnp.asarray(seq.completion_mask), old_logp, jnp.asarray(seq.sampler_logp)))
         plan = self.learner.plan(seq)
         self.rows = self.learner._device_rows(plan)
         remat = "off" if self.learner.remat == "auto" else self.learner.remat

@@ -85,9 +85,11 @@ def learner_step(cfg, params, recipe, seq, rewards, precision: str, advantages=N
 
     def run():
         before = learner.step_logprobs(state["s"].params, seq, critic=state["s"].critic)
-        batch, _ = prepare(rewards, rewards, seq.completion_mask, before.logp, seq.sampler_logp, seq.truncated,
-                           before.ref_logp, before.values, None if advantages is None else advantages(),
-                           before.teacher_logp, None, None)  # no teacher, greedy baselines or reward parts here
+        extras = {} if advantages is None else {"advantages": advantages()}  # VinePPO's; no other extras here
+        batch, _ = prepare(core.StepInputs(
+            rewards, seq.completion_mask, before.logp, seq.sampler_logp, ref_logp=before.ref_logp,
+            teacher_logp=before.teacher_logp, values=before.values, truncated=seq.truncated, correct=rewards,
+            extras=extras))
         state["s"], metrics = learner.update(state["s"], seq, batch)
         jax.block_until_ready(state["s"].params)
 

@@ -20,6 +20,7 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   multi_reward GDPO: several rewards, each normalised within its group, then summed
   recipe_overrides  ADVANTAGES by name and customize_recipe (parts of a recipe by name)
   recipes      named compositions (grpo, dr_grpo, dapo, ...): Recipe, RECIPES, get_recipe
+  step_inputs  StepInputs: one step's data from the sampler to the loss, with the estimator's extras
   step_batch   the two functions the learner calls with a recipe: prepare_step_batch,
                recipe_loss; the StepBatch between them and micro_batches
 
@@ -116,5 +117,6 @@ from jaxrl_llm.core.recipes import (
     get_recipe,
 )
 from jaxrl_llm.core.trust_region import binary_kl, binary_tv, dppo_kl_loss, dppo_tv_loss
+from jaxrl_llm.core.step_inputs import StepInputs, estimator_inputs, mini_batch
 from jaxrl_llm.core.step_batch import StepBatch, micro_batches, prepare_step_batch, recipe_loss, restrict_rows
 from jaxrl_llm.core.vineppo import chunk_advantages, chunk_starts, mc_values

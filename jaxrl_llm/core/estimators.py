@@ -1,6 +1,8 @@
 """Advantage estimators as the objects a Recipe names (`Recipe.advantage_fn`): each takes the
-step's rewards [P, G] and the response mask [N, T] (plus the inputs it declares in `inputs`,
-which `prepare_step_batch` passes) and returns per-token advantages.
+step's rewards [P, G] and the response mask [N, T] (plus the extras it declares in `inputs`,
+which `prepare_step_batch` passes from `StepInputs.extras` by those names, as keyword arguments)
+and returns per-token advantages. docs/architecture.md, "Adding an advantage estimator", lists
+the files a new one touches.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class GaeAdvantage:
         """token_rewards: optional [N, T] per-token rewards added where they occur (a
         per-token KL penalty, as in Ouyang et al. 2022), on top of the terminal reward."""
         if values is None:
-            raise ValueError("GAE advantages need critic values [N, T]: pass values= to prepare_step_batch")
+            raise ValueError("GAE advantages need critic values [N, T]: set StepInputs.values")
         placed = adv_lib.terminal_token_rewards(rewards, mask)
         if token_rewards is not None:
             placed = placed + jnp.where(_checks.valid_tokens(mask), token_rewards, 0.0)
@@ -75,15 +77,15 @@ class MonteCarloAdvantage:
     advantage V(b_{j+1}) - V(b_j), with V Monte-Carlo estimates from extra rollouts of the
     response's prefixes (`vineppo.chunk_advantages`). Those rollouts need the rollout
     engine, so the advantages are estimated outside the step (the RL loop:
-    train/sample/vineppo_step.py) and enter as `prepare_step_batch(..., advantages=)`; this
+    train/sample/vineppo_step.py) and enter as `StepInputs.extras["advantages"]`; this
     estimator only places them on the valid tokens (filtered tokens get 0)."""
 
-    inputs: ClassVar[tuple[str, ...]] = ("advantages",)  # prepare_step_batch's extra inputs it needs
+    inputs: ClassVar[tuple[str, ...]] = ("advantages",)  # the StepInputs.extras it needs, by name
 
     def __call__(self, rewards, mask, *, values=None, token_rewards=None, advantages=None) -> TokenAdvantages:
         if advantages is None:
-            raise ValueError("VinePPO advantages come from extra rollouts: pass advantages= [N, T] (the RL loop's "
-                             "train/sample/vineppo_step.py estimates them) to prepare_step_batch")
+            raise ValueError("VinePPO advantages come from extra rollouts: put them in StepInputs.extras['advantages'] "
+                             "[N, T] (the RL loop's train/sample/vineppo_step.py estimates them)")
         if token_rewards is not None:
             raise ValueError("VinePPO's Monte-Carlo values are of the graders' rewards; per-token rewards "
                              "(kl_mode='reward') are not part of them: use kl_mode='loss'")
@@ -96,15 +98,15 @@ class MonteCarloAdvantage:
 class GreedyBaselineAdvantage:
     """ReMax (Li et al. 2023, arXiv 2310.10505; `remax.remax_advantages`): each group's baseline
     is the reward of a greedy response to its prompt, which the RL loop draws and grades with the
-    group (train/sample/stage.py) and passes as `prepare_step_batch(..., baseline_rewards=[P])`."""
+    group (train/sample/stage.py) and passes as `StepInputs.extras["baseline_rewards"]` [P]."""
 
     inputs: ClassVar[tuple[str, ...]] = ("baseline_rewards",)
 
     def __call__(self, rewards, mask, *, values=None, token_rewards=None, baseline_rewards=None) -> TokenAdvantages:
         """token_rewards (kl_mode='reward'): summed into each sampled response's reward."""
         if baseline_rewards is None:
-            raise ValueError("ReMax's baseline is the reward of a greedy response per prompt: pass "
-                             "baseline_rewards= [P] to prepare_step_batch (the RL loop draws and grades them)")
+            raise ValueError("ReMax's baseline is the reward of a greedy response per prompt: put it in "
+                             "StepInputs.extras['baseline_rewards'] [P] (the RL loop draws and grades them)")
         advantages = remax.remax_advantages(fold_sequence_rewards(rewards, token_rewards), baseline_rewards)
         return TokenAdvantages(adv_lib.broadcast_to_tokens(advantages, mask), None)
 
@@ -112,7 +114,7 @@ class GreedyBaselineAdvantage:
 @dataclasses.dataclass(frozen=True)
 class MultiRewardAdvantage:
     """GDPO (Liu et al. 2026, arXiv 2601.05242; `multi_reward.gdpo_advantages`) over each grader's
-    reward, `prepare_step_batch(..., reward_parts=[P, G, K])`, with `weights` (the run's
+    reward, `StepInputs.extras["reward_parts"]` [P, G, K], with `weights` (the run's
     task.reward_weights; None: 1 for every reward)."""
 
     weights: tuple[float, ...] | None = None
@@ -123,7 +125,8 @@ class MultiRewardAdvantage:
             raise ValueError("GDPO normalises each grader's reward; per-token rewards (kl_mode='reward') are not "
                              "one of them: use kl_mode='loss'")
         if reward_parts is None:
-            raise ValueError("GDPO needs each reward separately: pass reward_parts= [P, G, K] to prepare_step_batch")
+            raise ValueError("GDPO needs each reward separately: put them in StepInputs.extras['reward_parts'] "
+                             "[P, G, K]")
         weights = self.weights if self.weights is not None else (1.0,) * jnp.shape(reward_parts)[2]
         advantages = multi_reward.gdpo_advantages(reward_parts, weights)
         return TokenAdvantages(adv_lib.broadcast_to_tokens(advantages, mask), None)

@@ -12,9 +12,9 @@ from jaxrl_llm.core.recipes import (GaeAdvantage, GreedyBaselineAdvantage, Group
                                     MultiRewardAdvantage, Recipe, TokenAdvantage, TokenAdvantages)
 
 # Advantage estimators by name, like losses.POLICY_LOSSES and corrections.CORRECTIONS.
-# "gae" needs critic values at prepare_step_batch time (values=...), "vineppo" the
-# Monte-Carlo chunk advantages of extra rollouts (advantages=...), "remax" each prompt's greedy
-# reward (baseline_rewards=...), "gdpo" each grader's reward (reward_parts=...).
+# "gae" needs critic values (StepInputs.values); the others' extra inputs are their `inputs`
+# (StepInputs.extras): "vineppo" the Monte-Carlo chunk advantages of extra rollouts, "remax" each
+# prompt's greedy reward, "gdpo" each grader's reward.
 ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "grpo": GroupAdvantage(adv_lib.grpo_advantages),
     "dr_grpo": GroupAdvantage(adv_lib.dr_grpo_advantages),

@@ -1,8 +1,7 @@
 """What the learner does with a Recipe (core/recipes.py): two pure functions and the
 batch they pass between them.
 
-  prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, ...)
-      -> (StepBatch, metrics)
+  prepare_step_batch(recipe, inputs: StepInputs) -> (StepBatch, metrics)
       Once per optimiser step on the FULL step batch: rewards shaping,
       filters, advantages, corrections, and the aggregation weights with
       their global denominators (tokens removed by filters or corrections
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, distill, filters, kl, losses
 from jaxrl_llm.core.recipes import Recipe
+from jaxrl_llm.core.step_inputs import StepInputs, estimator_extras
 
 
 class StepBatch(NamedTuple):
@@ -62,6 +62,10 @@ class StepBatch(NamedTuple):
 
 
 def _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values, teacher_logp) -> None:
+    missing = [name for name, x in (("mask", mask), ("old_logp", old_logp)) if x is None]
+    if missing:
+        raise ValueError(f"StepInputs without {' and '.join(missing)}; prepare_step_batch needs mask and old_logp, "
+                         "[N, T] each")
     chex.assert_rank(rewards, 2)
     _checks.check_float(old_logp, 2)
     for optional in (sampler_logp, ref_logp, values, teacher_logp):
@@ -87,22 +91,7 @@ def _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, 
         raise ValueError(f"recipe {recipe.name!r} has kl_beta={recipe.kl_beta}; it needs ref_logp")
 
 
-def prepare_step_batch(
-    recipe: Recipe,
-    rewards,
-    mask,
-    old_logp,
-    sampler_logp=None,
-    *,
-    ref_logp=None,
-    values=None,
-    truncated=None,
-    correct=None,
-    advantages=None,
-    baseline_rewards=None,
-    reward_parts=None,
-    teacher_logp=None,
-) -> tuple[StepBatch, dict[str, jax.Array]]:
+def prepare_step_batch(recipe: Recipe, inputs: StepInputs) -> tuple[StepBatch, dict[str, jax.Array]]:
     """Everything a step needs before the model runs, on the FULL step batch.
 
     Order: overlong penalty -> response filters (truncation, zero-variance
@@ -118,34 +107,28 @@ def prepare_step_batch(
 
     Args:
       recipe: the objective.
-      rewards: [P, G] scalar rewards (validated on the host when concrete).
-      mask: [N, T] response mask, N = P * G, prompt-major rows.
-      old_logp: [N, T] learner log-probs before the update (pi_old).
-      sampler_logp: [N, T] rollout-engine log-probs (mu); needed by corrections.
-      ref_logp: [N, T] reference log-probs; needed when recipe.kl_beta > 0.
-      values: [N, T] critic values at rollout time; needed by GAE.
-      truncated: [N] bool (no EOS); needed when recipe.mask_truncated.
-      correct: [P, G] the graders' verdicts (bool or 0/1); what the zero-variance
-        filter and its metric judge. None: judge `rewards` (before the penalty).
-      advantages: [N, T] token advantages estimated outside the step; needed by, and
-        only accepted with, `MonteCarloAdvantage` (VinePPO).
-      baseline_rewards: [P] the rewards of each prompt's greedy response; needed by, and only
-        accepted with, ReMax (`remax.GreedyBaselineAdvantage`).
-      reward_parts: [P, G, K] each grader's reward; needed by, and only accepted with, GDPO
-        (`multi_reward.MultiRewardAdvantage`).
-      teacher_logp: [N, T] a frozen teacher's log-probs of the sampled tokens; needed by,
-        and only accepted with, a recipe with `distill` (core/distill.py): the token
-        advantages become reward_weight * A + log pi_teacher - log pi_old.
+      inputs: the step's data (core/step_inputs.py): rewards [P, G] (validated on the host when
+        concrete), mask and old_logp [N, T], and what the recipe needs of the rest: sampler_logp
+        for corrections, ref_logp for kl_beta > 0, values for GAE, truncated for mask_truncated,
+        teacher_logp exactly with `distill` (the token advantages become
+        reward_weight * A + log pi_teacher - log pi_old), and the extras the recipe's estimator
+        declares in its `inputs` (VinePPO's advantages [N, T], ReMax's baseline_rewards [P],
+        GDPO's reward_parts [P, G, K]); an extra it does not declare is refused.
     Returns:
       (StepBatch, metrics): metrics are float32 scalars describing the step
       (rewards, filters, corrections, mismatch_* when sampler_logp is given).
     """
+    if not isinstance(inputs, StepInputs):
+        raise TypeError(f"prepare_step_batch(recipe, inputs) takes a core.StepInputs, got {type(inputs).__name__}")
+    rewards, mask, old_logp, sampler_logp = inputs.rewards, inputs.mask, inputs.old_logp, inputs.sampler_logp
+    ref_logp, values, truncated, teacher_logp = inputs.ref_logp, inputs.values, inputs.truncated, inputs.teacher_logp
     _check_step_inputs(recipe, rewards, mask, old_logp, sampler_logp, ref_logp, values, teacher_logp)
+    extras = estimator_extras(recipe, inputs)
     rewards = _checks.to_float32(rewards)
     valid = _checks.valid_tokens(mask)
     response_mask = valid.astype(jnp.float32)
     lengths = aggregation.response_lengths(valid)
-    outcomes = rewards if correct is None else _checks.to_float32(correct)
+    outcomes = rewards if inputs.correct is None else _checks.to_float32(inputs.correct)
     if outcomes.shape != rewards.shape:
         raise ValueError(f"correct shape {outcomes.shape} must equal rewards shape {rewards.shape} ([P, G])")
     informative = filters.zero_variance_group_mask(outcomes)
@@ -180,8 +163,6 @@ def prepare_step_batch(
     if recipe.kl_beta > 0 and recipe.kl_mode == "reward":
         kl_rewards = -recipe.kl_beta * kl.get_kl_estimator(recipe.kl_estimator)(old_logp, ref_logp, mask=response_mask)
         metrics["kl_reward_penalty_mean"] = jnp.sum(kl_rewards) / rewards.size  # per response
-    extras = _advantage_inputs(recipe, advantages=advantages, baseline_rewards=baseline_rewards,
-                               reward_parts=reward_parts)
     token_advantages = recipe.advantage_fn(rewards, response_mask, values=values, token_rewards=kl_rewards, **extras)
     if recipe.distill is not None:
         token_advantages = token_advantages._replace(advantages=distill.distill_advantages(
@@ -227,18 +208,6 @@ def prepare_step_batch(
     if has_sampler:
         metrics.update(corrections.mismatch_metrics(old_logp, sampler_logp, response_mask))
     return batch, metrics
-
-
-def _advantage_inputs(recipe: Recipe, **given) -> dict:
-    """The inputs beyond the rewards that the recipe's estimator declares (`inputs`: VinePPO's
-    `advantages`, ReMax's `baseline_rewards`, GDPO's `reward_parts`), passed to it (a missing one
-    as None: the estimator says what it needs); one it does not take is refused."""
-    needs = getattr(recipe.advantage_fn, "inputs", ())
-    extra = [name for name, value in given.items() if value is not None and name not in needs]
-    if extra:
-        raise ValueError(f"{', '.join(extra)}= given, but recipe {recipe.name!r}'s advantage {recipe.advantage_fn} "
-                         f"does not take it (it takes {list(needs) or 'only the rewards'})")
-    return {name: given[name] for name in needs}
 
 
 def _masked_constant(x, mask) -> jax.Array:

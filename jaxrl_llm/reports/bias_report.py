@@ -57,7 +57,7 @@ def measured_token_weights(recipe_name: str, batch: SampledBatch) -> tuple[np.nd
     recipe = core.get_recipe(recipe_name, **overrides)
     mask = jnp.asarray(batch.mask)
     old_logp = jnp.full(mask.shape, -1.0, jnp.float32)
-    step, _ = core.prepare_step_batch(recipe, jnp.asarray(batch.rewards), mask, old_logp, old_logp)
+    step, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(batch.rewards), mask, old_logp, old_logp))
     grad = jax.grad(lambda lp: core.recipe_loss(recipe, lp, step)[0])(old_logp)
     per_response = -np.asarray(jnp.sum(grad * mask, axis=1))
     advantages = np.asarray(jnp.sum(step.advantages * mask, axis=1)) / np.maximum(batch.lengths, 1)

@@ -50,7 +50,8 @@ def group_weights(recipe: core.Recipe, rewards: np.ndarray, lengths: np.ndarray)
     width = int(lengths.max())
     mask = (np.arange(width)[None, :] < lengths.reshape(-1, 1)).astype(np.float32)
     old = jnp.full(mask.shape, -1.0, jnp.float32)
-    batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards, jnp.float32), jnp.asarray(mask), old, old)
+    batch, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards, jnp.float32), jnp.asarray(mask),
+                                                               old, old))
     grad = jax.grad(lambda lp: core.recipe_loss(recipe, lp, batch)[0])(old)
     push = np.asarray(jnp.sum(jnp.abs(grad), axis=1)).reshape(rewards.shape).sum(axis=1)
     per_response_adv = np.asarray(jnp.sum(batch.advantages * jnp.asarray(mask), axis=1)) / np.maximum(

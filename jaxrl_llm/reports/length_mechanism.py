@@ -256,8 +256,9 @@ def run_recipe(learner, recipe, params, seed: int, study: MechanismStudy, eos_pr
         # The answer (drawn by the task) stays out of the loss: only the free part (the length) is trained.
         free_mask = mask.copy()
         free_mask[:, 0] = 0.0
-        batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards.reshape(NUM_PROMPTS, -1)),
-                                           jnp.asarray(free_mask), old_logp, truncated=jnp.asarray(truncated))
+        batch, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards.reshape(NUM_PROMPTS, -1)),
+                                                                   jnp.asarray(free_mask), old_logp,
+                                                                   truncated=jnp.asarray(truncated)))
         # The stop-logit force of this step: sum_it w_it A_i (1[EOS] - q_it) over free positions,
         # by class, from the real step batch; and its closed form at the step's mean q.
         q_tok = np.asarray(eos_prob(state.params, tokens))[:, 1:-1]  # predicts completion positions 1..T-1

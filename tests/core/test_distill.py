@@ -54,7 +54,8 @@ def test_opd_step_matches_numpy_values_and_gradients(seed, w):
     b = random_batch(seed, binary_rewards=False)
     teacher = b.sampler_logp  # any other log-probs
     recipe = core.get_recipe("opd", distill=core.Distillation(reward_weight=w))
-    batch, metrics = core.prepare_step_batch(recipe, b.rewards, b.mask, b.old_logp, teacher_logp=teacher)
+    batch, metrics = core.prepare_step_batch(recipe, core.StepInputs(b.rewards, b.mask, b.old_logp,
+                                                                     teacher_logp=teacher))
     want_adv, want_grad = _numpy_opd(b.rewards.astype(np.float64), b.mask, b.old_logp.astype(np.float64),
                                      teacher.astype(np.float64), w)
     np.testing.assert_allclose(np.asarray(batch.advantages), want_adv, rtol=1e-5, atol=1e-6)
@@ -70,6 +71,7 @@ def test_opd_step_matches_numpy_values_and_gradients(seed, w):
 def test_teacher_logp_is_required_exactly_with_a_distilling_recipe():
     b = random_batch(4)
     with pytest.raises(ValueError, match="recipe 'opd' has distill=.*teacher_logp must be given"):
-        core.prepare_step_batch(core.get_recipe("opd"), b.rewards, b.mask, b.old_logp)
+        core.prepare_step_batch(core.get_recipe("opd"), core.StepInputs(b.rewards, b.mask, b.old_logp))
     with pytest.raises(ValueError, match="recipe 'grpo' has distill=None; teacher_logp must be given"):
-        core.prepare_step_batch(core.get_recipe("grpo"), b.rewards, b.mask, b.old_logp, teacher_logp=b.old_logp)
+        core.prepare_step_batch(core.get_recipe("grpo"), core.StepInputs(b.rewards, b.mask, b.old_logp,
+                                                                         teacher_logp=b.old_logp))

@@ -181,7 +181,8 @@ def test_covariance_losses_refuse_a_missing_selection():
 def test_selection_is_global_so_the_gradient_is_the_same_for_every_micro_batch_split(name):
     rec = core.get_recipe(name, token_selection=functools.partial(core.top_covariance_tokens, fraction=0.1))
     data = random_batch(11, num_prompts=4, group_size=4, width=8)
-    batch, metrics = core.prepare_step_batch(rec, data.rewards, data.mask, data.old_logp, data.sampler_logp)
+    batch, metrics = core.prepare_step_batch(rec, core.StepInputs(data.rewards, data.mask, data.old_logp,
+                                                                  data.sampler_logp))
     assert float(metrics["selected_token_fraction"]) > 0
 
     grad = jax.jit(jax.grad(lambda lp, part: core.recipe_loss(rec, lp, part)[0]))
@@ -218,7 +219,7 @@ def test_gpg_recipe_gradient_equals_the_numpy_formulation():
     adv = alpha * (rewards - rewards.mean(axis=1, keepdims=True)) * informative[:, None]
     np.testing.assert_allclose(core.gpg_advantages(rewards), adv, rtol=1e-5, atol=1e-6)
     rec = core.get_recipe("gpg")
-    batch, _ = core.prepare_step_batch(rec, rewards, data.mask, data.old_logp)
+    batch, _ = core.prepare_step_batch(rec, core.StepInputs(rewards, data.mask, data.old_logp))
     grad = jax.grad(lambda lp: core.recipe_loss(rec, lp, batch)[0])(data.logp)
     # token mean of -A_i log pi_it: d/d log pi_it = -A_i / (number of valid tokens)
     want = -np.repeat(adv.reshape(-1, 1), 8, axis=1) * data.mask / data.mask.sum()

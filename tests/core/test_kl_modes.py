@@ -30,7 +30,7 @@ def k3(logp, ref_logp, mask):
 def test_reward_mode_subtracts_the_summed_penalty_from_each_responses_reward(batch):
     rewards, mask, old_logp, ref_logp = batch
     recipe = core.get_recipe("dr_grpo", constant_length=T, kl_beta=BETA, kl_mode="reward")
-    got, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, ref_logp=ref_logp)
+    got, metrics = core.prepare_step_batch(recipe, core.StepInputs(rewards, mask, old_logp, ref_logp=ref_logp))
     shaped = rewards - BETA * k3(old_logp, ref_logp, mask).sum(axis=1).reshape(P, G)
     expected = (shaped - shaped.mean(axis=1, keepdims=True)).reshape(-1, 1) * mask  # Dr. GRPO: r - group mean
     np.testing.assert_allclose(np.asarray(got.advantages), expected, atol=1e-5)
@@ -43,7 +43,7 @@ def test_reward_mode_with_gae_places_the_penalty_on_each_token(batch):
     recipe = core.get_recipe("ppo", advantage_fn=core.GaeAdvantage(gamma=1.0, lam=1.0), kl_beta=BETA,
                              kl_mode="reward")
     values = np.zeros((P * G, T), np.float32)
-    got, _ = core.prepare_step_batch(recipe, rewards, mask, old_logp, ref_logp=ref_logp, values=values)
+    got, _ = core.prepare_step_batch(recipe, core.StepInputs(rewards, mask, old_logp, ref_logp=ref_logp, values=values))
     token_rewards = -BETA * k3(old_logp, ref_logp, mask)
     last = mask.sum(axis=1).astype(int) - 1
     token_rewards[np.arange(P * G), last] += rewards.reshape(-1)
@@ -57,7 +57,7 @@ def test_loss_mode_adds_beta_times_the_aggregated_kl_and_reward_mode_does_not(ba
     losses = {}
     for mode in ("loss", "reward"):
         recipe = core.get_recipe("grpo", kl_beta=BETA, kl_mode=mode)
-        step, _ = core.prepare_step_batch(recipe, rewards, mask, old_logp, ref_logp=ref_logp)
+        step, _ = core.prepare_step_batch(recipe, core.StepInputs(rewards, mask, old_logp, ref_logp=ref_logp))
         loss, metrics = core.recipe_loss(recipe, jnp.asarray(logp), step)
         losses[mode] = (float(loss), float(metrics["policy_loss"]), metrics)
         # the logged KL is the token mean of k3 at the current policy, in both modes

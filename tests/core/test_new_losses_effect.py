@@ -38,7 +38,7 @@ def train(recipe, *, steps=30, inner=4, lr=0.5, seed=0):
         arms = jax.random.categorical(sub, logits, shape=(PROMPTS * GROUP, 1))
         old = jax.nn.log_softmax(logits)[arms]
         rewards = REWARDED[np.asarray(arms)].reshape(PROMPTS, GROUP)
-        batch, _ = core.prepare_step_batch(recipe, rewards, MASK, old)
+        batch, _ = core.prepare_step_batch(recipe, core.StepInputs(rewards, MASK, old))
         for _ in range(inner):
             logits = logits - lr * grad(logits, arms, batch)
     return logits

@@ -80,10 +80,12 @@ def test_float32_compute_is_what_makes_the_difference():
 def test_recipe_step_with_bf16_logprobs():
     rec = core.get_recipe("olmo3")
     bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
-    batch, metrics = core.prepare_step_batch(rec, DATA.rewards, MASK, bf16(DATA.old_logp), bf16(DATA.sampler_logp))
+    batch, metrics = core.prepare_step_batch(rec, core.StepInputs(DATA.rewards, MASK, bf16(DATA.old_logp),
+                                                                  bf16(DATA.sampler_logp)))
     loss, _ = core.recipe_loss(rec, bf16(DATA.logp), batch)
-    reference_batch, _ = core.prepare_step_batch(
-        rec, DATA.rewards, MASK, bf16(DATA.old_logp).astype(jnp.float32), bf16(DATA.sampler_logp).astype(jnp.float32))
+    reference_batch, _ = core.prepare_step_batch(rec, core.StepInputs(DATA.rewards, MASK,
+                                                                      bf16(DATA.old_logp).astype(jnp.float32),
+                                                                      bf16(DATA.sampler_logp).astype(jnp.float32)))
     reference, _ = core.recipe_loss(rec, bf16(DATA.logp).astype(jnp.float32), reference_batch)
     assert loss.dtype == jnp.float32 and all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(batch))
     assert float(loss) == float(reference)

@@ -65,7 +65,7 @@ def test_customized_recipe_changes_the_loss_as_derived():
     reference = core.get_recipe("dr_grpo", constant_length=3)
     losses = []
     for recipe in (mixed, reference):
-        batch, _ = core.prepare_step_batch(recipe, rewards, mask, logp, logp)
+        batch, _ = core.prepare_step_batch(recipe, core.StepInputs(rewards, mask, logp, logp))
         losses.append(float(core.recipe_loss(recipe, logp, batch)[0]))
     assert losses[0] == pytest.approx(losses[1], abs=1e-7)
     # By hand at ratio 1: loss = -sum_i A_i * L_i / (G * L_const) = -(0.5*3 - 0.5*1 - 0.5*1 + 0.5*2) / 12

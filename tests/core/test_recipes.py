@@ -37,7 +37,7 @@ def test_unknown_recipe_lists_valid_names():
 
 
 def _on_policy_grad(rec, rewards, mask, logp, sampler_logp=None, **kwargs):
-    batch, metrics = core.prepare_step_batch(rec, rewards, mask, logp, sampler_logp, **kwargs)
+    batch, metrics = core.prepare_step_batch(rec, core.StepInputs(rewards, mask, logp, sampler_logp, **kwargs))
     grad = jax.grad(lambda lp: core.recipe_loss(rec, lp, batch)[0])(logp)
     return np.asarray(grad), batch, metrics
 
@@ -85,19 +85,19 @@ def test_zero_variance_filter_judges_accuracy_not_the_length_penalty():
     it must be dropped; group 1 (right, wrong, wrong, right) is kept."""
     rec = recipe("dapo", overlong=core.OverlongPenalty(max_length=4, buffer=2))
     rewards = np.array([[1, 1, 1, 1], [1, 0, 0, 1]], np.float32)
-    batch, metrics = core.prepare_step_batch(rec, rewards, MASK8, LOGP8, LOGP8)
+    batch, metrics = core.prepare_step_batch(rec, core.StepInputs(rewards, MASK8, LOGP8, LOGP8))
     weights = np.asarray(batch.loss_weights)
     np.testing.assert_array_equal(weights[:4], 0.0)  # the all-correct group leaves the loss
     np.testing.assert_allclose(weights[4:], MASK8[4:] / 10.0, rtol=1e-6)  # token mean over 1+2+3+4 kept tokens
     assert float(metrics["zero_variance_group_fraction"]) == 0.5
     # shaped outside core (e.g. a length reward): the verdicts passed as `correct` decide
     shaped = np.array([[1.0, 0.9, 0.8, 0.7], [0.9, -0.1, -0.2, 0.7]], np.float32)
-    batch, metrics = core.prepare_step_batch(rec, shaped, MASK8, LOGP8, LOGP8, correct=rewards >= 1)
+    batch, metrics = core.prepare_step_batch(rec, core.StepInputs(shaped, MASK8, LOGP8, LOGP8, correct=rewards >= 1))
     np.testing.assert_array_equal(np.asarray(batch.loss_weights)[:4], 0.0)
     assert np.all(np.asarray(batch.loss_weights)[4:][MASK8[4:] > 0] > 0)
     assert float(metrics["zero_variance_group_fraction"]) == 0.5
     with pytest.raises(ValueError, match="correct shape"):
-        core.prepare_step_batch(rec, shaped, MASK8, LOGP8, LOGP8, correct=np.ones((1, 8)))
+        core.prepare_step_batch(rec, core.StepInputs(shaped, MASK8, LOGP8, LOGP8, correct=np.ones((1, 8))))
 
 
 def test_olmo3_token_tis_weights_the_gradient():
@@ -129,7 +129,7 @@ def test_ppo_uses_gae_on_terminal_reward():
     values = np.full((2, 2), 0.5, np.float32)
     logp = LOGP[:2, :2]
     rec = recipe("ppo")  # gamma 1, lambda 0.95
-    batch, _ = core.prepare_step_batch(rec, rewards, mask, logp, values=values)
+    batch, _ = core.prepare_step_batch(rec, core.StepInputs(rewards, mask, logp, values=values))
     # row 0: deltas (0 + .5 - .5, 1 - .5) -> A = (.95 * .5, .5); row 1: delta = 0 - .5
     np.testing.assert_allclose(batch.advantages, [[0.475, 0.5], [-0.5, 0.0]], rtol=1e-6)
     np.testing.assert_allclose(batch.returns, [[0.975, 1.0], [0.0, 0.0]], rtol=1e-6)
@@ -139,7 +139,7 @@ def test_ppo_uses_gae_on_terminal_reward():
     # value loss 0.5 (V - R)^2 inside the clip range, weighted 1/3 per token, coefficient 0.5
     np.testing.assert_allclose(grads[1], 0.5 * (new_values - batch.returns) / 3 * mask, rtol=1e-5)
     with pytest.raises(ValueError, match="critic values"):
-        core.prepare_step_batch(rec, rewards, mask, logp)
+        core.prepare_step_batch(rec, core.StepInputs(rewards, mask, logp))
 
 
 def test_kl_term_in_the_loss():
@@ -151,30 +151,30 @@ def test_kl_term_in_the_loss():
     expected = 0.04 * (1 - np.exp(-0.3)) / (4 * LENGTHS)[:, None] * MASK
     np.testing.assert_allclose(grad_with_kl - grad_without, expected, rtol=1e-4, atol=1e-9)
     with pytest.raises(ValueError, match="ref_logp"):
-        core.prepare_step_batch(rec, REWARDS, MASK, LOGP)
+        core.prepare_step_batch(rec, core.StepInputs(REWARDS, MASK, LOGP))
 
 
 def test_step_input_errors():
     with pytest.raises(ValueError, match=r"rewards\[0, 2\] = nan"):
-        core.prepare_step_batch(recipe("grpo"), np.array([[1.0, 0.0, np.nan, 1.0]]), MASK, LOGP)
+        core.prepare_step_batch(recipe("grpo"), core.StepInputs(np.array([[1.0, 0.0, np.nan, 1.0]]), MASK, LOGP))
     with pytest.raises(ValueError, match=r"mask has shape \(4, 5\).*old_logp has shape \(4, 6\)"):
-        core.prepare_step_batch(recipe("grpo"), REWARDS, MASK, np.zeros((4, 6), np.float32))
+        core.prepare_step_batch(recipe("grpo"), core.StepInputs(REWARDS, MASK, np.zeros((4, 6), np.float32)))
     with pytest.raises(ValueError, match=r"rewards shape \(2, 4\).*mask shape \(4, 5\)"):
-        core.prepare_step_batch(recipe("grpo"), np.zeros((2, 4)), MASK, LOGP)
+        core.prepare_step_batch(recipe("grpo"), core.StepInputs(np.zeros((2, 4)), MASK, LOGP))
     with pytest.raises(ValueError, match="constant_length"):
-        core.prepare_step_batch(core.get_recipe("dr_grpo"), REWARDS, MASK, LOGP)
+        core.prepare_step_batch(core.get_recipe("dr_grpo"), core.StepInputs(REWARDS, MASK, LOGP))
     with pytest.raises(ValueError, match="sampler_logp"):
-        core.prepare_step_batch(recipe("olmo3"), REWARDS, MASK, LOGP)
+        core.prepare_step_batch(recipe("olmo3"), core.StepInputs(REWARDS, MASK, LOGP))
     with pytest.raises(ValueError, match="truncated"):
-        core.prepare_step_batch(recipe("grpo", mask_truncated=True), REWARDS, MASK, LOGP)
+        core.prepare_step_batch(recipe("grpo", mask_truncated=True), core.StepInputs(REWARDS, MASK, LOGP))
 
 
 def test_overlong_penalty_and_truncation_masking():
     rec = recipe("dapo", overlong=core.OverlongPenalty(max_length=5, buffer=2), mask_truncated=True,
                  filter_zero_variance_groups=False)
     rewards = np.ones((1, 4), np.float32)
-    batch, metrics = core.prepare_step_batch(rec, rewards, MASK, LOGP, LOGP,
-                                             truncated=np.array([False, False, False, True]))
+    batch, metrics = core.prepare_step_batch(rec, core.StepInputs(rewards, MASK, LOGP, LOGP,
+                                                                  truncated=np.array([False, False, False, True])))
     # lengths 1..4 with L_max 5, buffer 2: penalties 0, 0, 0, -0.5 -> rewards 1, 1, 1, 0.5
     assert float(metrics["reward_mean"]) == pytest.approx(3.5 / 4)
     assert float(metrics["overlong_penalty_mean"]) == pytest.approx(-0.5 / 4)
@@ -186,7 +186,8 @@ def _random_step(name, seed=11):
     data = random_batch(seed, num_prompts=4, group_size=4, width=8)
     rec = recipe(name)
     kwargs = dict(values=data.values) if name == "ppo" else {}
-    batch, _ = core.prepare_step_batch(rec, data.rewards, data.mask, data.old_logp, data.sampler_logp, **kwargs)
+    batch, _ = core.prepare_step_batch(rec, core.StepInputs(data.rewards, data.mask, data.old_logp, data.sampler_logp,
+                                                            **kwargs))
     values = jnp.asarray(data.values + 0.3) if name == "ppo" else None
     return rec, data, batch, values
 
@@ -247,9 +248,9 @@ def test_recipe_is_a_valid_static_argument():
 def test_prepare_step_batch_under_jit_matches_eager():
     rec = recipe("olmo3")
     data = random_batch(13)
-    eager, eager_metrics = core.prepare_step_batch(rec, data.rewards, data.mask, data.old_logp, data.sampler_logp)
-    jitted, jitted_metrics = jax.jit(functools.partial(core.prepare_step_batch, rec))(
-        data.rewards, data.mask, data.old_logp, data.sampler_logp)
+    inputs = core.StepInputs(data.rewards, data.mask, data.old_logp, data.sampler_logp)
+    eager, eager_metrics = core.prepare_step_batch(rec, inputs)
+    jitted, jitted_metrics = jax.jit(functools.partial(core.prepare_step_batch, rec))(inputs)  # one pytree
     for a, b in zip(eager, jitted):
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

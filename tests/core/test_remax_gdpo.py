@@ -90,18 +90,20 @@ def test_prepare_step_batch_hands_each_estimator_its_input_and_refuses_it_elsewh
     rewards = np.array([[1.0, 0.0]], np.float32)
     mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
     logp = np.zeros((2, 3), np.float32)
-    batch, _ = core.prepare_step_batch(core.get_recipe("remax"), rewards, mask, logp,
-                                       baseline_rewards=np.array([1.0], np.float32))
+    baseline = {"baseline_rewards": np.array([1.0], np.float32)}
+    batch, _ = core.prepare_step_batch(core.get_recipe("remax"), core.StepInputs(rewards, mask, logp, extras=baseline))
     np.testing.assert_array_equal(np.asarray(batch.advantages), [[0, 0, 0], [-1, 0, 0]])
     parts = np.array([[[1, 0], [0, 1]]], np.float32)  # the two rewards cancel: advantage 0
     recipe = core.get_recipe("gdpo", advantage_fn=core.MultiRewardAdvantage(weights=(1.0, 1.0)))
-    batch, _ = core.prepare_step_batch(recipe, rewards, mask, logp, reward_parts=parts)
+    batch, _ = core.prepare_step_batch(recipe, core.StepInputs(rewards, mask, logp, extras={"reward_parts": parts}))
     np.testing.assert_allclose(np.asarray(batch.advantages), 0.0, atol=1e-6)
-    batch, _ = core.prepare_step_batch(core.get_recipe("gdpo"), rewards, mask, logp, reward_parts=parts[:, :, :1])
+    one_part = core.StepInputs(rewards, mask, logp, extras={"reward_parts": parts[:, :, :1]})
+    batch, _ = core.prepare_step_batch(core.get_recipe("gdpo"), one_part)
     np.testing.assert_allclose(np.asarray(batch.advantages), [[1, 1, 0], [-1, 0, 0]], atol=1e-5)
-    with pytest.raises(ValueError, match="baseline_rewards= given, but recipe 'grpo'"):
-        core.prepare_step_batch(core.get_recipe("grpo"), rewards, mask, logp, baseline_rewards=np.ones(1))
+    with pytest.raises(ValueError, match=r"extras \['baseline_rewards'\] given, but recipe 'grpo'"):
+        core.prepare_step_batch(core.get_recipe("grpo"), core.StepInputs(rewards, mask, logp,
+                                                                         extras={"baseline_rewards": np.ones(1)}))
     with pytest.raises(ValueError, match="greedy response per prompt"):
-        core.prepare_step_batch(core.get_recipe("remax"), rewards, mask, logp)
-    with pytest.raises(ValueError, match="reward_parts= \\[P, G, K\\]"):
-        core.prepare_step_batch(core.get_recipe("gdpo"), rewards, mask, logp)
+        core.prepare_step_batch(core.get_recipe("remax"), core.StepInputs(rewards, mask, logp))
+    with pytest.raises(ValueError, match=r"extras\['reward_parts'\] \[P, G, K\]"):
+        core.prepare_step_batch(core.get_recipe("gdpo"), core.StepInputs(rewards, mask, logp))

@@ -63,10 +63,12 @@ def test_prepare_step_batch_places_given_advantages_only_for_vineppo():
     mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
     adv = np.array([[0.5, -0.25, 9.0], [2.0, 9.0, 9.0]], np.float32)  # 9: padding, must not survive
     logp = np.zeros((2, 3), np.float32)
-    batch, metrics = core.prepare_step_batch(core.get_recipe("vineppo"), rewards, mask, logp, advantages=adv)
+    batch, metrics = core.prepare_step_batch(core.get_recipe("vineppo"), core.StepInputs(rewards, mask, logp,
+                                                                                         extras={"advantages": adv}))
     np.testing.assert_array_equal(np.asarray(batch.advantages), [[0.5, -0.25, 0.0], [2.0, 0.0, 0.0]])
     np.testing.assert_allclose(float(metrics["advantage_token_mean"]), (0.5 - 0.25 + 2.0) / 3)
-    with pytest.raises(ValueError, match="advantages= given, but recipe .grpo.*does not take it"):
-        core.prepare_step_batch(core.get_recipe("grpo"), rewards, mask, logp, advantages=adv)
+    with pytest.raises(ValueError, match=r"extras \['advantages'\] given, but recipe .grpo.*does not declare them"):
+        core.prepare_step_batch(core.get_recipe("grpo"), core.StepInputs(rewards, mask, logp,
+                                                                         extras={"advantages": adv}))
     with pytest.raises(ValueError, match="VinePPO advantages come from extra rollouts"):
-        core.prepare_step_batch(core.get_recipe("vineppo"), rewards, mask, logp)
+        core.prepare_step_batch(core.get_recipe("vineppo"), core.StepInputs(rewards, mask, logp))

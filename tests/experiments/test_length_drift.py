@@ -44,7 +44,7 @@ def expected_loss_gradient(recipe, rewards, q):
 
     def loss(theta, outcomes):
         mask, logp = outcome_arrays(outcomes, correct, theta)
-        step, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards, jnp.float32), mask, logp)
+        step, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards, jnp.float32), mask, logp))
         return core.recipe_loss(recipe, logp, step)[0]
 
     combos = np.array(list(itertools.product(range(dist.prob.size), repeat=correct.size)))

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxrl_llm import core
 from jaxrl_llm.data import Task, make_task
 from jaxrl_llm.rewards import trusted_in_process
 
@@ -148,7 +149,7 @@ def reference_sync_loop(cfg, policy, task):
             rollouts = engine.generate(encode_prompts(policy, examples), group,
                                        sampling_params(cfg, seed=step_seed(cfg, step)))
             graded = grade(pool, task, decode_completions(policy, rollouts), examples, group)
-            state, metrics = learn(learner, state, recipe, cfg, rollouts, graded.rewards)
+            state, metrics = learn(learner, state, recipe, cfg, rollouts, core.StepInputs(graded.rewards))
             engine.update_weights(engine_params(cfg, learner.full_params(state.params)))
             rows.append({"step": step, "reward": float(graded.rewards.mean()), **metrics})
     return rows, learner.full_params(state.params)

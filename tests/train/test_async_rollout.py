@@ -210,8 +210,9 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
             np.testing.assert_allclose(np.asarray(at_version)[mask], seq.sampler_logp[mask], atol=3e-5)
             old_logp, _ = learner.logprobs(state.params, seq)
             rewards = jnp.asarray(np.random.default_rng(batch.step).integers(0, 2, (2, 4)), jnp.float32)
-            step_batch, prep = core.prepare_step_batch(recipe, rewards, jnp.asarray(seq.completion_mask), old_logp,
-                                                       jnp.asarray(seq.sampler_logp))
+            step_batch, prep = core.prepare_step_batch(recipe, core.StepInputs(rewards,
+                                                                               jnp.asarray(seq.completion_mask),
+                                                                               old_logp, jnp.asarray(seq.sampler_logp)))
             stale = producer.staleness(batch)
             gap = float(np.max(np.abs(np.asarray(old_logp) - seq.sampler_logp)[mask]))
             weights = np.asarray(step_batch.correction_weights)[mask]

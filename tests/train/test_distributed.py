@@ -63,8 +63,9 @@ def step_batch(learner, params, seq, rewards):
     from jaxrl_llm import core
 
     old_logp, _ = learner.logprobs(params, seq)
-    batch, _ = core.prepare_step_batch(learner.recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
-                                       old_logp, jnp.asarray(seq.sampler_logp))
+    batch, _ = core.prepare_step_batch(learner.recipe, core.StepInputs(jnp.asarray(rewards),
+                                                                       jnp.asarray(seq.completion_mask), old_logp,
+                                                                       jnp.asarray(seq.sampler_logp)))
     return jax.tree.map(np.asarray, jax.device_get(batch))
 
 

@@ -55,8 +55,9 @@ def make_learner(cfg, recipe="grpo", **train):
 
 def step_batch_for(learner, params, seq, rewards):
     old_logp, _ = learner.logprobs(params, seq)
-    batch, _ = core.prepare_step_batch(learner.recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
-                                       old_logp, jnp.asarray(seq.sampler_logp))
+    batch, _ = core.prepare_step_batch(learner.recipe, core.StepInputs(jnp.asarray(rewards),
+                                                                       jnp.asarray(seq.completion_mask), old_logp,
+                                                                       jnp.asarray(seq.sampler_logp)))
     return batch
 
 

@@ -95,9 +95,8 @@ def loss_grads_metrics(recipe, params, seq, rewards, mesh=None, **train):
     state = learner.init(params)
     old_logp, _ = make_learner(recipe, pack=False, micro_batch_size=16).logprobs(state.params, seq)
     shift = np.random.default_rng(7).normal(0.0, 0.2, seq.completion_mask.shape) * seq.completion_mask
-    batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
-                                       old_logp + shift,  # pi != pi_old token by token: ratios, some clipped
-                                       jnp.asarray(seq.sampler_logp))
+    batch, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
+                                                               old_logp + shift, jnp.asarray(seq.sampler_logp)))
     return learner.loss_and_grads(state.params, seq, batch)
 
 
@@ -163,7 +162,8 @@ def test_update_reports_the_padding_it_computed(params):
         learner = make_learner(recipe, pack=pack, micro_batch_size=4)
         state = learner.init(params)
         old_logp, _ = learner.logprobs(state.params, seq)
-        batch, _ = core.prepare_step_batch(recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask), old_logp)
+        batch, _ = core.prepare_step_batch(recipe, core.StepInputs(jnp.asarray(rewards),
+                                                                   jnp.asarray(seq.completion_mask), old_logp))
         _, metrics = learner.update(state, seq, batch)
         plan = learner.plan(seq)
         slots = expected_slots or int(plan.used.sum()) * 4 * 16

@@ -55,8 +55,10 @@ def separate_forward_logprobs(params, cfg, seq, dtype):
 def train_steps(learner, state, seq, rewards, steps=3):
     for _ in range(steps):
         out = learner.step_logprobs(state.params, seq)
-        batch, _ = core.prepare_step_batch(learner.recipe, jnp.asarray(rewards), jnp.asarray(seq.completion_mask),
-                                           out.logp, jnp.asarray(seq.sampler_logp), ref_logp=out.ref_logp)
+        batch, _ = core.prepare_step_batch(learner.recipe, core.StepInputs(jnp.asarray(rewards),
+                                                                           jnp.asarray(seq.completion_mask), out.logp,
+                                                                           jnp.asarray(seq.sampler_logp),
+                                                                           ref_logp=out.ref_logp))
         state, _ = learner.update(state, seq, batch)
     return state
 
@@ -139,7 +141,8 @@ def run_even_first_token_task(cfg, params, kl_beta: float, steps: int = 10):
     learner = Learner(cfg, core.get_recipe("grpo", kl_beta=kl_beta, kl_estimator="k3"), learner.train_cfg,
                       total_steps=steps, temperature=TEMPERATURE)
     state = learner.init(params)
-    prepare = jax.jit(lambda *args: core.prepare_step_batch(learner.recipe, *args[:4], ref_logp=args[4]))
+    prepare = jax.jit(lambda *args: core.prepare_step_batch(learner.recipe,
+                                                            core.StepInputs(*args[:4], ref_logp=args[4])))
     for step in range(steps):
         rollouts = JaxSampler(cfg, state.params, eos_token_ids=[96]).generate(
             PROMPTS, n=G, params=SamplingParams(temperature=TEMPERATURE, max_tokens=3, seed=step))

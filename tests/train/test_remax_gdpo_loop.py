@@ -21,9 +21,9 @@ def recorded(monkeypatch):
     """The arguments of every `learn` call of the loop."""
     calls, real_learn = [], loop.learn
 
-    def learn(learner, state, recipe, cfg, rollouts, rewards, **kw):
-        calls.append(dict(rollouts=rollouts, rewards=np.asarray(rewards), **kw))
-        return real_learn(learner, state, recipe, cfg, rollouts, rewards, **kw)
+    def learn(learner, state, recipe, cfg, rollouts, sampled):
+        calls.append(dict(rollouts=rollouts, rewards=np.asarray(sampled.rewards), **sampled.extras))
+        return real_learn(learner, state, recipe, cfg, rollouts, sampled)
 
     monkeypatch.setattr(loop, "learn", learn)
     return calls

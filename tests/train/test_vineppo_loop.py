@@ -65,10 +65,10 @@ def vine_run(learning_model_dir, learning_policy, tmp_path_factory):
         rec.estimates.append((rollouts, np.asarray(rewards), out))
         return out
 
-    def learn(learner, state, recipe, cfg, rollouts, rewards, correct=None, advantages=None):
-        rec.learn_advantages.append(advantages)
-        rec.rewards.append(np.asarray(rewards))
-        return real_learn(learner, state, recipe, cfg, rollouts, rewards, correct=correct, advantages=advantages)
+    def learn(learner, state, recipe, cfg, rollouts, sampled):
+        rec.learn_advantages.append(sampled.extras["advantages"])
+        rec.rewards.append(np.asarray(sampled.rewards))
+        return real_learn(learner, state, recipe, cfg, rollouts, sampled)
 
     mp.setattr(vineppo_step, "estimate", estimate)
     mp.setattr(loop, "learn", learn)

@@ -44,7 +44,7 @@ def run_facts(cfg: Config, env_task: bool | None = None) -> RunFacts:
         recipe=recipe, dynamic_sampling=dynamic_sampling(cfg),
         env_task=is_env_task(cfg.task) if env_task is None else env_task,
         vineppo=isinstance(recipe.advantage_fn, core.MonteCarloAdvantage),
-        greedy_baseline="baseline_rewards" in getattr(recipe.advantage_fn, "inputs", ()))
+        greedy_baseline=isinstance(recipe.advantage_fn, core.GreedyBaselineAdvantage))
 
 
 def check_runnable(cfg: Config, *, env_task: bool | None = None, processes: int = 1) -> RunFacts:
@@ -156,14 +156,13 @@ def _check_vineppo(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
 
 
 def _check_extra_inputs(cfg: Config, plan: RunFacts, recipe: core.Recipe, processes: int) -> None:
-    """ReMax's greedy baseline and GDPO's per-grader rewards come from the plain sampling stage's
-    grades of the graders' rewards; refuse what would change or lose them."""
-    needs = getattr(recipe.advantage_fn, "inputs", ())
-    if not {"baseline_rewards", "reward_parts"} & set(needs):
+    """An estimator's extra inputs (its `inputs`: ReMax's greedy baseline, GDPO's per-grader rewards,
+    any train/sample/extras.py fills) come from the plain sampling stage's grades of the graders'
+    rewards, in one process; refuse what would change or lose them (VinePPO's own refusals ran first)."""
+    needs = core.estimator_inputs(recipe)
+    if not needs:
         return
-    why = (f"recipe.advantage = {cfg.recipe.advantage or recipe.name!r} ("
-           + ("ReMax: the greedy response's reward as the baseline)" if plan.greedy_baseline else
-              "GDPO: each of task.reward_fns normalised within its group)"))
+    why = f"recipe.advantage = {cfg.recipe.advantage or recipe.name!r} (its estimator takes {list(needs)})"
     refusals = (
         (plan.env_task, f"task.name = {cfg.task.name!r} / task.env = {cfg.task.env!r} is a multi-turn environment",
          "a single-turn task"),
@@ -173,10 +172,11 @@ def _check_extra_inputs(cfg: Config, plan: RunFacts, recipe: core.Recipe, proces
          "the sampled rewards only", "shaping.length_reward=off and shaping.darling=off"),
         (recipe.overlong is not None, f"recipe.overlong_buffer = {cfg.recipe.overlong_buffer!r} (recipe "
          f"{recipe.name!r}) adds a penalty to the sampled rewards only", "recipe.overlong_buffer=0"),
-        (processes > 1, f"the run has {processes} JAX processes (the step's gather carries no greedy or per-grader "
-         "rewards)", "one process"),
-        ("reward_parts" in needs and recipe.kl_beta > 0 and recipe.kl_mode == "reward",
-         "recipe.kl_mode = 'reward' adds a per-token reward that is none of the graders'", "recipe.kl_mode=loss"),
+        (processes > 1, f"the run has {processes} JAX processes (the step's gather carries no extra inputs)",
+         "one process"),
+        (isinstance(recipe.advantage_fn, core.MultiRewardAdvantage) and recipe.kl_beta > 0
+         and recipe.kl_mode == "reward", "recipe.kl_mode = 'reward' adds a per-token reward that is none of the "
+         "graders'", "recipe.kl_mode=loss"),
     )
     for refused, what, valid in refusals:
         if refused:

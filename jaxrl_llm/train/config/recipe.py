@@ -31,7 +31,8 @@ class RecipeConfig(Section):
     """
 
     name: str = field("grpo", choices=RECIPE_NAMES)
-    advantage: str | None = field(None, choices=ADVANTAGE_NAMES)
+    # choices: the live registry, so an estimator registered at run time (a plugin, a test) is valid
+    advantage: str | None = field(None, choices=core.ADVANTAGES)
     loss: str | None = field(None, choices=POLICY_LOSS_NAMES)
     aggregation: str | None = field(None, choices=AGGREGATION_NAMES)
     # L_const of the "constant" aggregation; None: rollout.max_tokens.

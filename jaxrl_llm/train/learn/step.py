@@ -22,39 +22,34 @@ from jaxrl_llm.train.learn.learner import Learner, LearnerState, StepLogprobs
 
 
 def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
-          rewards: np.ndarray, correct: np.ndarray | None = None,
-          advantages: np.ndarray | None = None, baseline_rewards: np.ndarray | None = None,
-          reward_parts: np.ndarray | None = None) -> tuple[LearnerState, dict[str, float]]:
+          sampled: core.StepInputs) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc).
 
-    `rewards` are the learner's (shaped) rewards [P, G]; `correct` [P, G] the graders'
-    verdicts, which the zero-variance group filter judges (DAPO filters on accuracy);
-    `advantages` [N, T_c] token advantages estimated outside the step (VinePPO), `baseline_rewards`
-    [P] the greedy responses' rewards (ReMax), `reward_parts` [P, G, K] each grader's reward (GDPO):
-    the inputs the recipe's estimator takes besides the rewards, else None.
+    `sampled` is the sampling stage's part of the step's `core.StepInputs` (`Graded.step_inputs`):
+    the learner's (shaped) rewards [P, G]; `correct` [P, G] the graders' verdicts, which the
+    zero-variance group filter judges (DAPO filters on accuracy; None: the rewards); and the
+    extras the recipe's estimator declares. This adds the learner's part (mask, sampler and pi_old
+    log-probs, truncation, reference / teacher log-probs, critic values) and hands each mini-batch
+    of the one StepInputs to `core.prepare_step_batch`.
     """
-    core.validate_rewards(rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
+    core.validate_rewards(sampled.rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
     put = learner.replicated
     before = _pi_old(learner, state, cfg, seq)
-    old_logp, entropy, ref_logp, teacher_logp = before.logp, before.entropy, before.ref_logp, before.teacher_logp
+    entropy, ref_logp, teacher_logp = before.entropy, before.ref_logp, before.teacher_logp
     mask = put(seq.completion_mask)
-    prompts, group = rewards.shape
-    per_mb = prompts // cfg.train.minibatches_per_batch  # the config checks that it divides
+    correct = sampled.rewards if sampled.correct is None else sampled.correct
+    inputs = sampled._replace(
+        mask=mask, old_logp=before.logp, sampler_logp=seq.sampler_logp, truncated=seq.truncated,
+        ref_logp=ref_logp, values=before.values, teacher_logp=teacher_logp, correct=np.asarray(correct, np.float32))
+    count = cfg.train.minibatches_per_batch  # the config checks that it divides the prompts
     metrics: dict[str, list] = {}
     prepared = []
-    correct = np.asarray(rewards if correct is None else correct, np.float32)
-    for m in range(cfg.train.minibatches_per_batch):
-        rows, prompt_rows = slice(m * per_mb * group, (m + 1) * per_mb * group), slice(m * per_mb, (m + 1) * per_mb)
-        batch, prep = _prepare(recipe)(put(rewards[prompt_rows]), put(correct[prompt_rows]), mask[rows], old_logp[rows],
-                                       put(seq.sampler_logp[rows]), put(seq.truncated[rows]),
-                                       None if ref_logp is None else ref_logp[rows],
-                                       None if before.values is None else before.values[rows],
-                                       None if advantages is None else put(advantages[rows]),
-                                       None if teacher_logp is None else teacher_logp[rows],
-                                       *(None if x is None else put(np.asarray(x)[prompt_rows])
-                                         for x in (baseline_rewards, reward_parts)))
-        prepared.append((rows, batch))
+    for m in range(count):
+        mini = jax.tree.map(lambda x: put(x) if isinstance(x, np.ndarray) else x, core.mini_batch(inputs, m, count))
+        batch, prep = _prepare(recipe)(mini)
+        rows = batch.mask.shape[0]  # whole prompt groups: P / count prompts x G
+        prepared.append((slice(m * rows, (m + 1) * rows), batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
     for _ in range(cfg.train.epochs_per_batch):
@@ -92,13 +87,9 @@ def _prepare(recipe: core.Recipe):
     """`core.prepare_step_batch` of `recipe` as one compiled program. Run op by op, its ~100
     small eager computations on arrays spanning several JAX processes each become a
     cross-process collective, and on CPU (gloo) two processes were seen to deadlock in them."""
-    def prepare(rewards, correct, mask, old_logp, sampler_logp, truncated, ref_logp, values, advantages, teacher_logp,
-                baseline_rewards, reward_parts):
-        batch, metrics = core.prepare_step_batch(recipe, rewards, mask, old_logp, sampler_logp, truncated=truncated,
-                                                 ref_logp=ref_logp, values=values, correct=correct,
-                                                 advantages=advantages, teacher_logp=teacher_logp,
-                                                 baseline_rewards=baseline_rewards, reward_parts=reward_parts)
-        if values is not None:  # the critic's fit at rollout time: explained variance, value/return means
+    def prepare(inputs: core.StepInputs):
+        batch, metrics = core.prepare_step_batch(recipe, inputs)
+        if inputs.values is not None:  # the critic's fit at rollout time: explained variance, value/return means
             metrics = {**metrics, **critic_metrics(batch.old_values, batch.returns, batch.mask)}
         return batch, metrics
 

@@ -236,9 +236,7 @@ def run_step(cfg: Config, plan: RunPlan, producer: AsyncRolloutProducer, learner
     rollouts = learner_rollouts(batch.rollouts, graded)  # without ReMax's greedy rows
     if jax.process_count() > 1:
         rollouts, graded = _gather_step(cfg, rollouts, graded, batch.context.prompt_width)
-    state, learn_metrics = learn(learner, state, plan.recipe, cfg, rollouts, graded.learner_rewards,
-                                 correct=task.is_correct(graded.judged),
-                                 **graded.advantage_inputs(getattr(plan.recipe.advantage_fn, "inputs", ())))
+    state, learn_metrics = learn(learner, state, plan.recipe, cfg, rollouts, graded.step_inputs(task.is_correct))
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe

@@ -1,5 +1,6 @@
 """Grading a step's samples: the task's rewards per group (`grade`, in the grader pool), what
-the learner gets from them (`Graded`), and the response metrics every step logs."""
+the learner gets from them (`Graded`, and its part of the step's `core.StepInputs`), and the
+response metrics every step logs."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxrl_llm import core
 from jaxrl_llm.data import Example, Task
 from jaxrl_llm.rewards import GraderPool, reward_parts
 from jaxrl_llm.rollout.types import RolloutBatch
@@ -22,10 +24,12 @@ class Graded:
     wall_s: float
     sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. dynamic sampling's metrics
     shaped: np.ndarray | None = None  # [P, G] the learner's rewards after shaping (None: `rewards`)
-    advantages: np.ndarray | None = None  # [N, T_c] VinePPO's Monte-Carlo advantages (train/sample/vineppo_step.py)
     # [P, G] each grader's reward by its name (task.reward_fns; one grader: {"reward": rewards})
     parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    baseline: np.ndarray | None = None  # [P] ReMax: the reward of each prompt's greedy response
+    # The recipe's estimator's extra inputs by the names in its `inputs` (core.StepInputs.extras), as
+    # the sampling mode filled them: ReMax's "baseline_rewards" [P] (stage.greedy_baseline), VinePPO's
+    # "advantages" [N, T_c] (vineppo_step), the others from EXTRA_INPUTS (sample/extras.py).
+    extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def learner_rewards(self) -> np.ndarray:
@@ -37,11 +41,11 @@ class Graded:
         task.reward_fns: e.g. correctness first, then format or length), else the reward."""
         return next(iter(self.parts.values())) if self.parts else self.rewards
 
-    def advantage_inputs(self, needs: Sequence[str]) -> dict[str, np.ndarray | None]:
-        """What the recipe's estimator takes besides the rewards (its `inputs`), from these grades."""
-        have = {"advantages": lambda: self.advantages, "baseline_rewards": lambda: self.baseline,
-                "reward_parts": lambda: np.stack(list(self.parts.values()), axis=-1) if self.parts else None}
-        return {name: have[name]() for name in needs}
+    def step_inputs(self, is_correct) -> core.StepInputs:
+        """The sampling stage's part of the step's `core.StepInputs`: the learner's rewards, the
+        task's verdicts (`is_correct`) on the judged rewards, and the estimator's extras; the
+        learner adds its own (mask, pi_old, ...) in `learn`."""
+        return core.StepInputs(self.learner_rewards, correct=is_correct(self.judged), extras=dict(self.extras))
 
     def part_metrics(self) -> dict[str, float]:
         """`reward_<name>`: the mean of each named grader's reward (several task.reward_fns)."""

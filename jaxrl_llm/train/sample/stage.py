@@ -15,7 +15,9 @@ Modes (`step_sampling` picks one from the run plan):
 - `PlainBatch`: P prompts x G samples, graded after sampling; with VinePPO, K continuations per
   chunk start are drawn after grading, by the same weights (`vineppo_step`); with ReMax, the job
   also draws one greedy response per prompt (`StepPrompts.greedy`), kept as the last row of its
-  group, graded with it and handed to the learner only as the baseline (`Graded.baseline`);
+  group, graded with it and handed to the learner only as the baseline
+  (`Graded.extras["baseline_rewards"]`); the other extras the recipe's estimator declares come
+  from `extras.EXTRA_INPUTS` (`fill_extras`);
 - `DynamicRounds`: DAPO's dynamic sampling, prompt rounds until the step holds P informative
   groups (`dynamic_sampling`), graded round by round;
 - `Episodes`: multi-turn environments, the policy and the environment take turns (`episodes`).
@@ -29,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxrl_llm import core
 from jaxrl_llm.data import TRAIN, Example, Task
 from jaxrl_llm.rewards import GraderPool
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
@@ -38,6 +41,7 @@ from jaxrl_llm.train.sample.async_rollout import RolloutJob
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.sample.dynamic_sampling import SampledRound, round_seed, sample_until_full
 from jaxrl_llm.train.sample.engines import sampling_params
+from jaxrl_llm.train.sample.extras import fill_extras
 from jaxrl_llm.train.sample.episodes import EpisodeLimits, run_episodes
 from jaxrl_llm.train.sample.grading import Graded, grade, learner_rollouts
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
@@ -119,7 +123,7 @@ class PlainBatch(StepSampling):
         graded = self.shaped(graded, rollouts, examples, texts)
         if self.vine is not None:  # K continuations per chunk start, by the weights that drew `rollouts`
             graded = with_engine(lambda engine: self.vine.attach(engine, rollouts, graded, examples, job.params))
-        return graded
+        return fill_extras(graded, rollouts, core.estimator_inputs(self.plan.recipe))
 
 
 class DynamicRounds(StepSampling):
@@ -166,9 +170,11 @@ def with_greedy_rows(rollouts: RolloutBatch, greedy: RolloutBatch) -> RolloutBat
 
 
 def greedy_baseline(graded: Graded, group: int) -> Graded:
-    """Grades of P x (G + 1) rows split into the G sampled rows' and the greedy row's (`baseline`)."""
+    """Grades of P x (G + 1) rows split into the G sampled rows' and the greedy row's, ReMax's
+    baseline (`core.GreedyBaselineAdvantage`'s extra "baseline_rewards" [P])."""
     return dataclasses.replace(
-        graded, rewards=graded.rewards[:, :group], baseline=graded.rewards[:, group],
+        graded, rewards=graded.rewards[:, :group],
+        extras={**graded.extras, "baseline_rewards": graded.rewards[:, group]},
         parts={name: r[:, :group] for name, r in graded.parts.items()},
         sampling={**graded.sampling, "baseline_reward": float(np.mean(graded.rewards[:, group]))})
 

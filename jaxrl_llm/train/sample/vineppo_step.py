@@ -22,8 +22,8 @@ docs/objectives.md#vineppo. Per step, after the responses are graded:
    together) by the task's grader; V(prefix) = the mean of its K rewards
    (`core.mc_values`), V(end) = the response's own reward.
 5. Token advantages A_t = V(next start) - V(this chunk's start)
-   (`core.chunk_advantages`), handed to the learner as `Graded.advantages`; the recipe's
-   `core.MonteCarloAdvantage` places them (`core.prepare_step_batch(advantages=)`) and the
+   (`core.chunk_advantages`), handed to the learner as `Graded.extras["advantages"]`; the recipe's
+   `core.MonteCarloAdvantage` places them (`core.StepInputs.extras["advantages"]`) and the
    PPO-clip loss takes them as any other advantages (no critic).
 
 The loop runs this in the producer thread under the engine lock (`with_engine`), right
@@ -161,7 +161,8 @@ class VineValues:
         """`graded` (a grading.Graded) with the VinePPO advantages and metrics of `rollouts`."""
         out = estimate(engine, rollouts, graded.rewards, examples, k=self.k, rule=self.rule, params=params,
                        decode=self.decode, grade=self.grade)
-        return dataclasses.replace(graded, advantages=out.advantages, sampling={**graded.sampling, **out.metrics})
+        return dataclasses.replace(graded, extras={**graded.extras, "advantages": out.advantages},
+                                   sampling={**graded.sampling, **out.metrics})
 
 
 def vine_values(cfg, policy, task, pool) -> VineValues:
