@@ -10,7 +10,7 @@ Sections, in this order, each with its share of the time budget:
             shape, ~64k tokens per step, over LM-head chunk x attention path x remat mode
             (`benchmarks.levers`): the baseline (chunk 128, the backend's default attention path,
             remat "off") first, then every one-change variant, then the rest of the grid;
-  sampler   decode tokens/s over batch x cache length (`sampler_sweep`, a hook: see there).
+  sampler   decode tokens/s over batch x cache length x decode path x attention kernel (`sampler_sweep`).
 
 Every variant is recorded: "ok" with its seconds per step, tokens/s, MFU and fraction of the
 measured matmul rate; "failed" with its error (the sweep goes on); "skipped" with the reason (an
@@ -143,24 +143,32 @@ def best_variant(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def sampler_sweep(batches: Iterable[int], max_tokens: Iterable[int], *, tiny: bool, budget: Budget,
                   first_guess_s: float, on_record: Callable[[list[dict]], None] = lambda records: None) -> list[dict]:
-    """One record per (batch, max_tokens) cell.
-
-    HOOK (integrator): the sampler branch adds `gpu_sampler.sampler_sweep(...) -> list[dict]` over
-    batch x cache length x decode path; switch the `measure` below to it. Until then each cell is
-    `gpu_sampler.sampler_decode` (the 1.5B shape, bf16, prompts of 128, EOS impossible), whose cache
-    holds prompt + max_tokens slots."""
+    """One record per variant of `gpu_sampler.sweep_variants`: batch x cache length (prompt +
+    max_tokens) x decode path (the compacting decode with its windowed dense attention; the slot
+    decode with each kernel: dense, cuDNN, Pallas) at the 1.5B shape in bf16, prompts of 128 random
+    tokens, EOS impossible (``tiny``: the tiny model in float32, prompts of 16, no cuDNN). Each is
+    `gpu_sampler.sampler_decode` (one warm-up call that compiles, then one timed call), recorded
+    ok / failed / skipped like the learner's variants."""
     from jaxrl_llm.benchmarks import gpu_sampler
 
-    def measure(batch: int, tokens: int) -> dict[str, Any]:
-        return gpu_sampler.sampler_decode("tiny" if tiny else "qwen2.5-1.5b", batch, tokens, tiny=tiny, repeats=1)
-
+    shape, dtype, prompt_len = ("tiny", "float32", 16) if tiny else ("qwen2.5-1.5b", "bfloat16", 128)
+    kernels = tuple(k for k in gpu_sampler.SWEEP_KERNELS if not (tiny and k == "cudnn"))
+    caches = [prompt_len + t for t in max_tokens]
     records: list[dict[str, Any]] = []
-    for batch in batches:
-        for tokens in max_tokens:
-            name = f"batch{batch}-tokens{tokens}"
-            record = run_recorded(name, estimate(records, first_guess_s), budget, lambda: measure(batch, tokens))
-            records.append({"name": name, "batch": batch, "max_tokens": tokens, **record})
-            on_record(records)
+    for variant in gpu_sampler.sweep_variants(batches, caches, ("compact", "slots"), kernels):
+        slots = variant["decode"] == "slots"
+        options = {"decode": variant["decode"], **({"decode_kernel": variant["kernel"]} if slots else {})}
+        name = f"batch{variant['batch']}-cache{variant['cache_length']}-{variant['decode']}" + (
+            f"-{variant['kernel']}" if slots else "")
+
+        def job(variant=variant, options=options) -> dict[str, Any]:
+            return gpu_sampler.sampler_decode(shape, variant["batch"], variant["cache_length"] - prompt_len,
+                                              dtype=dtype, prompt_len=prompt_len, tiny=tiny, repeats=1,
+                                              sampler_options=options)
+
+        record = run_recorded(name, estimate(records, first_guess_s), budget, job)
+        records.append({"name": name, **variant, "max_tokens": variant["cache_length"] - prompt_len, **record})
+        on_record(records)
     return records
 
 

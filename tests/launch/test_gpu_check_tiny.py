@@ -127,14 +127,19 @@ def test_section_order_and_estimates_from_a_fake_result(tmp_path):
     assert order.index("learner:qwen2.5-1.5b:16384:rows") < order.index("sampler:64") < order.index("rl_run")
     assert order[-1] == "learner:qwen2.5-0.5b:16384:rows" and sorted(order) == sorted(
         ["ceilings", "attention", "learner_phases", "batch_invariance", "rl_step", "rl_run", *learner, *samplers])
-    fake = {"tiny": False, "sections": {"rl_run": {"status": "ok", "wall_s": 300.0},
-                                        "ceilings": {"status": "ok", "wall_s": 1.0},
-                                        "attention": {"status": "failed", "wall_s": 900.0}}}
-    (tmp_path / "gpu-check-nvidia-h100-80gb-hbm3-2026-11-26-c.json").write_text(json.dumps(fake))
-    got = plan.section_estimates(["rl_run", "ceilings", "attention"], tiny=False, results_dir=tmp_path,
+    fake = {"tiny": False, "date": "2026-11-28", "sections": {"rl_run": {"status": "ok", "wall_s": 300.0},
+                                                              "ceilings": {"status": "ok", "wall_s": 1.0},
+                                                              "attention": {"status": "failed", "wall_s": 900.0}}}
+    (tmp_path / "gpu-check-nvidia-h100-80gb-hbm3-2026-11-28.json").write_text(json.dumps(fake))
+    # an older run sampled with the compacting decode: its sampling walls say nothing of the slot decode
+    old = {"tiny": False, "date": "2026-11-26", "sections": {"sampler:64": {"status": "ok", "wall_s": 185.0},
+                                                             "attention": {"status": "ok", "wall_s": 40.0}}}
+    (tmp_path / "gpu-check-nvidia-h100-80gb-hbm3-2026-11-26-c.json").write_text(json.dumps(old))
+    got = plan.section_estimates(["rl_run", "ceilings", "attention", "sampler:64"], tiny=False, results_dir=tmp_path,
                                  device_kind="NVIDIA H100 80GB HBM3")
     assert got == {"rl_run": 300.0, "ceilings": plan.GPU_ESTIMATES_S["ceilings"],
-                   "attention": plan.GPU_ESTIMATES_S["attention"]}  # a failed run's wall is not an estimate
+                   "attention": 40.0,  # the older ok run; the newer failed run's wall is not an estimate
+                   "sampler:64": plan.GPU_ESTIMATES_S["sampler:64"]}
 
 
 def test_the_winner_is_the_fastest_lever_by_hand():

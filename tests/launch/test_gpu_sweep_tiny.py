@@ -78,7 +78,9 @@ def test_tiny_sweep_writes_every_variant(tmp_path):
             assert record["reason"]
     assert data["learner"][0]["status"] == "ok" and data["best"]["baseline"] == "chunk32-xla-off"
     assert all(r["status"] == "skipped" for r in data["learner"] if r["attention"] != "xla")
-    assert [(r["batch"], r["max_tokens"]) for r in data["sampler"]] == [(4, 8), (8, 8)]
+    # batches 4 and 8 x one cache of 16 + 8 slots x (compact, slots with dense, slots with pallas): no cuDNN on CPU
+    assert [(r["batch"], r["max_tokens"], r["decode"], r["kernel"]) for r in data["sampler"]] == [
+        (b, 8, d, k) for b in (4, 8) for d, k in (("compact", "windowed-dense"), ("slots", "dense"), ("slots", "pallas"))]
     assert data["sampler"][0]["status"] in ("ok", "skipped")
     assert data["ceilings"]["matmul_tflops"] > 0
     print(f"tiny sweep wall {wall:.0f} s; learner statuses {[r['status'] for r in data['learner']]}")
