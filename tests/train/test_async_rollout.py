@@ -228,8 +228,8 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
 
 # ------------------------------------------------------------- the RL loop
 from jaxrl_llm.train.run.metrics import read_metrics  # noqa: E402
-from tests.train.learning_setup import SpacesTask, flat_params, learning_config
-from tests.train.tiny_run import model_metrics, tiny_config
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config  # noqa: E402
+from tests.train.tiny_run import model_metrics, tiny_config  # noqa: E402
 
 
 @pytest.mark.slow  # ~2.5 min on 2 shared cores: three short training runs
