@@ -44,6 +44,12 @@ TEST_DIRS = $(sort $(dir $(wildcard tests/*/__init__.py)))
 # Folders whose tests are all `slow` (none now): there `make test` deselects every test and
 # pytest exits 5, which passes only for the folders named here; anywhere else it fails.
 SLOW_ONLY_DIRS =
+# Folders whose pytest runs two workers (pytest-xdist, `--dist loadfile`: one test file per
+# worker at a time, so a module's fixtures are built once, as without workers). Their tests
+# are mostly single-threaded (XLA compiles, tokenisers, small CPU programs), so two share the
+# two cores. Not rollout/ or bridge/: their vLLM tests share one server per pytest process.
+XDIST_DIRS = tests/core/ tests/models/
+XDIST = -n 2 --dist loadfile
 # The run's record: the folder and test now running (.ci/run prints them when its overall
 # limit stops the run) and one file per vLLM server started (JAXRL_VLLM_PID_DIR).
 TEST_RECORD = $(CURDIR)/.test-record
@@ -57,7 +63,8 @@ SLOWEST = echo "== slowest tests (s)"; awk -F'\t' '{t[$$2] += $$1} END {for (k i
 
 test: venv vllm-env
 	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
-	  rc=0; $(PY) -m pytest -q -m "not slow" $$d || rc=$$?; \
+	  workers=""; if [[ " $(XDIST_DIRS) " == *" $$d "* ]]; then workers="$(XDIST)"; fi; \
+	  rc=0; $(PY) -m pytest -q -m "not slow" $$workers $$d || rc=$$?; \
 	  if [ $$rc -eq 5 ] && [[ " $(SLOW_ONLY_DIRS) " == *" $${d%/} "* ]]; then rc=0; fi; \
 	  [ $$rc -eq 0 ] || failed="$$failed $$d"; done; $(LEFTOVER_CHECK); $(SLOWEST); \
 	  if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed"; exit 1; fi

@@ -24,9 +24,11 @@ that abort is understood it is an opt-in.
 Time limits (pytest-timeout, default in pyproject.toml): tests marked `vllm` get
 VLLM_TIMEOUT_S (the first one to use the shared server pays its startup, up to 900 s),
 `slow` ones SLOW_TIMEOUT_S; an explicit @pytest.mark.timeout wins. With JAXRL_TEST_RECORD
-set (`make test`), the id of the test now running is kept in $JAXRL_TEST_RECORD/current_test,
+set (`make test`), the ids of the tests now running are kept in $JAXRL_TEST_RECORD/current_test,
 so a run stopped from outside (.ci/run's overall limit) can say where it was, and each
 test's phase durations go to $JAXRL_TEST_RECORD/durations.tsv (`make test` prints the slowest).
+Under pytest-xdist (`-n 2`, the folders of XDIST_DIRS in the Makefile) the controller writes
+both records from the reports its workers send; the workers write none.
 """
 import os
 
@@ -91,20 +93,49 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.timeout(limit))
 
 
+def _record_dir() -> str | None:
+    """$JAXRL_TEST_RECORD when set and present, in the process that reports (under pytest-xdist
+    the controller, which receives every worker's reports; a worker records nothing itself, so
+    one process writes each record)."""
+    record = os.environ.get("JAXRL_TEST_RECORD")
+    if record and os.path.isdir(record) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return record
+    return None
+
+
+_RUNNING: dict[str, None] = {}  # the tests started and not yet finished, in start order
+
+
+def _write_current_tests(record: str) -> None:
+    with open(os.path.join(record, "current_test"), "w") as f:
+        f.write("".join(f"{nodeid}\n" for nodeid in _RUNNING))
+
+
 def pytest_runtest_logreport(report):
     """With JAXRL_TEST_RECORD set, each phase's duration (setup, call, teardown) is appended to
-    $JAXRL_TEST_RECORD/durations.tsv, so `make test` can name its slowest tests at the end."""
-    record = os.environ.get("JAXRL_TEST_RECORD")
-    if record and os.path.isdir(record):
+    $JAXRL_TEST_RECORD/durations.tsv, so `make test` can name its slowest tests at the end. One
+    line per write, in append mode: lines from the pytest processes of several folders never mix."""
+    record = _record_dir()
+    if record:
         with open(os.path.join(record, "durations.tsv"), "a") as f:
             f.write(f"{report.duration:.2f}\t{report.nodeid}\n")
 
 
 def pytest_runtest_logstart(nodeid, location):
-    record = os.environ.get("JAXRL_TEST_RECORD")
-    if record and os.path.isdir(record):
-        with open(os.path.join(record, "current_test"), "w") as f:
-            f.write(nodeid + "\n")
+    """$JAXRL_TEST_RECORD/current_test holds the tests now running, one a line (one without
+    pytest-xdist, up to one per worker with it)."""
+    record = _record_dir()
+    if record:
+        _RUNNING[nodeid] = None
+        _write_current_tests(record)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    record = _record_dir()
+    if record:
+        _RUNNING.pop(nodeid, None)
+        if _RUNNING:  # when none runs, the last one started stays named (a stop in teardown)
+            _write_current_tests(record)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.learning_setup import learning_model_dir  # noqa: F401 (fixture: the tiny model, saved once)
 
 REPO = Path(__file__).resolve().parents[2]
 ONE_DEVICE = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}  # as on a 1-CPU/GPU machine

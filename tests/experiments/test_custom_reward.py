@@ -16,7 +16,6 @@ from jaxrl_llm.train.config import load_config
 from jaxrl_llm.train.sample.grading import grade
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.sample.prompts import task_from_config
-from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture: random 2-layer decoder, SmolLM2 tokenizer)
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = REPO / "experiments/custom_reward.py"

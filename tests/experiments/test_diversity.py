@@ -11,7 +11,7 @@ from jaxrl_llm.data import Example, make_task
 from jaxrl_llm.data.many_answers import correct_answers, multiple_reward
 from jaxrl_llm.reports.stats import Interval
 from jaxrl_llm.train.run.evaluation import pass_at_k_curve
-from tests.experiments.test_experiments import load_experiment, png_shape
+from tests.experiments.experiment_helpers import load_experiment, png_shape
 
 
 def test_multiple_of_task_has_many_correct_answers_graded_by_hand():

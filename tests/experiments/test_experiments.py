@@ -1,11 +1,8 @@
 """The four experiments of experiments/ in reduced form (a tiny random decoder with
 SmolLM2's tokenizer, 2 steps, the JAX sampler), and their analysis functions on
 hand-built groups whose expected numbers are derived here by hand."""
-import importlib.util
-import sys
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,29 +12,8 @@ from jaxrl_llm.reports.precision import matched_ratios
 from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.run.metrics import read_groups, read_metrics, read_run_info
 from jaxrl_llm.train.run.plots import plot_runs
-from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture: random 2-layer decoder, SmolLM2 tokenizer)
+from tests.experiments.experiment_helpers import TINY, load_experiment, png_shape
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
-        "train.micro_batch_size=4", "train.lr=1e-3", "total_steps=2", "checkpoint.every_steps=1"]
-
-
-def load_experiment(name: str):
-    """experiments/<name>.py as a module; its sibling base_configs.py imports as it does when
-    the file runs as a script (experiments/ on sys.path)."""
-    if str(REPO / "experiments") not in sys.path:
-        sys.path.insert(0, str(REPO / "experiments"))
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", REPO / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def png_shape(path: Path) -> tuple[int, ...]:
-    import matplotlib.image
-
-    return matplotlib.image.imread(path).shape
 
 
 # ------------------------------------------------------------------ length bias

@@ -9,8 +9,7 @@ import pytest
 from jaxrl_llm.data import make_task
 from jaxrl_llm.data.answer_first import leading_integer_reward
 from jaxrl_llm.train.run.metrics import read_groups, read_run_info
-from tests.experiments.test_experiments import TINY, load_experiment, png_shape
-from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture)
+from tests.experiments.experiment_helpers import TINY, load_experiment, png_shape
 
 
 def test_answer_first_task_grades_the_leading_integer_alone():

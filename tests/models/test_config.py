@@ -4,7 +4,7 @@ import json
 import pytest
 
 from jaxrl_llm.models import DecoderConfig, RopeScaling
-from tests.models.test_decoder import SMOLLM2_CONFIG
+from tests.models.hf_reference import SMOLLM2_CONFIG
 
 transformers = pytest.importorskip("transformers")
 

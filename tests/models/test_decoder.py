@@ -6,7 +6,8 @@ import pytest
 
 from jaxrl_llm.models import DecoderConfig, forward, init_params, params_to_hf, param_shapes
 from jaxrl_llm.models.hf_names import params_from_hf
-from tests.models.hf_reference import TINY_CONFIGS, hf_logits, hf_model, our_config_and_params, rel_err, torch
+from tests.models.hf_reference import (SMOLLM2_CONFIG, TINY_CONFIGS, hf_logits, hf_model, our_config_and_params,
+                                      rel_err, torch)
 
 TOKENS = np.random.RandomState(0).randint(0, 97, size=(2, 40))
 
@@ -118,14 +119,3 @@ def test_smollm2_config_shapes_and_parameter_count():
     assert "lm_head" not in shapes and shapes["layers"]["k_proj"].shape == (30, 576, 192)
     out = jax.eval_shape(lambda p, t: forward(p, cfg, t)[0], shapes, jax.ShapeDtypeStruct((2, 8), jnp.int32))
     assert out.shape == (2, 8, 49152) and out.dtype == jnp.float32
-
-
-SMOLLM2_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
-    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
-    "intermediate_size": 1536, "is_llama_config": True, "max_position_embeddings": 8192, "model_type": "llama",
-    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None,
-    "rope_theta": 100000, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.42.3",
-    "use_cache": True, "vocab_size": 49152,
-}

@@ -7,8 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm.models import (DecoderConfig, batch_sharding, forward, make_mesh, param_partition_specs,
                               param_shapes, param_shardings, token_logprobs)
-from tests.models.hf_reference import hf_model, our_config_and_params, rel_err
-from tests.models.test_decoder import SMOLLM2_CONFIG
+from tests.models.hf_reference import SMOLLM2_CONFIG, hf_model, our_config_and_params, rel_err
 
 if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices; tests/conftest.py sets them up", allow_module_level=True)

@@ -14,6 +14,7 @@ import pytest
 
 from jaxrl_llm.rollout import DiskWeightSync, VLLMClient, bridge_export
 from jaxrl_llm.train.run.metrics import read_metrics
+from tests.rollout.vllm_runs import train_two_steps_on_server
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
@@ -25,27 +26,6 @@ RECIPES = {"demo": [], "dppo_tv": ["recipe.name=dppo_tv"], "dppo_kl": ["recipe.n
            "clip_cov": ["recipe.name=clip_cov", "recipe.cov_fraction=0.05"],
            "kl_cov": ["recipe.name=kl_cov", "recipe.cov_fraction=0.05"], "gpg": ["recipe.name=gpg"],
            "sapo": ["recipe.loss=sapo", "recipe.sapo_tau_pos=2.0"]}
-
-
-def train_two_steps_on_server(server, smollm2, run_dir: Path, *overrides: str) -> list[dict]:
-    """`jaxrl train` of the demo config for 2 steps (2 prompts x 4 samples, 8 tokens) in its own
-    one-device process on the shared server; the server is restored to the base weights
-    afterwards, whatever happened. Returns the run's metrics rows."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device: the learner as on a laptop
-    env["PYTHONPATH"] = str(REPO)
-    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(REPO / "experiments/demo.py"),
-           "total_steps=2", "rollout.engine=vllm", f"rollout.server_urls=[{server.url}]",
-           "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=8",
-           "train.micro_batch_size=8", "checkpoint.every_steps=0", "checkpoint.async_save=false",
-           "metrics.tensorboard=false", f"run_dir={run_dir}", f"model.source={smollm2.hf_dir}", *overrides]
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    finally:  # the shared server goes back to the base weights for the other tests
-        sync = DiskWeightSync(VLLMClient([server.url]), bridge_export(smollm2.cfg))
-        sync.push(smollm2.params, version=0)
-        sync.close()
-    return read_metrics(run_dir)
 
 
 @pytest.mark.slow  # ~70 s on 2 cores each; its checks run in make test through test_weight_check_vllm.py

@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl_llm.rollout import VLLMClient, VLLMEngine
 from jaxrl_llm.rollout.types import SamplingParams
-from tests.rollout.test_loop_vllm import train_two_steps_on_server
+from tests.rollout.vllm_runs import train_two_steps_on_server
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,9 @@ advantages are non-zero, the parameters move at every step, and the reward climb
 ~1.0 within 4-5 steps at lr 1e-2 (with uniform embeddings it barely moves in 10 steps).
 
 Tests that need a run which really learns (resume exactness, async equivalence, fault
-injection, soak) use it in process (`learning_config` + `SpacesTask`) or as a child
-process that can be killed:
+injection, soak) use it in process (`learning_config` + `SpacesTask`; the fixtures `learning_model_dir` and
+`learning_policy` are in tests/train/conftest.py) or as a child process that can be killed
+(tests/train/kill_resume.py):
 
     python -m tests.train.learning_setup MODEL_DIR RUN_DIR [--resume] [dotted.overrides ...]
 
@@ -24,7 +25,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from jaxrl_llm import core
 from jaxrl_llm.data import Task, make_task
@@ -102,19 +102,6 @@ def flat_params(params) -> np.ndarray:
     import jax
 
     return np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in jax.tree.leaves(params)])
-
-
-@pytest.fixture(scope="module")
-def learning_model_dir(tmp_path_factory) -> str:
-    """Fixture: the tiny model of `make_tiny_model_dir`, once per test module."""
-    return make_tiny_model_dir(tmp_path_factory.mktemp("learning") / "model")
-
-
-@pytest.fixture(scope="module")
-def learning_policy(learning_model_dir):
-    from jaxrl_llm.train.policy import load_policy
-
-    return load_policy(learning_model_dir)
 
 
 def reference_sync_loop(cfg, policy, task):

@@ -9,8 +9,7 @@ import pytest
 
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.metrics import read_metrics
-from tests.train.learning_setup import (SpacesTask, flat_params, learning_config, learning_model_dir,  # noqa: F401
-                                        learning_policy, reference_sync_loop)
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config, reference_sync_loop
 
 STEPS = 5
 COMPARED = ("reward", "loss", "grad_norm", "entropy", "mismatch_k1")

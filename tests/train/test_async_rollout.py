@@ -229,8 +229,8 @@ def test_real_jax_sampler_batches_carry_the_version_that_sampled_them():
 
 # ------------------------------------------------------------- the RL loop
 from jaxrl_llm.train.run.metrics import read_metrics  # noqa: E402
-from tests.train.learning_setup import SpacesTask, flat_params, learning_config, learning_model_dir  # noqa: E402,F401
-from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: E402,F401
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config  # noqa: E402
+from tests.train.tiny_run import model_metrics, tiny_config  # noqa: E402
 
 
 @pytest.mark.slow  # ~2.5 min on 2 shared cores: three short training runs

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jaxrl_llm.benchmarks import async_vs_sync
-from tests.train.test_loop import REPO, TINY_OVERRIDES, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.tiny_run import REPO, TINY_OVERRIDES
 
 
 def test_async_vs_sync_benchmark_parses_its_command_line(capsys):

@@ -12,7 +12,7 @@ from jaxrl_llm.train.sample import stage as sampling
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
 from jaxrl_llm.train.sample.prompts import task_from_config
-from tests.train.test_loop import raises_or_hangs, tiny_config, tiny_model_dir  # noqa: F401  (fixture)
+from tests.train.tiny_run import raises_or_hangs, tiny_config
 
 STEPS = 10
 

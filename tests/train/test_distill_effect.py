@@ -20,7 +20,7 @@ from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.evaluation import evaluate_params
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.plan import plan_run
-from tests.train.learning_setup import SpacesTask, learning_config, learning_model_dir, learning_policy  # noqa: F401
+from tests.train.learning_setup import SpacesTask, learning_config
 
 TEACHER_STEPS, STUDENT_STEPS, EVAL_SAMPLES = 8, 16, 4
 

@@ -13,8 +13,7 @@ import pytest
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.run.metrics import read_metrics
-from tests.train.learning_setup import (SpacesTask, flat_params, learning_config,  # noqa: F401
-                                        learning_model_dir, learning_policy, make_tiny_model_dir)
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config, make_tiny_model_dir
 
 
 def fp32_bytes(params) -> int:

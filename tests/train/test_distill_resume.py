@@ -13,10 +13,9 @@ import pytest
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.run.metrics import read_metrics
-from tests.train.learning_setup import (SpacesTask, flat_params, learning_config,  # noqa: F401
-                                        learning_model_dir, learning_policy, make_tiny_model_dir)
-from tests.train.test_resume_learning import (PARAM_ATOL, assert_rows_equal, kill_after_logged_step,
-                                              model_metrics)
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config, make_tiny_model_dir
+from tests.train.kill_resume import PARAM_ATOL, assert_rows_equal, kill_after_logged_step
+from tests.train.tiny_run import model_metrics
 
 STEPS, EVERY, KILL_AFTER = 5, 2, 3
 

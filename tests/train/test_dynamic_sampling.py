@@ -12,7 +12,7 @@ from jaxrl_llm.train.config.recipe import recipe_from_config
 from jaxrl_llm.train.sample.dynamic_sampling import SampledRound, informative_groups, round_seed, sample_until_full
 from jaxrl_llm.train.run.metrics import read_groups, read_metrics
 from jaxrl_llm.train.sample.prompts import task_from_config
-from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.tiny_run import tiny_config
 
 
 def test_informative_groups_are_those_with_accuracy_strictly_between_0_and_1():

@@ -20,7 +20,7 @@ from jaxrl_llm.train.sample.grading import grade
 from jaxrl_llm.train.policy import encode_prompts, load_policy
 from jaxrl_llm.train.run.run_state import make_learner
 from jaxrl_llm.rewards import GraderPool
-from tests.train.test_loop import model_metrics, tiny_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.tiny_run import model_metrics, tiny_config
 
 FAKE_LOGPROB = -0.25  # the scripted policy's "log-prob" of each token it emits
 
@@ -301,8 +301,8 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
     the runs differ, and passes if both are off alike)."""
     import signal
 
-    from tests.train.test_loop import REPO, TINY_OVERRIDES, run_cli
-    from tests.train.test_resume_exact import kill_after_step
+    from tests.train.tiny_run import REPO, TINY_OVERRIDES, run_cli
+    from tests.train.kill_resume import kill_after_step
 
     common = ["--config", str(REPO / "experiments/demo.py"), *TINY_OVERRIDES, f"model.source={tiny_model_dir}",
               "task.env=tests.train.episode_envs:ParityEnv", 'task.env_kwargs={"turns": 2}', "rollout.max_tokens=48",
@@ -331,7 +331,7 @@ def test_environment_config_errors_name_the_field(tmp_path):
     from jaxrl_llm.train.config import ConfigError
     from jaxrl_llm.train.config.checks import check_runnable
     from jaxrl_llm.train.sample.prompts import task_from_config
-    from tests.train.test_loop import REPO
+    from tests.train.tiny_run import REPO
     from jaxrl_llm.train.config import load_config
 
     def cfg(*overrides):

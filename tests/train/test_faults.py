@@ -21,8 +21,7 @@ from jaxrl_llm.train.sample import stage as sampling
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.run.run_state import restore_params
-from tests.train.learning_setup import (SpacesTask, dies_on_die, flat_params, learning_config,  # noqa: F401
-                                        learning_model_dir, learning_policy, space_share)
+from tests.train.learning_setup import SpacesTask, dies_on_die, flat_params, learning_config, space_share
 
 
 def damage(step_dir: Path) -> list[str]:

@@ -2,10 +2,7 @@
 and chat template (fast), through the deterministic, seeded JAX sampler:
 crash-and-resume exactness, failing graders, unreachable servers, config errors."""
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,51 +10,16 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm import bridge
-from jaxrl_llm.models import init_params
-from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.sample import stage as sampling
 from jaxrl_llm.train.run.evaluation import evaluate_params
 from jaxrl_llm.train.policy import load_policy
 from jaxrl_llm.train.sample.prompts import task_from_config
 from jaxrl_llm.train.run.run_state import restore_params
-from jaxrl_llm.train.config import ConfigError, load_config, replace_values
+from jaxrl_llm.train.config import ConfigError, replace_values
 from jaxrl_llm.train.run.metrics import read_metrics
+from tests.train.tiny_run import REPO, TINY_OVERRIDES, model_metrics, raises_or_hangs, run_cli, tiny_config
 
-REPO = Path(__file__).resolve().parents[2]
-TINY_OVERRIDES = ["rollout.engine=jax", "total_steps=4", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-                  "rollout.max_tokens=6", "train.micro_batch_size=4", "train.lr=1e-3", "checkpoint.every_steps=1",
-                  "checkpoint.async_save=false", "metrics.tensorboard=false", "task.eval_size=4",
-                  "task.eval_samples=2"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> str:
-    """A random 2-layer decoder over SmolLM2's 49152-token vocabulary, saved as an HF
-    directory with SmolLM2's tokenizer files (so prompts render and tokenise for real)."""
-    smollm2 = bridge.smollm2_hf_dir()
-    cfg = tiny_decoder_config()
-    params = init_params(cfg, jax.random.key(0))
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    bridge.save_hf_dir(cfg, params, out, tokenizer_dir=smollm2)
-    return str(out)
-
-
-def tiny_config(model_dir: str, run_dir: Path, *extra: str):
-    return load_config(str(REPO / "experiments/demo.py"),
-                       [*TINY_OVERRIDES, f"model.source={model_dir}", f"run_dir={run_dir}", *extra])
-
-
-def model_metrics(run_dir) -> list[dict]:
-    """Per-step metrics without the wall-clock ones."""
-    return [{k: v for k, v in row.items() if k not in loop.TIMING_METRICS} for row in read_metrics(run_dir)]
-
-
-def run_cli(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.slow  # ~1 min; the learning resume test in test_resume_learning.py runs in make test
@@ -96,15 +58,6 @@ def test_kill_9_then_resume_is_exact_with_dynamic_sampling_and_eval_every(tiny_m
     assert [r["step"] for r in evals[1]] == [2, 4]  # one record per evaluated step, as uninterrupted
     assert evals[0] == evals[1]
     assert all(row["dynamic_sampling_rounds"] == 2.0 for row in got)  # a random model: no group kept
-
-
-def raises_or_hangs(completion: str, example) -> float:
-    """Module-level (importable by grader workers): raises on "boom", hangs on "hang"."""
-    from tests.rewards import misbehaving_graders
-
-    if completion == "hang":
-        return misbehaving_graders.hangs_on_hang(completion, example)
-    return misbehaving_graders.raises_on_boom(completion, example)
 
 
 def test_failing_and_hanging_graders_score_zero_are_logged_and_the_run_goes_on(tiny_model_dir, tmp_path,

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.train.test_loop import tiny_model_dir  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["rollout.engine=jax", "total_steps=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_tokens=6",
@@ -37,7 +36,7 @@ def run(run_dir: str, model_dir: str, out: str) -> None:
     from jaxrl_llm.train.config import load_config
     from jaxrl_llm.train.distributed import gather_to_host
     from jaxrl_llm.train.sample.prompts import task_from_config
-    from tests.train.test_loop import raises_or_hangs
+    from tests.train.tiny_run import raises_or_hangs
 
     cfg = load_config(str(ROOT / "experiments/demo.py"), [*OVERRIDES, f"model.source={model_dir}",
                                                           f"run_dir={run_dir}"])

@@ -12,7 +12,7 @@ from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
 from jaxrl_llm.train.run.run_state import restore_params
-from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.tiny_run import tiny_config
 
 WIDE_BAND = ["recipe.clip_cov_lower=-1e9", "recipe.clip_cov_upper=1e9"]  # every token is a candidate
 

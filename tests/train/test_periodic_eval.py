@@ -13,7 +13,7 @@ from jaxrl_llm.train.run.evaluation import pass_at_k_curve
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.run.plots import plot_pass_at_k
 from jaxrl_llm.train.sample.prompts import task_from_config
-from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.tiny_run import tiny_config
 
 
 def odd_length_is_right(completion: str, example) -> float:

@@ -10,8 +10,7 @@ from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import ConfigError, Config, apply_overrides
 from jaxrl_llm.train.run.metrics import read_metrics
 from tests.train import user_plugins
-from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401  (fixture)
-from tests.train.test_shaping_effects import stopping_model_dir  # noqa: F401  (fixture)
+from tests.train.tiny_run import tiny_config
 
 LENGTH = "tests.train.user_plugins:tenths_of_length_reward"
 
@@ -111,7 +110,7 @@ def test_remax_learns_from_one_sample_per_prompt_where_grpo_gets_no_signal(tmp_p
     """The effect of a baseline that is not the group's own mean: with one sample per prompt
     GRPO's advantage is 0 (a lone sample is its own mean), ReMax's is r - r(greedy). The reward
     is the answer's length (tenths of its characters) on a tiny model that stops early."""
-    from tests.train.test_shaping_effects import late, tiny_run
+    from tests.train.tiny_run import late, tiny_run
 
     common = ["rollout.samples_per_prompt=1", "rollout.prompts_per_step=16", "rollout.max_tokens=8",
               f"task.reward_fn={LENGTH}", "train.micro_batch_size=16"]

@@ -13,24 +13,14 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train.config import save_config
-from tests.train.test_loop import REPO, model_metrics, tiny_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.kill_resume import kill_after_step
+from tests.train.tiny_run import REPO, model_metrics, tiny_config
 
 
 def start_worker(config_path, *flags) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-m", "tests.train.rl_worker", str(config_path), *flags], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def kill_after_step(proc: subprocess.Popen, metrics_file, step: int) -> None:
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= step:
-            break
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
 
 
 def newest_checkpoint(run_dir) -> int:

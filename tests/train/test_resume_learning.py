@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,11 +24,11 @@ from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.run.run_state import checkpoint_state, make_learner
-from tests.train.learning_setup import (REPO, SpacesTask, child_command, child_env, flat_params,  # noqa: F401
-                                        learning_config, learning_model_dir, learning_policy)
+from tests.train.kill_resume import PARAM_ATOL, assert_rows_equal, kill_after_logged_step
+from tests.train.learning_setup import SpacesTask, flat_params, learning_config
+from tests.train.tiny_run import model_metrics
 
 STEPS, EVERY, KILL_AFTER = 6, 2, 3
-PARAM_ATOL = 1e-6
 CASES = {"sync": (), "async_lag1": ("rollout.max_lag=1",), "lora": ("train.lora_rank=4", "train.lr=3e-2")}
 
 
@@ -45,10 +42,6 @@ def policy(learning_policy):
     return learning_policy
 
 
-def model_metrics(run_dir) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in loop.TIMING_METRICS} for row in read_metrics(run_dir)]
-
-
 def checkpointed_params(cfg, policy) -> dict[int, np.ndarray]:
     """Every checkpoint of a run: step -> flat float32 params (merged with LoRA)."""
     learner = make_learner(cfg, policy)
@@ -56,22 +49,6 @@ def checkpointed_params(cfg, policy) -> dict[int, np.ndarray]:
     with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=100) as ckpt:
         return {s: flat_params(learner.full_params(ckpt.restore(target, step=s).state["learner"].params))
                 for s in ckpt.all_steps()}
-
-
-def kill_after_logged_step(model_dir: str, run_dir: Path, step: int, overrides) -> int:
-    """Runs the learning setup in a child process and SIGKILLs it once `step` is logged;
-    returns its return code."""
-    child = subprocess.Popen(child_command(model_dir, run_dir, *overrides), cwd=REPO, env=child_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics_file = run_dir / "metrics.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= step:
-            break
-        assert child.poll() is None, child.stdout.read()
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    return child.wait(timeout=60)
 
 
 def resume_with_fresh_optimiser(cfg, policy):
@@ -87,15 +64,6 @@ def resume_with_fresh_optimiser(cfg, policy):
         return loop.train(cfg, task=SpacesTask(), resume=True, policy=policy)
     finally:
         loop._start_position = original
-
-
-def assert_rows_equal(got: list[dict], want: list[dict]) -> None:
-    assert [r["step"] for r in got] == [r["step"] for r in want]
-    for have, expect in zip(got, want):
-        assert have.keys() == expect.keys()
-        for key in expect:
-            np.testing.assert_allclose(have[key], expect[key], rtol=1e-6, atol=1e-7,
-                                       err_msg=f"step {expect['step']} {key}")
 
 
 @pytest.mark.timeout(900)  # an uninterrupted run, a killed child, its resume and a control

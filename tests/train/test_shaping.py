@@ -9,7 +9,7 @@ from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.sample.prompts import task_from_config
 from jaxrl_llm.train.sample.shaping import TARGET_KEY, answer_partition, lexical_partition, shape_rewards, with_length_targets
-from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.train.tiny_run import tiny_config
 
 
 def test_answer_partition_groups_equal_final_answers():

@@ -6,47 +6,17 @@ many distinct correct answers per group as GRPO on a task with many correct answ
 Fast versions run a tiny random decoder built to stop early (its answers have lengths
 from 1 to the cap, so length is something it can learn); the `slow` ones run
 SmolLM2-135M-Instruct (several minutes each on 2 CPU cores)."""
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm import bridge
 from jaxrl_llm.data import Example, Task
-from jaxrl_llm.models import init_params
-from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.rewards import extract_integer_answer
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.config import load_config
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.policy import load_policy
-from tests.train.test_loop import REPO, tiny_config
+from tests.train.tiny_run import REPO, late, tiny_run
 
-EOS_ID = 2  # SmolLM2's <|im_end|>
-
-
-@pytest.fixture(scope="module")
-def stopping_model_dir(tmp_path_factory) -> str:
-    """A random 2-layer decoder (SmolLM2's tokenizer) that stops early: every token
-    embedding shares a direction u and the EOS row of the (untied) output layer points
-    along u, so EOS gets a fixed logit of about 9.6 and answers end after ~4 tokens on
-    average (1 to 12 seen), while the other 49151 tokens keep random logits near 0."""
-    cfg = tiny_decoder_config(tie_word_embeddings=False)
-    params = init_params(cfg, jax.random.key(0))
-    u = jnp.ones(32) / jnp.sqrt(32.0)
-    params["embed"] = params["embed"] + 5.0 * u
-    params["lm_head"] = params["lm_head"].at[:, EOS_ID].set(1.7 * u)
-    out = tmp_path_factory.mktemp("stopping") / "model"
-    bridge.save_hf_dir(cfg, params, out, tokenizer_dir=bridge.smollm2_hf_dir())
-    return str(out)
-
-
-def tiny_run(model_dir: str, run_dir, *extra: str) -> list[dict]:
-    cfg = tiny_config(model_dir, run_dir, "total_steps=6", "rollout.prompts_per_step=4",
-                      "rollout.samples_per_prompt=8", "train.micro_batch_size=16", "train.lr=1e-2",
-                      "checkpoint.every_steps=0", *extra)
-    loop.train(cfg)
-    return read_metrics(cfg.run_path)
 
 
 @pytest.mark.slow
@@ -94,11 +64,6 @@ def run(tmp_path, name: str, policy, *overrides: str, task=None) -> list[dict]:
     cfg = load_config(str(REPO / "experiments/demo.py"), [*SMALL, f"run_dir={tmp_path / name}", *overrides])
     loop.train(cfg, policy=policy, task=task)
     return read_metrics(cfg.run_path)
-
-
-def late(rows: list[dict], key: str) -> float:
-    """Mean of `key` over the second half of the run."""
-    return float(np.nanmean([r[key] for r in rows[len(rows) // 2:]]))
 
 
 @pytest.mark.slow

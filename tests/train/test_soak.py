@@ -25,8 +25,7 @@ from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.run.run_state import restore_params
-from tests.train.learning_setup import (REPO, SpacesTask, child_command, child_env, flat_params,  # noqa: F401
-                                        learning_config, learning_model_dir, learning_policy)
+from tests.train.learning_setup import REPO, child_command, child_env, flat_params, learning_config
 
 SOAK_STEPS = int(os.environ.get("SOAK_STEPS", 200))
 SOAK_KILLS = int(os.environ.get("SOAK_KILLS", 6))

@@ -7,13 +7,19 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxrl_llm import core
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learn.learner import Learner
 from jaxrl_llm.train.run.teacher import Teacher
 from tests.models.hf_reference import hf_model, our_config_and_params
-from tests.train.test_reference import TEMPERATURE, separate_forward_logprobs, setup  # noqa: F401
+from tests.train.reference_setup import TEMPERATURE, sampled_setup, separate_forward_logprobs
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return sampled_setup()
 
 
 def opd_learner(cfg, teacher, **train):
@@ -21,7 +27,7 @@ def opd_learner(cfg, teacher, **train):
     return Learner(cfg, core.get_recipe("opd"), train_cfg, total_steps=2, temperature=TEMPERATURE, teacher=teacher)
 
 
-def test_a_teacher_of_another_architecture_equals_its_own_full_forward(setup):  # noqa: F811
+def test_a_teacher_of_another_architecture_equals_its_own_full_forward(setup):
     cfg, params, seq, _ = setup
     teacher_cfg, teacher_params = our_config_and_params(hf_model("qwen3_qk_norm", seed=11))
     assert teacher_cfg.vocab_size == cfg.vocab_size and teacher_cfg != cfg
@@ -37,7 +43,7 @@ def test_a_teacher_of_another_architecture_equals_its_own_full_forward(setup):  
     assert learner.teacher_bytes == 4 * sum(x.size for x in jax.tree.leaves(teacher_params))
 
 
-def test_with_lora_the_teacher_is_the_only_extra_copy_and_the_base_as_teacher_gives_zero(setup):  # noqa: F811
+def test_with_lora_the_teacher_is_the_only_extra_copy_and_the_base_as_teacher_gives_zero(setup):
     cfg, params, seq, _ = setup
     learner = opd_learner(cfg, Teacher(cfg, params, "base", None), lora_rank=4, precision="bf16")
     state = learner.init(params)

@@ -25,7 +25,7 @@ from jaxrl_llm.train.sample import vineppo_step
 from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.policy import encode_prompts
 from jaxrl_llm.train.sample.prompts import step_examples
-from tests.train.learning_setup import SpacesTask, learning_config, learning_model_dir, learning_policy  # noqa: F401
+from tests.train.learning_setup import SpacesTask, learning_config
 
 K = 64
 CHUNK = 3

@@ -17,7 +17,7 @@ from jaxrl_llm.train.run import tracking
 from jaxrl_llm.train.config import Config, replace_values
 from jaxrl_llm.train.run.metrics import MetricsWriter, read_metrics
 from jaxrl_llm.train.run.tracking import ID_FILE
-from tests.train.test_loop import REPO, run_cli, tiny_config, tiny_model_dir  # noqa: F401
+from tests.train.tiny_run import REPO, run_cli, tiny_config
 
 
 @pytest.fixture(autouse=True)
