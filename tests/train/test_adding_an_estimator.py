@@ -27,7 +27,7 @@ from jaxrl_llm import core
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.metrics import read_metrics
 from jaxrl_llm.train.sample import extras
-from tests.train.test_loop import tiny_config, tiny_model_dir  # noqa: F401  (fixture)
+from tests.train.tiny_run import tiny_config  # tiny_model_dir: a fixture of tests/train/conftest.py
 
 COEF = 0.01
 
