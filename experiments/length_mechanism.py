@@ -403,7 +403,7 @@ def finished_seeds(out: Path, study: MechanismStudy, seeds: Sequence[int]) -> di
 
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_llm.reports.results import machine, write_result
-    from jaxrl_llm.train.run.metrics import git_commit, git_dirty
+    from jaxrl_llm.train.run.provenance import git_commit, git_dirty
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = experiment_parser(__doc__, name=NAME, results=True)

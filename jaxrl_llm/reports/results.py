@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from jaxrl_llm.reports import stats
-from jaxrl_llm.train.run.metrics import git_commit, git_dirty
+from jaxrl_llm.train.run.provenance import git_commit, git_dirty
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "results"
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "no verdict")

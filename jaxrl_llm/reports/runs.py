@@ -23,7 +23,8 @@ import numpy as np
 
 from jaxrl_llm.reports import stats
 from jaxrl_llm.train.config import Config, ConfigError, apply_overrides, config_from_dict, replace_values
-from jaxrl_llm.train.run.metrics import METRICS_FILE, GROUPS_FILE, read_metrics, read_run_info, write_run_info
+from jaxrl_llm.train.run.metrics import METRICS_FILE, GROUPS_FILE, read_metrics
+from jaxrl_llm.train.run.provenance import read_run_info, write_run_info
 
 
 def experiment_parser(description: str, *, name: str, seeds: tuple[Sequence[int], Sequence[int]] | None = None,

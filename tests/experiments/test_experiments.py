@@ -10,7 +10,8 @@ import pytest
 from jaxrl_llm.reports import bias_report, difficulty
 from jaxrl_llm.reports.precision import matched_ratios
 from jaxrl_llm.train.config import ConfigError
-from jaxrl_llm.train.run.metrics import read_groups, read_metrics, read_run_info
+from jaxrl_llm.train.run.metrics import read_groups, read_metrics
+from jaxrl_llm.train.run.provenance import read_run_info
 from jaxrl_llm.train.run.plots import plot_runs
 from tests.experiments.experiment_helpers import TINY, load_experiment, png_shape
 

@@ -8,7 +8,8 @@ import pytest
 
 from jaxrl_llm.data import make_task
 from jaxrl_llm.data.answer_first import leading_integer_reward
-from jaxrl_llm.train.run.metrics import read_groups, read_run_info
+from jaxrl_llm.train.run.metrics import read_groups
+from jaxrl_llm.train.run.provenance import read_run_info
 from tests.experiments.experiment_helpers import TINY, load_experiment, png_shape
 
 

@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 from jaxrl_llm.reports.runs import experiment_parser, interval_row, run_seeded_experiment, train_or_resume
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import config_from_dict
-from jaxrl_llm.train.run.metrics import write_run_info
+from jaxrl_llm.train.run.provenance import write_run_info
 
 VARIANTS = ("plain", "shaped")
 
@@ -122,8 +122,8 @@ def test_a_summary_names_the_commit_read_at_the_start_not_the_head_at_the_end(tm
     monkeypatch.setattr(results, "git_dirty", lambda *a, **k: False)
     experiment_parser("doc", name="x")  # the start: reads the commit once
     monkeypatch.setattr(results, "git_commit", lambda *a, **k: "b" * 40)  # HEAD moved during the run
-    import jaxrl_llm.train.run.metrics as metrics
-    monkeypatch.setattr(metrics, "git_commit", lambda *a, **k: "b" * 40)
+    import jaxrl_llm.train.run.provenance as provenance
+    monkeypatch.setattr(provenance, "git_commit", lambda *a, **k: "b" * 40)
     runs.write_summary(tmp_path, [{"a": 1}], ["a"], title="t")
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert info["git_commit"] == "a" * 40 and info["git_dirty"] is False

@@ -27,7 +27,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from jaxrl_llm.train.run.metrics import METRICS_FILE, read_metrics, read_run_info
+from jaxrl_llm.train.run.metrics import METRICS_FILE, read_metrics
+
+from jaxrl_llm.train.run.provenance import read_run_info
 
 _NOT_METRICS = {"step", "time"}
 

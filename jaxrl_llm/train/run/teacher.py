@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from jaxrl_llm.models import DecoderConfig
 from jaxrl_llm.train.config.distill import TEACHER_HELP
-from jaxrl_llm.train.run.metrics import RUN_INFO_FILE, read_run_info
+from jaxrl_llm.train.run.provenance import RUN_INFO_FILE, read_run_info
 from jaxrl_llm.train.policy import Policy, load_policy
 from jaxrl_llm.utils.typed_config import ConfigError
 
