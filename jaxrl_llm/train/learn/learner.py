@@ -32,15 +32,9 @@
   still forms each full dL/dW before projecting it onto A and B, so LoRA saves
   optimiser state and work, not backward FLOPs). `full_params` gives the
   merged weights that the rollout engines receive.
-* Reference policy (recipe.kl_beta > 0; `train.reference`): `step_logprobs` returns
-  the reference log-probs next to pi_old from the same micro-batched program; the
-  reference is a compute-dtype copy of the initial params, or with LoRA the frozen base.
-* Teacher (on-policy distillation, a recipe with `distill`; `train.teacher`): a frozen
-  compute-dtype copy of the teacher's params, placed like the policy's, scores the sampled
-  tokens in the same micro-batched pi_old pass (its own DecoderConfig: any architecture).
-* Critic (recipes with GAE advantages, e.g. ppo; `train.critic`): a value head on the
-  trunk's hidden states, evaluated in the same forward as the policy's logprobs (values
-  at rollout time from `step_logprobs`, current values in every micro-batch's loss), and
+* Side passes (`train.learn.side_passes.SidePasses`): the reference policy (a KL term), the
+  distillation teacher and the critic. Their log-probs and values come from the same micro-batched
+  pi_old program (`step_logprobs`); the critic's value head reads the policy's hidden states and is
   updated with its own optimiser in the same step (`LearnerState.critic`).
 """
 from __future__ import annotations
@@ -60,10 +54,10 @@ from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.train.config import PRECISION_DTYPES
 from jaxrl_llm.train.learn import critic as critic_lib
 from jaxrl_llm.train.learn import packing
-from jaxrl_llm.train.learn import reference as reference_lib
 from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.distributed import gather_to_host, put_global
 from jaxrl_llm.train.learn.micro_batch import DeviceRows, head_logprobs, to_step_layout
+from jaxrl_llm.train.learn.side_passes import SidePasses
 from jaxrl_llm.train.learn.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
 
 
@@ -112,19 +106,7 @@ class Learner:
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
-        self.needs_reference = recipe.kl_beta > 0
-        self.reference = None  # full fine-tuning with a KL term: the compute-dtype initial params, set by init
-        self.needs_critic = isinstance(recipe.advantage_fn, core.GaeAdvantage) or recipe.value_coef > 0
-        if self.needs_critic and (critic_cfg is None or recipe.value_coef <= 0):
-            raise ValueError(f"recipe {recipe.name!r} needs a critic: pass critic_cfg (the config's critic "
-                             f"section) and a recipe with value_coef > 0 (got {recipe.value_coef})")
-        self.critic_cfg = critic_cfg
-        # The teacher (a train.teacher.Teacher): only its compute-dtype copy is kept, placed like the params.
-        self.teacher_cfg = None if teacher is None else teacher.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
-        self.teacher_params = None if teacher is None else reference_lib.reference_copy(
-            teacher.params if mesh is None else put_global(teacher.params, param_shardings(teacher.params, mesh)),
-            self.compute_dtype)
-        self.critic_optimizer = critic_lib.make_critic_optimizer(critic_cfg) if self.needs_critic else None
+        self.side = SidePasses(recipe, self.compute_dtype, mesh, critic_cfg=critic_cfg, teacher=teacher)
         self._merge = jax.jit(self._full_params_impl)
         options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
         # batch-invariant pi_old compiles as the sampler does: the learner's options change the dot kernels
@@ -139,18 +121,13 @@ class Learner:
         """State for training `params` (full fine-tuning), or, with LoRA, fresh adapters
         (A from PRNGKey(seed), B = 0) on the frozen `params`, which become `self.frozen`."""
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-        if self.needs_reference and self.lora is None:  # with LoRA the frozen base is the reference
-            placed = params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
-            self.reference = reference_lib.reference_copy(placed, self.compute_dtype)
+        self.side.keep_reference(params, lora=self.lora is not None)
         if self.lora is not None:
             self.frozen = params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
             params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
         scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
-        critic = None
-        if self.needs_critic:
-            head = critic_lib.init_critic_params(self.compute_cfg.hidden_size)
-            critic = critic_lib.CriticState(head, self.critic_optimizer.init(head))
+        critic = self.side.init_critic(self.compute_cfg.hidden_size)
         if self.mesh is None:
             return LearnerState(params, self.optimizer.init(params), *scalars, critic)
         # Everything lives on the mesh: optimiser moments take their parameter's sharding,
@@ -178,16 +155,11 @@ class Learner:
         LoRA the adapters merged into the frozen base (W + alpha/r * A @ B)."""
         return params if self.lora is None else self._merge(self.frozen, params)
 
-    @property
-    def reference_bytes(self) -> int:
-        """Extra memory the reference policy costs: its copy of the weights in the compute
-        dtype, or 0 (no KL term, or LoRA, whose frozen base is the reference)."""
-        return reference_lib.tree_bytes(self.reference)
-
-    @property
-    def teacher_bytes(self) -> int:
-        """Memory the distillation teacher costs: its weights in the compute dtype (0 without one)."""
-        return reference_lib.tree_bytes(self.teacher_params)
+    # The side passes' facts, as the learning step and the benchmarks read them (`SidePasses`).
+    needs_reference = property(lambda self: self.side.needs_reference)
+    reference = property(lambda self: self.side.reference)
+    reference_bytes = property(lambda self: self.side.reference_bytes)
+    teacher_bytes = property(lambda self: self.side.teacher_bytes)
 
     def _full_params_impl(self, frozen, adapters):
         return lora.merge(frozen, adapters, self.lora.scale)
@@ -256,16 +228,11 @@ class Learner:
         states), then the reference's and the teacher's."""
         with_reference = self.needs_reference if with_reference is None else with_reference
         with_teacher = self.recipe.distill is not None if with_teacher is None else with_teacher
-        if with_teacher and self.teacher_params is None:
-            raise ValueError(f"recipe {self.recipe.name!r} distils from a teacher: pass teacher= (train.teacher."
-                             "load_teacher) to the Learner")
-        if with_reference and self.reference is None and self.frozen is None:
-            raise ValueError("no reference policy: the learner keeps one when recipe.kl_beta > 0 (or with LoRA, "
-                             "whose frozen base is the reference); call init first")
+        self.side.check(with_reference=with_reference, with_teacher=with_teacher, frozen=self.frozen)
         critic_params = None if critic is None else critic.params
         # batch-invariant: one sequence per row from slot 0, so each key sits at slot = position as in the sampler
         plan = self.plan(seq, pack=False if self.batch_invariant else None)
-        return self._logprobs(params, self.frozen, self.reference, self.teacher_params if with_teacher else None,
+        return self._logprobs(params, self.frozen, self.side.reference, self.side.teacher_params if with_teacher else None,
                               critic_params, self._device_rows(plan), with_reference=with_reference,
                               max_segments=plan.max_segments)
 
@@ -290,7 +257,7 @@ class Learner:
             (logp, entropy), values = run(params, *micro, return_entropy=True, critic_params=critic_params)
             ref_logp = run(reference, *micro, return_entropy=False)[0] if with_reference else None
             teacher_logp = (None if teacher is None else
-                            run(teacher, *micro, cfg=self.teacher_cfg, return_entropy=False)[0])
+                            run(teacher, *micro, cfg=self.side.teacher_cfg, return_entropy=False)[0])
             flat = StepLogprobs(logp, entropy, ref_logp, values, teacher_logp)
             return jax.tree.map(lambda x: to_step_layout(x, rows, m, 0.0), flat)
 
@@ -383,14 +350,10 @@ class Learner:
         finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
         metrics = dict(metrics, grad_norm=grad_norm, loss_scale=state.loss_scale.scale)
         critic, policy_on = None, finite
-        if state.critic is not None:
-            critic_norm = optax.tree.norm(critic_grads)
-            finite = finite & jnp.isfinite(critic_norm)
-            policy_on = finite & (state.step >= self.critic_cfg.warmup_steps)  # warm-up: the critic alone
-            critic = masked_update(self.critic_optimizer, state.critic.params, state.critic.opt_state, critic_grads,
-                                finite)
-            critic = critic_lib.CriticState(*critic)
-            metrics.update(critic_grad_norm=critic_norm, policy_held=(finite & ~policy_on).astype(jnp.float32))
+        if state.critic is not None:  # warm-up: the critic alone
+            critic, policy_on, finite, critic_metrics = self.side.update_critic(state.critic, critic_grads, finite,
+                                                                                 state.step)
+            metrics.update(critic_metrics)
         params, opt_state = masked_update(self.optimizer, state.params, state.opt_state, grads, policy_on)
         loss_scale = (next_loss_scale(state.loss_scale, finite, self.train_cfg) if self.dynamic_loss_scale
                       else state.loss_scale)

@@ -8,7 +8,7 @@ The teacher is loaded once, float32, from one of:
 It must share the student's tokenizer (the same token -> id map and EOS), since it
 scores the student's token ids; anything else is refused, naming distill.teacher.
 
-The learner keeps only a compute-dtype copy (`Learner.teacher_params`), placed like the
+The learner keeps only a compute-dtype copy (`SidePasses.teacher_params`, train/learn/side_passes.py), placed like the
 policy's params, and runs it in the pi_old pass. On --resume the teacher is loaded again
 from the same source, so it is the same weights, bit for bit, without being checkpointed.
 """
