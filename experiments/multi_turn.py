@@ -88,8 +88,8 @@ def main(env: str, overrides: list[str]) -> dict:
     (solved episodes out of held-out prompts x task.eval_samples, a two-proportion test, and
     the episodes' turns / tool calls / tool errors); written to <run_dir>/before_after.json."""
     from jaxrl_llm.train.run import loop
-    from jaxrl_llm.train.sample.engines import make_engine
-    from jaxrl_llm.train.run.evaluation import EVAL_SEED, evaluate
+    from jaxrl_llm.train.sample.engines import engine_spec, make_engine
+    from jaxrl_llm.train.run.evaluation import EVAL_SEED, evaluate, held_out
     from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.sample.prompts import task_from_config
 
@@ -98,11 +98,11 @@ def main(env: str, overrides: list[str]) -> dict:
     policy = load_policy(cfg.model.source)
     task = task_from_config(cfg)
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, policy, policy.params, stack=stack)
-        before = _summary(evaluate(engine, policy, task, cfg, samples=cfg.task.eval_samples, seed=EVAL_SEED))
+        engine = make_engine(engine_spec(cfg), policy, policy.params, stack=stack)
+        before = _summary(evaluate(engine, policy, task, held_out(cfg), samples=cfg.task.eval_samples, seed=EVAL_SEED))
         print(f"before: {before}", flush=True)
         result = loop.train(cfg, task=task, policy=policy, engine=engine)
-        after_full = evaluate(engine, policy, task, cfg, samples=cfg.task.eval_samples, seed=EVAL_SEED)
+        after_full = evaluate(engine, policy, task, held_out(cfg), samples=cfg.task.eval_samples, seed=EVAL_SEED)
     after = _summary(after_full)
     out = {"env": env, "overrides": overrides, "steps": result.step, "before": before, "after": after,
            "test": two_proportions(before["solved"], before["episodes"], after["solved"], after["episodes"]),

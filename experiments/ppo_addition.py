@@ -47,8 +47,8 @@ def get_config():
 
 def run(cfg) -> dict:
     """Held-out pass@1 before, `cfg.total_steps` PPO steps, pass@1 after (one engine)."""
-    from jaxrl_llm.train.sample.engines import make_engine
-    from jaxrl_llm.train.run.evaluation import evaluate
+    from jaxrl_llm.train.sample.engines import engine_spec, make_engine
+    from jaxrl_llm.train.run.evaluation import evaluate, held_out
     from jaxrl_llm.train.run.loop import train
     from jaxrl_llm.train.run.metrics import read_metrics
     from jaxrl_llm.train.policy import load_policy
@@ -59,11 +59,11 @@ def run(cfg) -> dict:
     task = task_from_config(cfg)
     samples = cfg.task.eval_samples
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, policy, policy.params, stack=stack)
-        before = evaluate(engine, policy, task, cfg, samples=samples, seed=EVAL_SEED)
+        engine = make_engine(engine_spec(cfg), policy, policy.params, stack=stack)
+        before = evaluate(engine, policy, task, held_out(cfg), samples=samples, seed=EVAL_SEED)
         print(f"[ppo_addition] held-out pass@1 before {before['pass@1']:.3f}", flush=True)
         train(cfg, task=task, policy=policy, engine=engine)
-        after = evaluate(engine, policy, task, cfg, samples=samples, seed=EVAL_SEED)
+        after = evaluate(engine, policy, task, held_out(cfg), samples=samples, seed=EVAL_SEED)
     rows = read_metrics(cfg.run_path)
     per_step = [{k: r.get(k) for k in ("step", "reward", "pass_rate", "value_loss", "explained_variance",
                                        "value_mean", "return_mean")} for r in rows]

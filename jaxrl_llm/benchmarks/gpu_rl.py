@@ -54,7 +54,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
     from jaxrl_llm.models import init_params
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.rollout.types import SamplingParams
-    from jaxrl_llm.train.sample.engines import engine_weights, sampler_dtype
+    from jaxrl_llm.train.sample.engines import engine_spec, engine_weights
     from jaxrl_llm import core
     from jaxrl_llm.train.learn.step import learn
     from jaxrl_llm.train.learn.learner import Learner
@@ -69,7 +69,8 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
         "rollout.max_tokens": new_tokens, "rollout.temperature": 1.0, "recipe.name": "grpo",
         "train.precision": "bf16", "train.lr": 1e-6, "train.micro_batch_size": micro_batch_size,
         "train.remat": remat, "train.warmup_steps": 0})
-    dtype = sampler_dtype(cfg)  # bfloat16: the learner's precision
+    spec = engine_spec(cfg)
+    dtype = spec.dtype  # bfloat16: the learner's precision
     model_cfg = model_config(shape, prompt_len + new_tokens)
     log(f"rl_step_at_scale {shape}: {batch} x {new_tokens} tokens, sampler {dtype}, learner "
          f"{cfg.train.precision} (remat {remat}, micro-batch {micro_batch_size})")
@@ -77,7 +78,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
     learner = Learner(model_cfg, recipe, cfg.train, total_steps=steps + 1)
     state = learner.init(init_params(model_cfg, jax.random.key(seed), dtype="float32"), seed=seed)
     sampler = JaxSampler(model_cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype),
-                         engine_weights(cfg, learner, state.params),
+                         engine_weights(spec, learner, state.params),
                          eos_token_ids=impossible_eos(model_cfg), pad_id=0)
     prompts = random_prompts(model_cfg.vocab_size, batch, prompt_len, seed + 1)
     rng = np.random.default_rng(seed + 2)
@@ -95,7 +96,7 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
         state, metrics = learn(learner, state, recipe, cfg, rollouts, core.StepInputs(rewards))
         jax.block_until_ready(state.params)
         t3 = time.perf_counter()
-        new = engine_weights(cfg, learner, state.params)
+        new = engine_weights(spec, learner, state.params)
         jax.block_until_ready(new)
         sampler.update_weights(new)
         t4 = time.perf_counter()

@@ -11,8 +11,8 @@ import shutil
 import time
 
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.sample.engines import make_engine
-from jaxrl_llm.train.run.evaluation import append_eval, evaluate
+from jaxrl_llm.train.sample.engines import engine_spec, make_engine
+from jaxrl_llm.train.run.evaluation import append_eval, evaluate, held_out
 from jaxrl_llm.train.run.loop import train
 from jaxrl_llm.train.run.plots import plot_runs
 from jaxrl_llm.train.policy import load_policy
@@ -41,7 +41,7 @@ def _pass_line(result: dict, samples: int) -> str:
 
 def run_demo(cfg: Config, *, resume: bool = False) -> dict:
     """Runs the demo of `cfg` into cfg.run_path (fresh unless `resume`); returns its summary."""
-    require_wandb(cfg)  # before anything is deleted or loaded
+    require_wandb(cfg.metrics)  # before anything is deleted or loaded
     if os.path.exists(cfg.run_path) and not resume:
         shutil.rmtree(cfg.run_path)
     os.makedirs(cfg.run_path, exist_ok=True)
@@ -57,11 +57,12 @@ def run_demo(cfg: Config, *, resume: bool = False) -> dict:
         if tracker is not None:
             outer.callback(tracker.finish)
         with contextlib.ExitStack() as stack:
-            engine = make_engine(cfg, policy, policy.params, stack=stack)
-            before = evaluate(engine, policy, task, cfg, samples=samples, seed=EVAL_SEED)
+            engine = make_engine(engine_spec(cfg), policy, policy.params, stack=stack)
+            before = evaluate(engine, policy, task, held_out(cfg), samples=samples, seed=EVAL_SEED)
             _say(f"held-out before: {_pass_line(before, samples)}")
             out = train(cfg, task=task, resume=resume, policy=policy, engine=engine, wandb=tracker)
-            after = evaluate(engine, policy, task, cfg, samples=samples, seed=EVAL_SEED)  # serves the trained weights
+            # the engine now serves the trained weights
+            after = evaluate(engine, policy, task, held_out(cfg), samples=samples, seed=EVAL_SEED)
         _say(f"held-out after:  {_pass_line(after, samples)}")
         _say(f"held-out pass@1 change: {after['pass@1'] - before['pass@1']:+.3f}")
         for label, result in (("before", before), ("after", after)):
@@ -80,8 +81,8 @@ def run_demo(cfg: Config, *, resume: bool = False) -> dict:
 def _report(cfg: Config, before: dict, after: dict, step: int, tracker) -> str:
     """eval.jsonl's before/after records, the training figure (its path returned) and the bias
     report; the same to W&B, at the run's last step, where it is on."""
-    append_eval(cfg, 0, before)
-    append_eval(cfg, step, after)
+    append_eval(cfg.run_path, 0, before)
+    append_eval(cfg.run_path, step, after)
     png = os.path.join(cfg.run_path, "training.png")
     plot_runs([cfg.run_path], metrics=PANELS, out_png=png, title=f"{cfg.name}: training")
     from jaxrl_llm.reports import bias_report

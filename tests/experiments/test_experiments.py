@@ -215,9 +215,10 @@ def test_multi_turn_configs_hold_out_examples_and_two_proportions_by_hand():
 
     mt = load_experiment("multi_turn")
     guess = mt.get_config("guess_number")
-    assert sorted(int(e.answer) for e in heldout_examples(task_from_config(guess), guess)) == [1, 4]
+    heldout = heldout_examples(task_from_config(guess), guess.task.eval_size, guess.seed)
+    assert sorted(int(e.answer) for e in heldout) == [1, 4]
     calc = mt.get_config("calculator_tool")
-    assert len(heldout_examples(task_from_config(calc), calc)) == calc.task.eval_size == 16
+    assert len(heldout_examples(task_from_config(calc), calc.task.eval_size, calc.seed)) == calc.task.eval_size == 16
     with pytest.raises(ValueError, match="unknown environment 'maze'; valid: calculator_tool, guess_number"):
         mt.get_config("maze")
     # 8/64 -> 20/64: pooled p = 28/128, se0 = sqrt(p (1 - p) (2/64)) = 0.073080, z = 0.1875 / se0.

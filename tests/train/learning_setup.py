@@ -115,7 +115,7 @@ def reference_sync_loop(cfg, policy, task):
     from jaxrl_llm.rewards import GraderPool
     from jaxrl_llm.train import distributed
     from jaxrl_llm.train.config.recipe import recipe_from_config
-    from jaxrl_llm.train.sample.engines import engine_params, make_engine, sampling_params
+    from jaxrl_llm.train.sample.engines import engine_params, engine_spec, make_engine, sampling_params
     from jaxrl_llm.train.sample.grading import grade
     from jaxrl_llm.train.learn.step import learn
     from jaxrl_llm.train.policy import decode_completions, encode_prompts
@@ -129,15 +129,16 @@ def reference_sync_loop(cfg, policy, task):
     group = cfg.rollout.samples_per_prompt
     rows = []
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, policy, learner.full_params(state.params), stack=stack)
+        spec = engine_spec(cfg)
+        engine = make_engine(spec, policy, learner.full_params(state.params), stack=stack)
         pool = stack.enter_context(GraderPool(num_workers=1, timeout_s=cfg.task.reward_timeout_s))
         for step in range(1, cfg.total_steps + 1):
-            examples = step_examples(task, cfg, step)
+            examples = step_examples(task, step, seed=cfg.seed, prompts=cfg.rollout.prompts_per_step)
             rollouts = engine.generate(encode_prompts(policy, examples), group,
-                                       sampling_params(cfg, seed=step_seed(cfg, step)))
+                                       sampling_params(cfg.rollout, seed=step_seed(cfg.seed, step)))
             graded = grade(pool, task, decode_completions(policy, rollouts), examples, group)
             state, metrics = learn(learner, state, recipe, cfg, rollouts, core.StepInputs(graded.rewards))
-            engine.update_weights(engine_params(cfg, learner.full_params(state.params)))
+            engine.update_weights(engine_params(spec, learner.full_params(state.params)))
             rows.append({"step": step, "reward": float(graded.rewards.mean()), **metrics})
     return rows, learner.full_params(state.params)
 

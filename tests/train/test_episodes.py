@@ -14,7 +14,7 @@ from jaxrl_llm.rewards import addition_reward
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.learn.batch import build_sequences
-from jaxrl_llm.train.sample.engines import make_engine
+from jaxrl_llm.train.sample.engines import engine_spec, make_engine
 from jaxrl_llm.train.sample.episodes import EpisodeLimits, observation_text, run_episodes
 from jaxrl_llm.train.sample.grading import grade
 from jaxrl_llm.train.policy import encode_prompts, load_policy
@@ -217,10 +217,10 @@ def test_jax_sampler_multi_turn_logprobs_equal_the_learners(tiny_model_dir, tmp_
     examples = task.examples("train", 2, seed=0)
     import contextlib
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, policy, policy.params, stack=stack)
+        engine = make_engine(engine_spec(cfg), policy, policy.params, stack=stack)
         batch = run_episodes(engine, policy, task, examples, 2, SamplingParams(temperature=1.0, seed=5,
                                                                                 max_tokens=6),
-                             EpisodeLimits.from_config(cfg))
+                             EpisodeLimits.of(cfg.task, cfg.rollout.max_tokens))
     records = batch.rollouts.records
     assert batch.metrics["episode_turns"] > 2 and batch.metrics["episode_observation_tokens"] > 10
     seq = build_sequences(batch.rollouts, completion_width=cfg.rollout.max_tokens)
@@ -243,7 +243,7 @@ def test_single_turn_env_episodes_equal_the_batched_single_turn_path(tiny_model_
     examples = base.examples("train", 2, seed=3)
     params = SamplingParams(temperature=1.0, seed=11, max_tokens=6)
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, policy, policy.params, stack=stack)
+        engine = make_engine(engine_spec(cfg), policy, policy.params, stack=stack)
         episodes = run_episodes(engine, policy, task, examples, 3, params, EpisodeLimits(1, 6, 6))
         batched = engine.generate(encode_prompts(policy, examples), n=3, params=params)
         pool = stack.enter_context(GraderPool(num_workers=1, timeout_s=5))

@@ -55,8 +55,8 @@ def resume_with_fresh_optimiser(cfg, policy):
     """--resume, but the restored learner state gets a freshly initialised optimiser state."""
     original = loop._start_position
 
-    def fresh_opt_state(cfg_, ckpt, learner, policy_, state, *, resume):
-        restored, position = original(cfg_, ckpt, learner, policy_, state, resume=resume)
+    def fresh_opt_state(ckpt, learner, policy_, state, *, resume, where):
+        restored, position = original(ckpt, learner, policy_, state, resume=resume, where=where)
         return restored._replace(opt_state=state.opt_state), position
 
     loop._start_position = fresh_opt_state

@@ -32,7 +32,7 @@ def test_darling_multiplies_rewards_by_the_share_outside_the_class(tiny_model_di
     task = task_from_config(cfg)
     texts = ["3", "3", "4", "5", "1", "2", "3", "x"]
     rewards = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
-    out = shape_rewards(cfg, task, rewards, texts, np.ones((2, 4)), [])
+    out = shape_rewards(cfg.shaping, task, rewards, texts, np.ones((2, 4)), [])
     # group 0: classes {3,3},{4},{5}: div = (4 - 2) / 3, 2/3, 1, 1; group 1: all distinct: div = 1
     np.testing.assert_allclose(out.rewards, [[2 / 3, 2 / 3, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]], rtol=1e-6)
     assert out.metrics["distinct_classes"] == pytest.approx((3 + 4) / 2)
@@ -45,14 +45,14 @@ def test_length_rewards_from_config_hand_values(tiny_model_dir, tmp_path):
     rewards = np.array([[1, 1, 0, 0]], np.float32)
     texts = ["a"] * 4
     kimi = _cfg(tiny_model_dir, tmp_path, "shaping.length_reward=kimi", "shaping.length_reward_weight=0.2")
-    out = shape_rewards(kimi, task_from_config(kimi), rewards, texts, lengths, [])
+    out = shape_rewards(kimi.shaping, task_from_config(kimi), rewards, texts, lengths, [])
     # lambda = 0.5 - (len - 2) / 4 = 0.5, 0, -0.5, 0; wrong answers get min(0, lambda)
     np.testing.assert_allclose(out.rewards, [[1 + 0.1, 1.0, -0.1, 0.0]], rtol=1e-6, atol=1e-7)
     l1 = _cfg(tiny_model_dir, tmp_path, "shaping.length_reward=l1", "shaping.length_reward_weight=0.1",
               "shaping.l1_targets=[3]")
-    example = with_length_targets(l1, [Example("q", "addition", "What is 1 + 1?", "2", "train")], seed=0)[0]
+    example = with_length_targets(l1.shaping, [Example("q", "addition", "What is 1 + 1?", "2", "train")], seed=0)[0]
     assert example.prompt.endswith("\nThink for 3 tokens.") and example.metadata[TARGET_KEY] == 3
-    out = shape_rewards(l1, task_from_config(l1), rewards, texts, lengths, [example])
+    out = shape_rewards(l1.shaping, task_from_config(l1), rewards, texts, lengths, [example])
     np.testing.assert_allclose(out.rewards, [[1 - 0.1, 1 - 0.1, -0.3, -0.1]], rtol=1e-6)
     assert out.metrics["l1_length_error"] == pytest.approx((1 + 1 + 3 + 1) / 4)
 

@@ -54,7 +54,7 @@ def vine_run(learning_model_dir, learning_policy, tmp_path_factory):
     """One step of recipe.name=vineppo; every estimate, learner input and engine call recorded."""
     import contextlib
 
-    from jaxrl_llm.train.sample.engines import host_params, make_engine
+    from jaxrl_llm.train.sample.engines import engine_spec, host_params, make_engine
 
     mp = pytest.MonkeyPatch()
     rec = Recorded([], [], [], None, [])
@@ -76,7 +76,7 @@ def vine_run(learning_model_dir, learning_policy, tmp_path_factory):
                           "total_steps=1", "rollout.samples_per_prompt=4", "train.micro_batch_size=8",
                           f"vineppo.k={K}", f"vineppo.chunk_tokens={CHUNK}")
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, learning_policy, host_params(learning_policy.params), stack=stack)
+        engine = make_engine(engine_spec(cfg), learning_policy, host_params(learning_policy.params), stack=stack)
         real_generate = engine.generate
 
         def counted(prompts, n, params):  # the real engine's generate, counted (same signature)
@@ -109,7 +109,9 @@ def test_in_loop_values_equal_the_closed_form(vine_run, learning_policy):
     np.testing.assert_array_equal(est.start_values[later], first_token_scores[later])
     assert later.sum() > 0 and np.all(est.starts[:, ::CHUNK][lengths[:, None] > np.arange(0, 6, CHUNK)])
     # V(prompt): one estimate per prompt (shared by its G responses) within 4 sigma of the closed form
-    prompts = encode_prompts(learning_policy, step_examples(LeadingSpaceTask(), vine_run.cfg, 1))
+    cfg = vine_run.cfg
+    examples = step_examples(LeadingSpaceTask(), 1, seed=cfg.seed, prompts=cfg.rollout.prompts_per_step)
+    prompts = encode_prompts(learning_policy, examples)
     for p, ids in enumerate(prompts):
         exact = _space_probability(learning_policy, ids)
         values = est.start_values[p * group:(p + 1) * group, 0]
@@ -189,18 +191,18 @@ def test_a_short_vineppo_run_raises_heldout_pass_at_1(learning_model_dir, learni
     import contextlib
 
     from jaxrl_llm.rewards import GraderPool
-    from jaxrl_llm.train.sample.engines import host_params, make_engine
-    from jaxrl_llm.train.run.evaluation import evaluate
+    from jaxrl_llm.train.sample.engines import engine_spec, host_params, make_engine
+    from jaxrl_llm.train.run.evaluation import evaluate, held_out
 
     cfg = learning_config(learning_model_dir, tmp_path / "run", "recipe.name=vineppo", "total_steps=6",
                           "vineppo.k=4", "vineppo.chunk_tokens=2", "task.eval_size=16", "task.eval_samples=4")
     task = SpacesTask()
     with contextlib.ExitStack() as stack:
-        engine = make_engine(cfg, learning_policy, host_params(learning_policy.params), stack=stack)
+        engine = make_engine(engine_spec(cfg), learning_policy, host_params(learning_policy.params), stack=stack)
         pool = stack.enter_context(GraderPool(num_workers=1, timeout_s=10.0))
-        before = evaluate(engine, learning_policy, task, cfg, samples=4, seed=123, pool=pool)
+        before = evaluate(engine, learning_policy, task, held_out(cfg), samples=4, seed=123, pool=pool)
         out = loop.train(cfg, task=task, policy=learning_policy, engine=engine)
-        after = evaluate(engine, learning_policy, task, cfg, samples=4, seed=123, pool=pool)
+        after = evaluate(engine, learning_policy, task, held_out(cfg), samples=4, seed=123, pool=pool)
     print(f"held-out pass@1 {before['pass@1']:.3f} -> {after['pass@1']:.3f}; last step {out.metrics['reward']:.3f}")
     assert out.metrics["vineppo_extra_tokens"] > 0
     assert after["pass@1"] >= before["pass@1"] + 0.2

@@ -54,8 +54,8 @@ from jaxrl_llm.train.sample import weight_check
 from jaxrl_llm.train.sample.async_rollout import AsyncRolloutProducer, ProducedBatch
 from jaxrl_llm.train.run.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.sample.engines import check_server_urls, engine_weights, host_params, make_engine
-from jaxrl_llm.train.run.evaluation import PeriodicEval
+from jaxrl_llm.train.sample.engines import check_server_urls, engine_spec, engine_weights, host_params, make_engine
+from jaxrl_llm.train.run.evaluation import PeriodicEval, held_out
 from jaxrl_llm.train.sample.grading import Graded, learner_rollouts, response_metrics
 from jaxrl_llm.train.learn.step import learn
 from jaxrl_llm.train.learn.learner import Learner, LearnerState
@@ -113,7 +113,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     `wandb` is a W&B run the caller owns (tracking.py); by default, with metrics.wandb on,
     the metrics writer opens and finishes its own.
     """
-    require_wandb(cfg)  # a one-line error before any model loads
+    require_wandb(cfg.metrics)  # a one-line error before any model loads
     distributed.initialize_from_env()  # before any JAX computation; no-op for one process
     distributed.warm_up_collectives()
     run_dir = os.fspath(cfg.run_path)
@@ -122,17 +122,18 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     plan = plan_run(cfg, task, processes=jax.process_count())  # refuses what the task cannot run
     mesh = distributed.learner_mesh(cfg.mesh)  # refuses sizes the devices cannot hold
     if engine is None:
-        check_server_urls(cfg)  # a server that does not answer is named before any model loads
+        check_server_urls(cfg.rollout)  # a server that does not answer is named before any model loads
     policy = policy or load_policy(cfg.model.source)
     teacher = None if cfg.distill.teacher is None else load_teacher(cfg.distill.teacher, policy)
     learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh, teacher=teacher)
     del teacher  # the learner keeps its compute-dtype copy only
     state = learner.init(policy.params, seed=cfg.seed)
+    spec = engine_spec(cfg)
     lead = jax.process_index() == 0
     with contextlib.ExitStack() as stack:
         ckpt = stack.enter_context(Checkpointer(cfg.checkpoint_path, every_steps=cfg.checkpoint.every_steps,
                                                 keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save))
-        state, start = _start_position(cfg, ckpt, learner, policy, state, resume=resume)
+        state, start = _start_position(ckpt, learner, policy, state, resume=resume, where=cfg.checkpoint_path)
         if start.step >= cfg.total_steps:
             log.info("%s: already at step %d of %d; nothing to do", run_dir, start.step, cfg.total_steps)
             return TrainResult(run_dir, start.step, {}, state, learner.full_params(state.params),
@@ -142,10 +143,10 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             enabled=lead, wandb=wandb)))
         groups = GroupLog(run_dir, resume_step=start.step if resume else None, enabled=lead)
         if engine is None:
-            engine = make_engine(cfg, policy, host_params(learner.full_params(state.params)),
+            engine = make_engine(spec, policy, host_params(learner.full_params(state.params)),
                                  initial_version=start.weight_version, stack=stack)
         elif start.step:  # resumed: the caller's engine serves the base weights
-            engine.update_weights(engine_weights(cfg, learner, state.params))
+            engine.update_weights(engine_weights(spec, learner, state.params))
             weight_check.wait_verified(engine)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
         sampling = step_sampling(cfg, plan, policy, task, pool)
@@ -153,7 +154,8 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             engine, sampling.job, first_step=start.step + 1, last_step=cfg.total_steps, max_lag=cfg.rollout.max_lag,
             sample=sampling.sample, postprocess=sampling.grade,
             replay=sampled_ahead.from_metadata(start.metadata, engine.weight_version))
-        evaluator = PeriodicEval(cfg, policy, task, pool, resume_step=start.step if resume else None, enabled=lead)
+        evaluator = PeriodicEval(held_out(cfg), policy, task, pool, run_path=cfg.run_path, total_steps=cfg.total_steps,
+                                 resume_step=start.step if resume else None, enabled=lead)
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
             cfg.total_steps, initial=start.step, print_every=cfg.metrics.progress_every,
@@ -200,13 +202,14 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
                        producer.ledger.counts(), evaluator.summary())
 
 
-def _start_position(cfg: Config, ckpt: Checkpointer, learner: Learner, policy: Policy, state: LearnerState, *,
-                    resume: bool) -> tuple[LearnerState, RunPosition]:
+def _start_position(ckpt: Checkpointer, learner: Learner, policy: Policy, state: LearnerState, *, resume: bool,
+                    where: os.PathLike) -> tuple[LearnerState, RunPosition]:
     """The state to start from: the latest checkpoint with --resume, else the fresh state
-    (refusing a run directory that already holds checkpoints)."""
+    (refusing a run directory that already holds checkpoints; `where`: its checkpoint path, as the
+    config gives it, for the messages)."""
     if not resume:
         if ckpt.latest_step() is not None:
-            raise FileExistsError(f"{cfg.checkpoint_path} already holds checkpoints; pass --resume to continue "
+            raise FileExistsError(f"{where} already holds checkpoints; pass --resume to continue "
                                   f"or choose another run_dir")
         return state, RunPosition(0, 0)
     try:
@@ -215,12 +218,12 @@ def _start_position(cfg: Config, ckpt: Checkpointer, learner: Learner, policy: P
         raise CheckpointError(f"--resume: {err}; valid: a run_dir holding a readable checkpoint, or a new run_dir "
                               "without --resume") from err
     if restored is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {cfg.checkpoint_path}; valid: a run_dir that holds "
+        raise FileNotFoundError(f"--resume: no checkpoint in {where}; valid: a run_dir that holds "
                                 "one, or start without --resume")
     check_lora_base(restored.metadata, learner, policy)
     position = dataclasses.replace(position_of(restored.state), metadata=restored.metadata)
     log.info("resumed from step %d (checkpoint %s, weight version %d)", position.step,
-             os.path.join(cfg.checkpoint_path, str(position.step)), position.weight_version)
+             os.path.join(where, str(position.step)), position.weight_version)
     return restored.state["learner"], position
 
 
@@ -235,12 +238,12 @@ def run_step(cfg: Config, plan: RunPlan, producer: AsyncRolloutProducer, learner
     graded = batch.extra
     rollouts = learner_rollouts(batch.rollouts, graded)  # without ReMax's greedy rows
     if jax.process_count() > 1:
-        rollouts, graded = _gather_step(cfg, rollouts, graded, batch.context.prompt_width)
+        rollouts, graded = _gather_step(rollouts, graded, batch.context.prompt_width, cfg.rollout.max_tokens)
     state, learn_metrics = learn(learner, state, plan.recipe, cfg, rollouts, graded.step_inputs(task.is_correct))
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe
-        producer.publish(engine_weights(cfg, learner, state.params))  # LoRA: merged
+        producer.publish(engine_weights(engine_spec(cfg), learner, state.params))  # LoRA: merged
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(task, graded.rewards, rollouts, graded.judged), **learn_metrics,
@@ -255,13 +258,13 @@ def run_step(cfg: Config, plan: RunPlan, producer: AsyncRolloutProducer, learner
     return metrics, state, StepGroups(graded.rewards, lengths, truncated)
 
 
-def _gather_step(cfg: Config, rollouts: RolloutBatch, graded: Graded, prompt_width: int):
+def _gather_step(rollouts: RolloutBatch, graded: Graded, prompt_width: int, completion_width: int):
     """Every process's share of the step as the whole step batch (collective)."""
     from jaxrl_llm.train.distributed import allgather_rollouts
 
     group = graded.rewards.shape[1]  # the graders' and the shaped rewards travel side by side: [P_i, 2G]
     rollouts, both, counts = allgather_rollouts(
         rollouts, np.concatenate([graded.rewards, graded.learner_rewards], axis=1),
-        np.array([graded.errors, graded.timeouts]), prompt_width=prompt_width, completion_width=cfg.rollout.max_tokens)
+        np.array([graded.errors, graded.timeouts]), prompt_width=prompt_width, completion_width=completion_width)
     return rollouts, Graded(both[:, :group], int(counts[0]), int(counts[1]), graded.wall_s, graded.sampling,
                             both[:, group:])

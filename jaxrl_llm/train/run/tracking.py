@@ -32,7 +32,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from jaxrl_llm.train.config import Config, ConfigError
+from jaxrl_llm.train.config import Config, ConfigError, MetricsConfig
 from jaxrl_llm.utils.atomic_files import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,15 @@ ID_FILE = "wandb_id.txt"
 RUN_INFO_KEYS = ("git_commit", "git_dirty", "versions", "command", "hostname")
 
 
-def require_wandb(cfg: Config) -> None:
-    """A one-line ConfigError when the config asks for W&B and the package cannot be imported."""
-    if cfg.metrics.wandb == "off":
+def require_wandb(metrics: MetricsConfig) -> None:
+    """A one-line ConfigError when the metrics section asks for W&B and the package cannot be imported."""
+    if metrics.wandb == "off":
         return
     try:
         import wandb  # noqa: F401
     except ImportError as err:
         raise ConfigError(
-            f"metrics.wandb = {cfg.metrics.wandb!r} needs the wandb package, which cannot be imported ({err}); "
+            f"metrics.wandb = {metrics.wandb!r} needs the wandb package, which cannot be imported ({err}); "
             f"install the extra with pip install -e '.[wandb]', or set metrics.wandb=off") from None
 
 

@@ -47,7 +47,7 @@ import numpy as np
 from jaxrl_llm.data import Example
 from jaxrl_llm.data.environments import EnvTask, checked_reset, checked_step
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
-from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.config import TaskConfig
 from jaxrl_llm.train.policy import Policy
 
 _TURN_END_MARK = "\u2063TURN-END\u2063"  # an assistant message no template alters
@@ -63,10 +63,9 @@ class EpisodeLimits:
     discount: float = 1.0
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "EpisodeLimits":
-        t = cfg.task
-        return cls(t.max_turns, cfg.rollout.max_tokens, min(t.turn_max_tokens or cfg.rollout.max_tokens,
-                                                            cfg.rollout.max_tokens), t.discount)
+    def of(cls, task: TaskConfig, max_tokens: int) -> "EpisodeLimits":
+        """The limits of the task section, with `max_tokens` (rollout.max_tokens) per episode."""
+        return cls(task.max_turns, max_tokens, min(task.turn_max_tokens or max_tokens, max_tokens), task.discount)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,20 +13,21 @@ def task_from_config(cfg: Config) -> Task:
     return build_task(cfg.task)
 
 
-def step_seed(cfg: Config, step: int) -> int:
-    """The seed of step `step`'s prompts and samples: a pure function of (seed, step), so a
+def step_seed(seed: int, step: int) -> int:
+    """The seed of step `step`'s prompts and samples: a pure function of (the run's seed, step), so a
     resumed run sees the same prompts and draws the same samples."""
-    return cfg.seed * 1_000_003 + step
+    return seed * 1_000_003 + step
 
 
-def step_examples(task: Task, cfg: Config, step: int) -> list[Example]:
-    """The prompts of `step` (the data position)."""
-    return task.examples(TRAIN, cfg.rollout.prompts_per_step, seed=step_seed(cfg, step))
+def step_examples(task: Task, step: int, *, seed: int, prompts: int) -> list[Example]:
+    """The `prompts` prompts of `step` (the data position) of the run seeded `seed`."""
+    return task.examples(TRAIN, prompts, seed=step_seed(seed, step))
 
 
-def heldout_examples(task: Task, cfg: Config) -> list[Example]:
-    """The held-out prompts: all of a finite split, or task.eval_size distinct ones (0: all)."""
+def heldout_examples(task: Task, eval_size: int, seed: int) -> list[Example]:
+    """The held-out prompts: all of a finite split, or `eval_size` (task.eval_size) distinct ones
+    drawn with the run's `seed` (0: all)."""
     if hasattr(task, "all_examples"):
         examples = task.all_examples(HELDOUT)
-        return examples[:cfg.task.eval_size] if cfg.task.eval_size else examples
-    return task.examples(HELDOUT, cfg.task.eval_size, seed=cfg.seed, unique=True)
+        return examples[:eval_size] if eval_size else examples
+    return task.examples(HELDOUT, eval_size, seed=seed, unique=True)

@@ -35,7 +35,7 @@ from jaxrl_llm.data import Example, Task
 from jaxrl_llm.data.records import unit_hash
 from jaxrl_llm.rewards import extract_integer_answer, extract_last_boxed, extract_tagged_answer
 from jaxrl_llm.rewards import math_answers_equal, normalize_math_answer
-from jaxrl_llm.train.config import Config, ShapingConfig
+from jaxrl_llm.train.config import ShapingConfig
 
 Partition = Callable[[Sequence[str]], list[int]]
 TARGET_KEY = "target_tokens"
@@ -75,10 +75,9 @@ PARTITIONS: dict[str, Callable[[ShapingConfig], Partition]] = {
 }
 
 
-def group_classes(cfg: Config, texts: Sequence[str], prompts: int, group: int) -> list[np.ndarray]:
+def group_classes(sh: ShapingConfig, texts: Sequence[str], prompts: int, group: int) -> list[np.ndarray]:
     """Class labels of each group of `group` texts (prompt-major) under the configured
     partition (shaping.darling; "answer" when DARLING is off)."""
-    sh = cfg.shaping
     partition = PARTITIONS[sh.darling if sh.darling != "off" else "answer"](sh)
     return [np.asarray(partition(texts[p * group:(p + 1) * group])) for p in range(prompts)]
 
@@ -88,11 +87,11 @@ def distinct_correct(labels: Sequence[np.ndarray], correct: np.ndarray) -> list[
     return [len(set(lab[ok].tolist())) for lab, ok in zip(labels, np.asarray(correct, bool))]
 
 
-def with_length_targets(cfg: Config, examples: Sequence[Example], seed: int) -> list[Example]:
+def with_length_targets(sh: ShapingConfig, examples: Sequence[Example], seed: int) -> list[Example]:
     """L1 prompts: each example states its target length ("Think for N tokens."); other
     shaping leaves the examples as they are."""
-    targets = cfg.shaping.l1_targets
-    if cfg.shaping.length_reward != "l1":
+    targets = sh.l1_targets
+    if sh.length_reward != "l1":
         return list(examples)
     out = []
     for e in examples:
@@ -108,17 +107,16 @@ class Shaped:
     metrics: dict[str, float]
 
 
-def shape_rewards(cfg: Config, task: Task, rewards: np.ndarray, texts: Sequence[str], lengths: np.ndarray,
+def shape_rewards(sh: ShapingConfig, task: Task, rewards: np.ndarray, texts: Sequence[str], lengths: np.ndarray,
                   examples: Sequence[Example], base: np.ndarray | None = None) -> Shaped:
     """The learner's rewards [P, G] from the graders' ones (texts prompt-major, G per example).
 
     `base`: the learner's rewards before shaping when they differ from the graders' (a
     multi-turn episode's discounted return); correctness is always judged on `rewards`."""
-    sh = cfg.shaping
     rewards = np.asarray(rewards, np.float32)
     prompts, group = rewards.shape
     correct = np.asarray(task.is_correct(rewards), bool)
-    labels = group_classes(cfg, texts, prompts, group)
+    labels = group_classes(sh, texts, prompts, group)
     metrics = diversity_metrics(labels, correct)
     shaped = rewards if base is None else np.asarray(base, np.float32)
     if sh.darling != "off":

@@ -73,11 +73,11 @@ class StepSampling:
     def job(self, step: int) -> RolloutJob:
         """This process's share of step `step`'s prompts, for every prompt round of the plan."""
         cfg, block, group = self.cfg, self.block, self.cfg.rollout.samples_per_prompt
-        seeds = [round_seed(step_seed(cfg, step), r) for r in range(self.plan.sampling_rounds)]
-        drawn = [with_length_targets(cfg, self.task.examples(TRAIN, cfg.rollout.prompts_per_step, seed=seed), seed)
-                 for seed in seeds]  # round 0 = prompts.step_examples(task, cfg, step)
+        seeds = [round_seed(step_seed(cfg.seed, step), r) for r in range(self.plan.sampling_rounds)]
+        drawn = [with_length_targets(cfg.shaping, self.task.examples(TRAIN, cfg.rollout.prompts_per_step, seed=seed),
+                                     seed) for seed in seeds]  # round 0 = prompts.step_examples(task, step, ...)
         encoded = [encode_prompts(self.policy, examples) for examples in drawn]
-        params = dataclasses.replace(sampling_params(cfg, seed=step_seed(cfg, step)),
+        params = dataclasses.replace(sampling_params(cfg.rollout, seed=step_seed(cfg.seed, step)),
                                      first_row=block.start * group)  # the samples of an unsplit batch
         width = max(len(p) for prompts in encoded for p in prompts)
         greedy = dataclasses.replace(params, temperature=0.0, first_row=block.start) if self.plan.greedy_baseline else None
@@ -96,7 +96,8 @@ class StepSampling:
         `texts`: the decoded completions, when the caller has them."""
         texts = decode_completions(self.policy, rollouts) if texts is None else texts
         lengths = np.array([r.num_completion_tokens for r in rollouts.records]).reshape(graded.rewards.shape)
-        out = shape_rewards(self.cfg, self.task, graded.rewards, texts, lengths, examples, base=graded.learner_rewards)
+        out = shape_rewards(self.cfg.shaping, self.task, graded.rewards, texts, lengths, examples,
+                            base=graded.learner_rewards)
         return dataclasses.replace(graded, shaped=out.rewards, sampling={**graded.sampling, **out.metrics})
 
 
@@ -105,7 +106,7 @@ class PlainBatch(StepSampling):
 
     def __init__(self, cfg: Config, plan: RunPlan, policy: Policy, task: Task, pool: GraderPool):
         super().__init__(cfg, plan, policy, task, pool)
-        self.vine = vineppo_step.vine_values(cfg, policy, task, pool) if plan.vineppo else None
+        self.vine = vineppo_step.vine_values(cfg.vineppo, policy, task, pool) if plan.vineppo else None
 
     def sample(self, engine, job: RolloutJob) -> tuple[RolloutBatch, None]:
         rollouts = engine.generate(job.prompts, n=job.n, params=job.params)
@@ -151,7 +152,7 @@ class Episodes(StepSampling):
 
     def __init__(self, cfg: Config, plan: RunPlan, policy: Policy, task: Task, pool: GraderPool):
         super().__init__(cfg, plan, policy, task, pool)
-        self.limits = EpisodeLimits.from_config(cfg)
+        self.limits = EpisodeLimits.of(cfg.task, cfg.rollout.max_tokens)
 
     def sample(self, engine, job: RolloutJob) -> tuple[RolloutBatch, Graded]:
         batch = run_episodes(engine, self.policy, self.task, job.context.examples, job.n, job.params, self.limits)

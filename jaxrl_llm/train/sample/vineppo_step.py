@@ -43,6 +43,7 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.data import Example
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
+from jaxrl_llm.train.config import VinePPOConfig
 
 # Continuations are seeded apart from the step's rollouts (same step seed, other stream).
 SEED_STREAM = 0x5EED
@@ -165,7 +166,7 @@ class VineValues:
                                    sampling={**graded.sampling, **out.metrics})
 
 
-def vine_values(cfg, policy, task, pool) -> VineValues:
+def vine_values(vineppo: VinePPOConfig, policy, task, pool) -> VineValues:
     """The sampling stage's VinePPO hook, for a run whose recipe estimates advantages by Monte
     Carlo (recipe.name=vineppo or recipe.advantage=vineppo; `RunPlan.vineppo`)."""
     import jax
@@ -181,4 +182,4 @@ def vine_values(cfg, policy, task, pool) -> VineValues:
     def grade(texts: Sequence[str], examples: Sequence[Example]) -> np.ndarray:
         return np.asarray(pool.grade(task.reward_fn, list(texts), list(examples)).rewards, np.float32)
 
-    return VineValues(cfg.vineppo.k, chunk_rule(cfg.vineppo, policy.tokenizer), decode, grade)
+    return VineValues(vineppo.k, chunk_rule(vineppo, policy.tokenizer), decode, grade)
