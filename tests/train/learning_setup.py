@@ -124,7 +124,7 @@ def reference_sync_loop(cfg, policy, task):
 
     recipe = recipe_from_config(cfg)
     mesh = distributed.global_mesh(cfg.mesh) if jax.device_count() > 1 else None
-    learner = make_learner(cfg, policy, recipe=recipe, mesh=mesh)
+    learner = make_learner(cfg, policy, recipe, mesh=mesh)
     state = learner.init(policy.params, seed=cfg.seed)
     group = cfg.rollout.samples_per_prompt
     rows = []

@@ -18,6 +18,7 @@ from jaxrl_llm.train.sample.engines import engine_spec, make_engine
 from jaxrl_llm.train.sample.episodes import EpisodeLimits, observation_text, run_episodes
 from jaxrl_llm.train.sample.grading import grade
 from jaxrl_llm.train.policy import encode_prompts, load_policy
+from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.run.run_state import make_learner
 from jaxrl_llm.rewards import GraderPool
 from tests.train.tiny_run import model_metrics, tiny_config
@@ -224,7 +225,7 @@ def test_jax_sampler_multi_turn_logprobs_equal_the_learners(tiny_model_dir, tmp_
     records = batch.rollouts.records
     assert batch.metrics["episode_turns"] > 2 and batch.metrics["episode_observation_tokens"] > 10
     seq = build_sequences(batch.rollouts, completion_width=cfg.rollout.max_tokens)
-    learner = make_learner(cfg, policy)
+    learner = make_learner(cfg, policy, plan_run(cfg).recipe)
     logp = np.asarray(learner.step_logprobs(learner.init(policy.params).params, seq).logp)
     for i, r in enumerate(records):
         m = r.loss_mask.astype(bool)

@@ -23,6 +23,7 @@ import pytest
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.run.metrics import read_metrics
+from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.run.run_state import checkpoint_state, make_learner
 from tests.train.kill_resume import PARAM_ATOL, assert_rows_equal, kill_after_logged_step
 from tests.train.learning_setup import SpacesTask, flat_params, learning_config
@@ -44,7 +45,7 @@ def policy(learning_policy):
 
 def checkpointed_params(cfg, policy) -> dict[int, np.ndarray]:
     """Every checkpoint of a run: step -> flat float32 params (merged with LoRA)."""
-    learner = make_learner(cfg, policy)
+    learner = make_learner(cfg, policy, plan_run(cfg).recipe)
     target = checkpoint_state(learner.init(policy.params), 0, 0)
     with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=100) as ckpt:
         return {s: flat_params(learner.full_params(ckpt.restore(target, step=s).state["learner"].params))

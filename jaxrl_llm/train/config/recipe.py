@@ -88,8 +88,8 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
         recipe = dataclasses.replace(recipe, constant_length=cfg.rollout.max_tokens)
     if rc.mask_truncated is not None:
         recipe = dataclasses.replace(recipe, mask_truncated=rc.mask_truncated)
-    recipe = with_distillation(recipe, cfg.distill)
-    return dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
+    recipe = dataclasses.replace(recipe, overlong=_overlong(recipe.overlong, rc, cfg.rollout.max_tokens))
+    return with_distillation(recipe, cfg.distill)
 
 
 # recipe.<field> -> the keyword it binds on the policy loss / on the token selection (Clip-Cov, KL-Cov).

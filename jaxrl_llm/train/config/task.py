@@ -212,5 +212,6 @@ def build_task(task_cfg) -> Task:
     if task_cfg.reward_fns:
         task.reward_fn = task_graders(task_cfg)  # called as one grader: the weighted sum
     if task_cfg.env is not None:
-        return PluginEnvTask(task, resolve_env_class(task_cfg.env), dict(task_cfg.env_kwargs))
+        env_class = resolve_env_class(task_cfg.env)
+        return PluginEnvTask(task, env_class, dict(task_cfg.env_kwargs))
     return task

@@ -121,13 +121,13 @@ class Learner:
         """State for training `params` (full fine-tuning), or, with LoRA, fresh adapters
         (A from PRNGKey(seed), B = 0) on the frozen `params`, which become `self.frozen`."""
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-        self.side.keep_reference(params, lora=self.lora is not None)
+        critic = self.side.init_passes(params, base_is_reference=self.lora is not None,
+                                       hidden_size=self.compute_cfg.hidden_size)
         if self.lora is not None:
             self.frozen = params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
             params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
         scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
-        critic = self.side.init_critic(self.compute_cfg.hidden_size)
         if self.mesh is None:
             return LearnerState(params, self.optimizer.init(params), *scalars, critic)
         # Everything lives on the mesh: optimiser moments take their parameter's sharding,
@@ -141,7 +141,8 @@ class Learner:
         opt_state = optax.tree_utils.tree_map_params(
             self.optimizer, put_global, self.optimizer.init(params), shardings,
             transform_non_params=lambda x: put_global(x, replicated))
-        return LearnerState(params, opt_state, *put_global(scalars, replicated), put_global(critic, replicated))
+        scalars, critic = put_global((scalars, critic), replicated)
+        return LearnerState(params, opt_state, *scalars, critic)
 
     def compute_params(self, params, frozen=None):
         """Master params (LoRA: adapters merged into `frozen`) cast to the compute dtype
@@ -169,15 +170,15 @@ class Learner:
         first-fit-decreasing (``pack``, default `train.pack`) or one per row, R rows of W slots per
         micro-batch with R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows),
         rounded up to a multiple of the data-parallel devices."""
+        tokens, attention_mask = seq.tokens, seq.attention_mask
+        if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (tokens, attention_mask)):
+            tokens, attention_mask = gather_to_host((tokens, attention_mask))  # rows over processes: collective
         width = seq.tokens.shape[1]
         budget = self.train_cfg.micro_batch_tokens
         if budget is None:
             budget = min(self.train_cfg.micro_batch_size, seq.tokens.shape[0]) * width
         data_parallel = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
         rows = packing.rows_per_micro_batch(budget, width, data_parallel)
-        tokens, attention_mask = seq.tokens, seq.attention_mask
-        if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (tokens, attention_mask)):
-            tokens, attention_mask = gather_to_host((tokens, attention_mask))  # rows over processes: collective
         return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
                                  pack=self.train_cfg.pack if pack is None else pack)
 

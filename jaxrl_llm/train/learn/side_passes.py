@@ -51,14 +51,12 @@ class SidePasses:
     def _placed(self, params):
         return params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
 
-    def keep_reference(self, params, *, lora: bool) -> None:
-        """At `Learner.init`: the compute-dtype copy of the initial float32 `params` when the recipe has a
-        KL term (with LoRA none: the frozen base is the reference)."""
-        if self.needs_reference and not lora:
+    def init_passes(self, params, *, base_is_reference: bool, hidden_size: int) -> critic_lib.CriticState | None:
+        """At `Learner.init`: keeps the compute-dtype copy of the initial float32 `params` when the recipe
+        has a KL term (none when `base_is_reference`: LoRA's frozen base is the reference), and returns a
+        fresh value head and its optimiser state (None without a critic)."""
+        if self.needs_reference and not base_is_reference:
             self.reference = reference_lib.reference_copy(self._placed(params), self.compute_dtype)
-
-    def init_critic(self, hidden_size: int) -> critic_lib.CriticState | None:
-        """A fresh value head and its optimiser state, or None without a critic."""
         if not self.needs_critic:
             return None
         head = critic_lib.init_critic_params(hidden_size)

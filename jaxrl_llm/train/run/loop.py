@@ -54,7 +54,7 @@ from jaxrl_llm.train.sample import weight_check
 from jaxrl_llm.train.sample.async_rollout import AsyncRolloutProducer, ProducedBatch
 from jaxrl_llm.train.run.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.sample.engines import check_server_urls, engine_spec, engine_weights, host_params, make_engine
+from jaxrl_llm.train.sample.engines import check_server_urls, engine_spec, engine_weights, make_engine
 from jaxrl_llm.train.run.evaluation import PeriodicEval, held_out
 from jaxrl_llm.train.sample.grading import Graded, learner_rollouts, response_metrics
 from jaxrl_llm.train.learn.step import learn
@@ -121,19 +121,20 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     task = task or task_from_config(cfg)  # before the model: a bad task config fails fast
     plan = plan_run(cfg, task, processes=jax.process_count())  # refuses what the task cannot run
     mesh = distributed.learner_mesh(cfg.mesh)  # refuses sizes the devices cannot hold
+    spec = engine_spec(cfg)
     if engine is None:
-        check_server_urls(cfg.rollout)  # a server that does not answer is named before any model loads
+        check_server_urls(spec.rollout)  # a server that does not answer is named before any model loads
     policy = policy or load_policy(cfg.model.source)
     teacher = None if cfg.distill.teacher is None else load_teacher(cfg.distill.teacher, policy)
-    learner = make_learner(cfg, policy, recipe=plan.recipe, mesh=mesh, teacher=teacher)
+    learner = make_learner(cfg, policy, plan.recipe, mesh=mesh, teacher=teacher)
     del teacher  # the learner keeps its compute-dtype copy only
     state = learner.init(policy.params, seed=cfg.seed)
-    spec = engine_spec(cfg)
     lead = jax.process_index() == 0
     with contextlib.ExitStack() as stack:
         ckpt = stack.enter_context(Checkpointer(cfg.checkpoint_path, every_steps=cfg.checkpoint.every_steps,
                                                 keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save))
         state, start = _start_position(ckpt, learner, policy, state, resume=resume, where=cfg.checkpoint_path)
+        ckpt_metadata = lora_checkpoint_metadata(learner, policy)  # LoRA: the base's sha256, hashed once
         if start.step >= cfg.total_steps:
             log.info("%s: already at step %d of %d; nothing to do", run_dir, start.step, cfg.total_steps)
             return TrainResult(run_dir, start.step, {}, state, learner.full_params(state.params),
@@ -143,7 +144,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             enabled=lead, wandb=wandb)))
         groups = GroupLog(run_dir, resume_step=start.step if resume else None, enabled=lead)
         if engine is None:
-            engine = make_engine(spec, policy, host_params(learner.full_params(state.params)),
+            engine = make_engine(spec, policy, engine_weights(spec, learner, state.params),
                                  initial_version=start.weight_version, stack=stack)
         elif start.step:  # resumed: the caller's engine serves the base weights
             engine.update_weights(engine_weights(spec, learner, state.params))
@@ -154,14 +155,14 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             engine, sampling.job, first_step=start.step + 1, last_step=cfg.total_steps, max_lag=cfg.rollout.max_lag,
             sample=sampling.sample, postprocess=sampling.grade,
             replay=sampled_ahead.from_metadata(start.metadata, engine.weight_version))
-        evaluator = PeriodicEval(held_out(cfg), policy, task, pool, run_path=cfg.run_path, total_steps=cfg.total_steps,
+        setting = held_out(cfg)
+        evaluator = PeriodicEval(setting, policy, task, pool, run_path=cfg.run_path, total_steps=cfg.total_steps,
                                  resume_step=start.step if resume else None, enabled=lead)
         stop = stack.enter_context(install_stop_handler())
         progress = stack.enter_context(contextlib.closing(Progress(
             cfg.total_steps, initial=start.step, print_every=cfg.metrics.progress_every,
             keys=("reward", "pass_rate", "length_mean", "time_step_s"))))
         metrics, step, version = {}, start.step, start.weight_version
-        ckpt_metadata = lora_checkpoint_metadata(learner, policy)  # LoRA: the base's sha256, hashed once
         with producer:  # closing it records the batches still in flight as dropped
             for step in range(start.step + 1, cfg.total_steps + 1):
                 try:

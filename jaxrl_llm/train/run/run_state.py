@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from jaxrl_llm import core
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.plan import plan_run
@@ -37,17 +38,17 @@ def position_of(restored_state: dict) -> RunPosition:
     return RunPosition(int(restored_state["step"]), int(restored_state["weight_version"]))
 
 
-def make_learner(cfg: Config, policy: Policy, *, recipe=None, mesh=None, teacher=None) -> Learner:
-    """The run's learner; `recipe` None: the run plan's; `teacher` (train.teacher.Teacher) the
+def make_learner(cfg: Config, policy: Policy, recipe: core.Recipe, *, mesh=None, teacher=None) -> Learner:
+    """The run's learner of `recipe` (the run plan's, `plan.plan_run`); `teacher` (train.teacher.Teacher) the
     distillation teacher of a recipe that distils (only evaluation and export may leave it out)."""
-    return Learner(policy.cfg, recipe or plan_run(cfg).recipe, cfg.train, total_steps=cfg.total_steps,
+    return Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
                    temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic, teacher=teacher,
                    batch_invariant=cfg.rollout.batch_invariant)
 
 
 def restore_params(cfg: Config, policy: Policy, step: int | None = None):
     """(step, float32 params) of checkpoint `step` (latest when None) of the run `cfg` names."""
-    learner = make_learner(cfg, policy)
+    learner = make_learner(cfg, policy, plan_run(cfg).recipe)
     target = checkpoint_state(learner.init(policy.params), 0, 0)
     with Checkpointer(cfg.checkpoint_path, every_steps=0, keep=cfg.checkpoint.keep) as ckpt:
         restored = ckpt.restore(target, step=step) if step is not None else ckpt.restore_latest(target)
