@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
 	bench-batch-invariance \
-	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep experiments-quick experiments results-table clean
+	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight experiments-quick experiments results-table clean
 
 venv: $(STAMP)
 
@@ -123,6 +123,11 @@ gpu-check:
 # benchmarks/results/gpu-sweep-<device>-<date>.json, rewritten after each. GPU_SWEEP_ARGS="--tiny": CPU size.
 gpu-sweep:
 	PY=$${PY:-python3} GPU_MODULE=jaxrl_llm.benchmarks.gpu_sweep bash launch/gpu_check.sh $(GPU_SWEEP_ARGS)
+
+# Before a GPU session: the GPU scripts end to end at tiny sizes on CPU (gpu-check's every
+# section, gpu-sweep's every variant, gpu_rl's learning run; ~6 min on 2 cores). Also in make test-all.
+gpu-preflight: venv
+	$(PY) -m pytest -q -m slow tests/launch/test_gpu_check_tiny.py tests/launch/test_gpu_sweep_tiny.py tests/launch/test_gpu_rl_tiny.py
 
 # The loop with rollout.max_lag 0 and 1 on the demo config (JAX sampler), one row per lag.
 bench-async: venv

@@ -53,6 +53,7 @@ def test_a_failing_section_is_recorded_and_the_run_goes_on(tmp_path):
     assert data["sections"]["third"]["status"] == "skipped"
 
 
+@pytest.mark.slow  # make gpu-preflight / test-all: the GPU script end to end at tiny size (~2 min)
 @pytest.mark.timeout(900)
 def test_tiny_run_writes_every_section(tmp_path):
     """Every section (the torch reference eager and compiled) but the RL run, which tests/launch/test_gpu_rl_tiny.py runs through the same

@@ -61,6 +61,7 @@ def test_rl_step_split_parts_sum_to_at_most_the_step():
     json.dumps(out)
 
 
+@pytest.mark.slow  # make gpu-preflight / test-all: the GPU script end to end at tiny size (~2 min)
 @pytest.mark.timeout(600)  # ~2 min on 2 idle cores
 def test_rl_end_to_end_tiny_learns(tmp_path):
     from jaxrl_llm.data import HELDOUT, make_task

@@ -59,6 +59,7 @@ def test_a_failing_variant_is_recorded_and_the_next_one_runs():
     assert gpu_sweep.best_variant(records)["speedup_vs_baseline"] is None  # the baseline failed
 
 
+@pytest.mark.slow  # make gpu-preflight / test-all: the GPU script end to end at tiny size (~2 min)
 @pytest.mark.timeout(900)
 def test_tiny_sweep_writes_every_variant(tmp_path):
     t0 = time.time()
