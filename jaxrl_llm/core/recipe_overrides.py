@@ -117,16 +117,18 @@ def customize_recipe(
         selection = functools.partial(select_fn, **{**select_bound, **selection_params})
     over["token_selection"] = selection
     correction_kw = {**({"cap": correction_cap} if correction_cap is not None else {}), **(correction_params or {})}
+    given = " and ".join((["correction_cap"] if correction_cap is not None else [])
+                         + ([f"correction_params {correction_params}"] if correction_params else []))
     if correction == "off":
         if correction_kw:
-            raise ValueError(f"correction parameters {correction_kw} are set but correction='off'; set one or the other")
+            raise ValueError(f"{given} is set but correction='off'; set one or the other")
         over["correction"] = None
     elif correction is not None or correction_kw:
         fn, bound = _bound_parts(recipe.correction)
         if correction is not None:
             fn, bound = _named(CORRECTIONS, "correction", correction), {}
         if fn is None:
-            raise ValueError(f"correction parameters {correction_kw} are set but recipe {recipe.name!r} has no "
-                             f"correction; name one (valid: {', '.join(CORRECTIONS)})")
+            raise ValueError(f"{given} is set but recipe {recipe.name!r} has no correction; name one "
+                             f"(valid: {', '.join(CORRECTIONS)})")
         over["correction"] = functools.partial(fn, **{**bound, **correction_kw})
     return dataclasses.replace(recipe, **over)
