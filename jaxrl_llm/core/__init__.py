@@ -5,11 +5,13 @@ Imports jax, chex and numpy only; no I/O. Topic files:
   losses       per-token policy losses with one common signature
   trust_region DPPO's divergence-based trust region (TV and KL forms)
   entropy_control  Clip-Cov / KL-Cov and their top-covariance token selection
-  gpg          GPG's rescaled group-centred advantage
+  gpg          GPG's rescaled group-centred advantage (optionally std-normalised)
+  pass_at_k_tang  Tang et al.'s pass@k advantage (verl's grpo_passk)
   aggregation  explicit token weights and the micro-batch-exact weighted sum
   kl           k1 / k2 / k3 estimators
   distill      on-policy distillation: the teacher's per-token reverse-KL advantage
   corrections  training-inference mismatch (TIS / MIS) and its metrics
+  off_policy   NeMo-RL's seq-mask-tis, AReaL's decoupled PPO weight, every mask's masked fraction
   filters      zero-variance groups, truncation, DAPO overlong penalty
   length_rewards  L1 (LCPO) target-length and Kimi k1.5 group length rewards
   diversity    DARLING equivalence classes and diversity rewards (host-side)
@@ -51,7 +53,6 @@ from jaxrl_llm.core.aggregation import (
 )
 from jaxrl_llm.core.bias import difficulty_weight, implied_sequence_weight, implied_token_weight
 from jaxrl_llm.core.corrections import (
-    CORRECTIONS,
     CorrectionOutput,
     geometric_sequence_mask,
     geometric_sequence_rejection,
@@ -101,7 +102,9 @@ from jaxrl_llm.core.losses import (
 )
 from jaxrl_llm.core.multi_reward import gdpo_advantages
 from jaxrl_llm.core.remax import remax_advantages
-from jaxrl_llm.core.recipe_overrides import ADVANTAGES, POLICY_LOSSES, customize_recipe
+from jaxrl_llm.core.off_policy import decoupled_ppo, mask_fractions, seq_mask_tis
+from jaxrl_llm.core.pass_at_k_tang import pass_at_k_tang_advantages
+from jaxrl_llm.core.recipe_overrides import ADVANTAGES, CORRECTIONS, POLICY_LOSSES, customize_recipe
 from jaxrl_llm.core.recipes import (
     KL_MODES,
     RECIPES,

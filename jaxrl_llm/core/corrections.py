@@ -12,13 +12,15 @@ Ratios are capped / compared in log space so nothing overflows.
 
 Building blocks return arrays; the `token_tis`, `token_mis`, `sequence_tis`,
 `sequence_mis` and `geometric_sequence_rejection` functions package them as a
-CorrectionOutput(weights, keep, clipped) with one common signature
+CorrectionOutput(weights, keep, clipped, masked) with one common signature
 
     correction(old_logp, sampler_logp, mask, **hyper) -> CorrectionOutput
 
 which is what a recipe binds: weights multiply the per-token policy loss,
 keep removes rejected tokens from the loss AND from the aggregation
-denominators (recompute token_weights on mask * keep).
+denominators (recompute token_weights on mask * keep); masked marks every token whose
+weight was set to 0 (for the masked-fraction metric). NeMo-RL's seq-mask-tis and AReaL's
+decoupled PPO are in core/off_policy.py.
 """
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ class CorrectionOutput(NamedTuple):
     weights: jax.Array  # [N, T] float32 multiplicative IS weight, 0 where not kept
     keep: jax.Array  # [N, T] float32 1 = token stays in the loss and denominators
     clipped: jax.Array  # [N, T] float32 1 = weight was truncated (TIS) at this token
+    masked: jax.Array  # [N, T] float32 1 = the token's weight was set to 0 (rejected), whether or not it
+    #                    stays in the denominators (decoupled PPO keeps it there, as AReaL does)
 
 
-def _log(value):
+def log_bound(value):
     """log of a hyperparameter; a Python float when concrete (weakly typed in jnp ops)."""
     return float(np.log(value)) if _checks.is_concrete(value) else jnp.log(value)
 
@@ -74,7 +78,7 @@ def token_tis_weights(old_logp, sampler_logp, mask, *, cap: float = 2.0) -> jax.
     """
     _checks.check_positive("cap", cap)
     log_ratio, valid = token_log_ratio(old_logp, sampler_logp, mask)
-    return jnp.where(valid, jnp.exp(jnp.minimum(log_ratio, _log(cap))), 0.0)
+    return jnp.where(valid, jnp.exp(jnp.minimum(log_ratio, log_bound(cap))), 0.0)
 
 
 def token_mis_mask(old_logp, sampler_logp, mask, *, low: float = 0.5, high: float = 5.0) -> jax.Array:
@@ -89,9 +93,9 @@ def token_mis_mask(old_logp, sampler_logp, mask, *, low: float = 0.5, high: floa
     Returns:
       [N, T] float32 in {0, 1}.
     """
-    _check_bounds(low, high)
+    check_bounds(low, high)
     log_ratio, valid = token_log_ratio(old_logp, sampler_logp, mask)
-    inside = (log_ratio >= _log(low)) & (log_ratio <= _log(high))
+    inside = (log_ratio >= log_bound(low)) & (log_ratio <= log_bound(high))
     return (valid & inside).astype(jnp.float32)
 
 
@@ -108,7 +112,7 @@ def sequence_tis_weights(old_logp, sampler_logp, mask, *, cap: float = 2.0) -> j
     _checks.check_positive("cap", cap)
     log_rho = sequence_log_ratio(old_logp, sampler_logp, mask)
     valid = _checks.valid_tokens(mask)
-    return jnp.where(valid, jnp.exp(jnp.minimum(log_rho, _log(cap)))[:, None], 0.0)
+    return jnp.where(valid, jnp.exp(jnp.minimum(log_rho, log_bound(cap)))[:, None], 0.0)
 
 
 def sequence_mis_mask(old_logp, sampler_logp, mask, *, cap: float = 10.0) -> jax.Array:
@@ -124,7 +128,7 @@ def sequence_mis_mask(old_logp, sampler_logp, mask, *, cap: float = 10.0) -> jax
     _checks.check_positive("cap", cap)
     log_rho = sequence_log_ratio(old_logp, sampler_logp, mask)
     valid = _checks.valid_tokens(mask)
-    return (valid & (log_rho <= _log(cap))[:, None]).astype(jnp.float32)
+    return (valid & (log_rho <= log_bound(cap))[:, None]).astype(jnp.float32)
 
 
 def geometric_sequence_mask(old_logp, sampler_logp, mask, *, low: float, high: float) -> jax.Array:
@@ -140,15 +144,16 @@ def geometric_sequence_mask(old_logp, sampler_logp, mask, *, low: float, high: f
     Returns:
       [N, T] float32 in {0, 1}.
     """
-    _check_bounds(low, high)
+    check_bounds(low, high)
     log_ratio, valid = token_log_ratio(old_logp, sampler_logp, mask)
     lengths = jnp.sum(valid, axis=1)
     mean_log_ratio = jnp.sum(log_ratio, axis=1) / jnp.maximum(lengths, 1)
-    inside = (mean_log_ratio >= _log(low)) & (mean_log_ratio <= _log(high))
+    inside = (mean_log_ratio >= log_bound(low)) & (mean_log_ratio <= log_bound(high))
     return (valid & inside[:, None]).astype(jnp.float32)
 
 
-def _check_bounds(low, high) -> None:
+def check_bounds(low, high) -> None:
+    """Refuses a non-positive bound or low > high (when concrete)."""
     _checks.check_positive("low", low)
     _checks.check_positive("high", high)
     if _checks.all_concrete(low, high) and not float(low) <= float(high):
@@ -162,16 +167,16 @@ def token_tis(old_logp, sampler_logp, mask, *, cap: float = 2.0) -> CorrectionOu
     """Token TIS: weights min(pi_old/mu, C), nothing rejected (see token_tis_weights)."""
     log_ratio, valid = token_log_ratio(old_logp, sampler_logp, mask)
     weights = token_tis_weights(old_logp, sampler_logp, mask, cap=cap)
-    clipped = valid & (log_ratio > _log(cap))
-    return CorrectionOutput(weights, valid.astype(jnp.float32), clipped.astype(jnp.float32))
+    clipped = valid & (log_ratio > log_bound(cap))
+    return CorrectionOutput(weights, valid.astype(jnp.float32), clipped.astype(jnp.float32), jnp.zeros_like(weights))
 
 
 def token_mis(old_logp, sampler_logp, mask, *, low: float = 0.5, high: float = 5.0) -> CorrectionOutput:
     """Token MIS (IcePop): weight pi_old/mu inside [low, high], token rejected outside."""
     log_ratio, valid = token_log_ratio(old_logp, sampler_logp, mask)
     keep = token_mis_mask(old_logp, sampler_logp, mask, low=low, high=high)
-    weights = keep * jnp.exp(jnp.minimum(log_ratio, _log(high)))
-    return CorrectionOutput(weights, keep, jnp.zeros_like(keep))
+    weights = keep * jnp.exp(jnp.minimum(log_ratio, log_bound(high)))
+    return CorrectionOutput(weights, keep, jnp.zeros_like(keep), rejected(keep, valid))
 
 
 def sequence_tis(old_logp, sampler_logp, mask, *, cap: float = 2.0) -> CorrectionOutput:
@@ -179,16 +184,16 @@ def sequence_tis(old_logp, sampler_logp, mask, *, cap: float = 2.0) -> Correctio
     valid = _checks.valid_tokens(mask)
     log_rho = sequence_log_ratio(old_logp, sampler_logp, mask)
     weights = sequence_tis_weights(old_logp, sampler_logp, mask, cap=cap)
-    clipped = valid & (log_rho > _log(cap))[:, None]
-    return CorrectionOutput(weights, valid.astype(jnp.float32), clipped.astype(jnp.float32))
+    clipped = valid & (log_rho > log_bound(cap))[:, None]
+    return CorrectionOutput(weights, valid.astype(jnp.float32), clipped.astype(jnp.float32), jnp.zeros_like(weights))
 
 
 def sequence_mis(old_logp, sampler_logp, mask, *, cap: float = 10.0) -> CorrectionOutput:
     """Sequence MIS (Precision-RL): weight rho_i if rho_i <= C, else sequence rejected."""
     log_rho = sequence_log_ratio(old_logp, sampler_logp, mask)
     keep = sequence_mis_mask(old_logp, sampler_logp, mask, cap=cap)
-    weights = keep * jnp.exp(jnp.minimum(log_rho, _log(cap)))[:, None]
-    return CorrectionOutput(weights, keep, jnp.zeros_like(keep))
+    weights = keep * jnp.exp(jnp.minimum(log_rho, log_bound(cap)))[:, None]
+    return CorrectionOutput(weights, keep, jnp.zeros_like(keep), rejected(keep, _checks.valid_tokens(mask)))
 
 
 def geometric_sequence_rejection(
@@ -196,7 +201,12 @@ def geometric_sequence_rejection(
 ) -> CorrectionOutput:
     """Geometric sequence mask as a correction: weight 1, rejected outside [low, high]."""
     keep = geometric_sequence_mask(old_logp, sampler_logp, mask, low=low, high=high)
-    return CorrectionOutput(keep, keep, jnp.zeros_like(keep))
+    return CorrectionOutput(keep, keep, jnp.zeros_like(keep), rejected(keep, _checks.valid_tokens(mask)))
+
+
+def rejected(keep, valid) -> jax.Array:
+    """float32 [N, T], 1 on the valid tokens that `keep` rejects."""
+    return (valid & (keep == 0)).astype(jnp.float32)
 
 
 def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
@@ -212,6 +222,8 @@ def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
         (0 when either has zero variance)
       mismatch_seq_ess = (sum_i w_i)^2 / (N sum_i w_i^2), w_i = rho_i
         (scale-free, so computed as exp(LR_i - max LR)); 1 = no mismatch
+      mismatch_token_ess = (sum_it m w_it)^2 / (n sum_it m w_it^2), w_it = pi_old_it / mu_it over
+        the n valid tokens: the same normalised ESS per token (Kong 1992's ESS / n)
       mismatch_seq_log_ratio_length_slope = least-squares slope of LR_i on L_i
         (Qi et al. 2025 report -1.01 for BF16 vs -0.07 for FP16; 0 if all L_i equal)
       mismatch_seq_log_ratio_mean = mean_i LR_i
@@ -244,6 +256,7 @@ def mismatch_metrics(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
         "mismatch_prob_diff_min": diff_min,
         "mismatch_prob_pearson": _pearson(sampler_prob, old_prob, valid),
         "mismatch_seq_ess": _effective_sample_size(seq_log_ratio, rows),
+        "mismatch_token_ess": _effective_sample_size(log_ratio, valid),
         "mismatch_seq_log_ratio_length_slope": _slope(lengths, seq_log_ratio, rows),
         "mismatch_seq_log_ratio_mean": jnp.sum(jnp.where(rows, seq_log_ratio, 0.0))
         / jnp.maximum(jnp.sum(rows), 1),

@@ -17,8 +17,8 @@ The selection must not depend on how the step is cut into micro-batches, so it i
 the whole step batch with pi_old (`top_covariance_tokens`, called by `prepare_step_batch`
 through `Recipe.token_selection`) and reaches the loss as the per-token 0/1 array `selected`.
 The paper draws Clip-Cov's tokens at random within the band; we take the band's top-covariance
-tokens, a deterministic choice (an exact resume needs no random state). Defaults as verl's:
-r = 2e-4, band (1, 5), kl_coef = 1.
+tokens, a deterministic choice (an exact resume needs no random state). Defaults: r = 2e-4 and
+band (1, 5) as verl's; kl_coef = 1 as the paper's scripts (verl's config default ppo_kl_coef is 0.1).
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from jaxrl_llm.core import advantages as adv_lib, corrections, entropy_control, gpg, losses, trust_region
+from jaxrl_llm.core import (advantages as adv_lib, corrections, entropy_control, gpg, losses, off_policy,
+                            pass_at_k_tang, trust_region)
 from jaxrl_llm.core.recipes import (GaeAdvantage, GreedyBaselineAdvantage, GroupAdvantage, MonteCarloAdvantage,
                                     MultiRewardAdvantage, Recipe, TokenAdvantage, TokenAdvantages)
 
@@ -23,13 +24,18 @@ ADVANTAGES: dict[str, Callable[..., TokenAdvantages]] = {
     "reinforce_pp": TokenAdvantage(adv_lib.reinforce_pp_advantages),
     "opo": TokenAdvantage(adv_lib.opo_advantages),
     **{f"pass_at_{k}": GroupAdvantage(functools.partial(adv_lib.pass_at_k_advantages, k=k)) for k in (2, 4, 8)},
+    "grpo_passk": GroupAdvantage(pass_at_k_tang.pass_at_k_tang_advantages),  # Tang et al., verl's name
     "gpg": GroupAdvantage(gpg.gpg_advantages),
+    "gpg_std": GroupAdvantage(functools.partial(gpg.gpg_advantages, normalize_std=True)),
     "gae": GaeAdvantage(gamma=1.0, lam=1.0),
     "vineppo": MonteCarloAdvantage(),
     "remax": GreedyBaselineAdvantage(),
     "gdpo": MultiRewardAdvantage(),
 }
 
+
+# Every correction by name: core/corrections.py's and the peers' of core/off_policy.py.
+CORRECTIONS: dict[str, Callable] = {**corrections.CORRECTIONS, **off_policy.CORRECTIONS}
 
 # Every policy loss by name: core/losses.py's, DPPO's (trust_region) and Clip-/KL-Cov (entropy_control).
 POLICY_LOSSES: dict[str, Callable] = {**losses.POLICY_LOSSES, **trust_region.POLICY_LOSSES,
@@ -64,6 +70,7 @@ def customize_recipe(
     kl_mode: str | None = None,
     correction: str | None = None,
     correction_cap: float | None = None,
+    correction_params: dict | None = None,
     filter_zero_variance_groups: bool | None = None,
     loss_params: dict | None = None,
     selection_params: dict | None = None,
@@ -71,13 +78,14 @@ def customize_recipe(
     """`recipe` with the named parts replaced; None keeps the recipe's own choice.
 
     Names come from the registries (ADVANTAGES, losses.POLICY_LOSSES,
-    aggregation.AGGREGATION_MODES, kl.KL_ESTIMATORS, corrections.CORRECTIONS;
+    aggregation.AGGREGATION_MODES, kl.KL_ESTIMATORS, CORRECTIONS;
     correction="off" removes the correction). Hyperparameters (eps_low,
     eps_high, dual_clip, correction_cap) are bound onto the recipe's loss or
     correction, keeping its other bound values, unless `loss` / `correction`
     names a new function, which then starts from its own defaults. `loss_params` are
     further keywords bound the same way (e.g. {"threshold": 0.1} for DPPO, {"tau_pos": 2.0}
-    for SAPO); `selection_params` are bound onto the recipe's token selection (Clip-Cov /
+    for SAPO), `correction_params` the same onto the correction (e.g. {"low": 0.99, "high": 1.01});
+    `selection_params` are bound onto the recipe's token selection (Clip-Cov /
     KL-Cov: fraction, lower, upper). A loss that needs a token selection
     (entropy_control.SELECTIONS) gets its default one when named; another loss drops it.
 
@@ -108,16 +116,19 @@ def customize_recipe(
         select_fn, select_bound = _bound_parts(selection)
         selection = functools.partial(select_fn, **{**select_bound, **selection_params})
     over["token_selection"] = selection
+    correction_kw = {**({"cap": correction_cap} if correction_cap is not None else {}), **(correction_params or {})}
+    given = " and ".join((["correction_cap"] if correction_cap is not None else [])
+                         + ([f"correction_params {correction_params}"] if correction_params else []))
     if correction == "off":
-        if correction_cap is not None:
-            raise ValueError("correction_cap is set but correction='off'; set one or the other")
+        if correction_kw:
+            raise ValueError(f"{given} is set but correction='off'; set one or the other")
         over["correction"] = None
-    elif correction is not None or correction_cap is not None:
+    elif correction is not None or correction_kw:
         fn, bound = _bound_parts(recipe.correction)
         if correction is not None:
-            fn, bound = _named(corrections.CORRECTIONS, "correction", correction), {}
+            fn, bound = _named(CORRECTIONS, "correction", correction), {}
         if fn is None:
-            raise ValueError(f"correction_cap is set but recipe {recipe.name!r} has no correction; name one "
-                             f"(valid: {', '.join(corrections.CORRECTIONS)})")
-        over["correction"] = functools.partial(fn, **{**bound, **({"cap": correction_cap} if correction_cap else {})})
+            raise ValueError(f"{given} is set but recipe {recipe.name!r} has no correction; name one "
+                             f"(valid: {', '.join(CORRECTIONS)})")
+        over["correction"] = functools.partial(fn, **{**bound, **correction_kw})
     return dataclasses.replace(recipe, **over)

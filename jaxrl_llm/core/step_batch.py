@@ -24,7 +24,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core import _checks, advantages as adv_lib, aggregation, corrections, distill, filters, kl, losses
+from jaxrl_llm.core import (_checks, advantages as adv_lib, aggregation, corrections, distill, filters, kl, losses,
+                            off_policy)
 from jaxrl_llm.core.recipes import Recipe
 from jaxrl_llm.core.step_inputs import StepInputs, estimator_extras
 
@@ -173,7 +174,8 @@ def prepare_step_batch(recipe: Recipe, inputs: StepInputs) -> tuple[StepBatch, d
     has_sampler = sampler_logp is not None
     sampler_logp = _masked_constant(sampler_logp, response_mask) if has_sampler else old_logp
     if recipe.correction is None:
-        correction = corrections.CorrectionOutput(response_mask, response_mask, jnp.zeros_like(response_mask))
+        none = jnp.zeros_like(response_mask)
+        correction = corrections.CorrectionOutput(response_mask, response_mask, none, none)
     else:
         correction = recipe.correction(old_logp, sampler_logp, response_mask)
 
@@ -201,12 +203,13 @@ def prepare_step_batch(recipe: Recipe, inputs: StepInputs) -> tuple[StepBatch, d
     metrics.update(
         num_loss_tokens=jnp.sum(loss_mask),
         filtered_token_fraction=1.0 - jnp.sum(response_mask) / jnp.maximum(jnp.sum(lengths), 1.0),
-        correction_masked_fraction=jnp.sum(metric_weights * (1.0 - correction.keep)),
+        correction_masked_fraction=jnp.sum(metric_weights * correction.masked),
         correction_clipped_fraction=jnp.sum(metric_weights * correction.clipped),
         advantage_token_mean=jnp.sum(metric_weights * token_advantages.advantages),
     )
     if has_sampler:
         metrics.update(corrections.mismatch_metrics(old_logp, sampler_logp, response_mask))
+        metrics.update(off_policy.mask_fractions(old_logp, sampler_logp, response_mask))
     return batch, metrics
 
 

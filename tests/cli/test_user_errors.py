@@ -37,6 +37,25 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
      ["train.reuse_sampler_logprobs = true", "rollout.batch_invariant=true"]),
     (["train", "--config", "experiments/demo.py", "rollout.batch_invariant=true", "rollout.engine=vllm"],
      ["rollout.batch_invariant = true", "rollout.engine = 'vllm'", "engine=jax"]),
+    # issue 48: the off-policy corrections, DPPO's two radii and Tang et al.'s pass@k where they cannot apply
+    (["train", "--config", "experiments/demo.py", "recipe.correction=decoupled_ppo", "rollout.engine=jax",
+      "rollout.batch_invariant=true", "train.reuse_sampler_logprobs=true"],
+     ["recipe.correction = 'decoupled_ppo'", "train.reuse_sampler_logprobs = true", "reuse_sampler_logprobs=false"]),
+    (["train", "--config", "experiments/demo.py", "recipe.correction=seq_mask_tis", "rollout.engine=jax",
+      "rollout.batch_invariant=true", "train.reuse_sampler_logprobs=true"], ["recipe.correction = 'seq_mask_tis'"]),
+    (["train", "--config", "experiments/demo.py", "recipe.dppo_threshold_low=0.1"],
+     ["recipe.dppo_threshold_low = 0.1", "'ppo_clip' has no 'threshold_low'", "recipe.loss in ['dppo_tv', 'dppo_kl']"]),
+    (["train", "--config", "experiments/demo.py", "recipe.correction=seq_mask_tis", "recipe.correction_low=1.01",
+      "recipe.correction_high=1.0"], ["recipe.correction_low = 1.01 > recipe.correction_high = 1.0",
+                                      "0 < correction_low <= correction_high"]),
+    (["train", "--config", "experiments/demo.py", "recipe.correction=token_tis", "recipe.correction_low=0.5"],
+     ["recipe.correction_low = 0.5", "'token_tis' has no 'low'", "'seq_mask_tis'"]),
+    (["train", "--config", "experiments/demo.py", "recipe.correction=seq_mask_tis", "recipe.correction_cap=3"],
+     ["recipe.correction_cap = 3.0", "'seq_mask_tis' has no 'cap'", "'decoupled_ppo'"]),
+    (["train", "--config", "experiments/demo.py", "recipe.correction=geometric_sequence_rejection"],
+     ["recipe.correction = 'geometric_sequence_rejection'", "recipe.correction_low and recipe.correction_high"]),
+    (["train", "--config", "experiments/demo.py", "recipe.advantage=grpo_passk", "rollout.samples_per_prompt=1"],
+     ["recipe.advantage = 'grpo_passk'", "rollout.samples_per_prompt = 1", "samples_per_prompt >= 2"]),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names):
     done = jaxrl(*args)

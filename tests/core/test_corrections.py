@@ -101,7 +101,7 @@ def _numpy_metrics(old, mu, mask):
     rows = valid.any(1)
     seq = np.array([np.sum((old - mu).astype(np.float64)[i][valid[i]]) for i in range(len(mask))])[rows]
     lengths = valid.sum(1)[rows]
-    w = np.exp(seq)
+    w, w_token = np.exp(seq), np.exp(-d)
     return {
         "mismatch_k1": d.mean(),
         "mismatch_k2": (d ** 2).mean() / 2,
@@ -111,6 +111,7 @@ def _numpy_metrics(old, mu, mask):
         "mismatch_prob_diff_min": np.min(p_mu - p_old),
         "mismatch_prob_pearson": np.corrcoef(p_mu, p_old)[0, 1],
         "mismatch_seq_ess": w.sum() ** 2 / (len(w) * np.sum(w ** 2)),
+        "mismatch_token_ess": w_token.sum() ** 2 / (len(w_token) * np.sum(w_token ** 2)),
         "mismatch_seq_log_ratio_length_slope": np.polyfit(lengths, seq, 1)[0],
         "mismatch_seq_log_ratio_mean": seq.mean(),
     }

@@ -28,7 +28,7 @@ def test_group_advantages_by_name(name, rewards, expected):
 
 def test_registry_names_every_estimator_the_config_offers():
     assert set(core.ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gae", "vineppo", "opo",
-                                    "pass_at_2", "pass_at_4", "pass_at_8", "gpg", "remax", "gdpo"}
+                                    "pass_at_2", "pass_at_4", "pass_at_8", "grpo_passk", "gpg", "gpg_std", "remax", "gdpo"}
     with pytest.raises(ValueError, match="needs critic values|need critic values"):
         core.ADVANTAGES["gae"](np.ones((1, 4), np.float32), MASK)
     with pytest.raises(ValueError, match="VinePPO advantages come from extra rollouts"):

@@ -107,6 +107,7 @@ def _check(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
         raise ConfigError("rollout.dynamic_sampling is not supported with a multi-turn environment task "
                           f"(task.name={cfg.task.name!r}, task.env={cfg.task.env!r}); valid: "
                           "rollout.dynamic_sampling=false")
+    _check_off_policy(cfg, recipe)
     check_distill(cfg, recipe, plan.env_task)
     if plan.vineppo:
         _check_vineppo(cfg, plan, recipe)
@@ -124,6 +125,21 @@ def _check(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
                                      or min(sh.l1_targets) < 1):
         raise ConfigError(f"shaping.l1_targets = {sh.l1_targets!r} is invalid with rollout.max_tokens = "
                           f"{cfg.rollout.max_tokens}; valid: target lengths from 1 to {cfg.rollout.max_tokens}")
+
+
+def _check_off_policy(cfg: Config, recipe: core.Recipe) -> None:
+    """Decoupled PPO and seq-mask-tis weigh by pi_old / mu: refused where the learner's pi_old IS the
+    sampler's mu; Tang et al.'s pass@k advantage needs a second-best answer in each group."""
+    correction = getattr(recipe.correction, "func", recipe.correction)
+    name = next((n for n, f in core.off_policy.CORRECTIONS.items() if f is correction), None)
+    if name is not None and cfg.train.reuse_sampler_logprobs:
+        raise ConfigError(f"recipe.correction = {name!r} weighs by pi_old / mu, but train.reuse_sampler_logprobs = "
+                          "true makes pi_old the sampler's log-probs (every weight 1); valid: "
+                          "train.reuse_sampler_logprobs=false, or recipe.correction=off")
+    estimator = getattr(recipe.advantage_fn, "estimator", None)
+    if getattr(estimator, "func", estimator) is core.pass_at_k_tang_advantages and cfg.rollout.samples_per_prompt < 2:
+        raise ConfigError(f"recipe.advantage = 'grpo_passk' credits each group's best answer over its second best, but "
+                          f"rollout.samples_per_prompt = {cfg.rollout.samples_per_prompt}; valid: samples_per_prompt >= 2")
 
 
 def _check_vineppo(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:

@@ -45,7 +45,13 @@ class RecipeConfig(Section):
     # "loss": beta * KL in the loss; "reward": -beta * k_t (pi_old vs reference) in the rewards.
     kl_mode: str | None = field(None, choices=tuple(core.KL_MODES))
     correction: str | None = field(None, choices=CORRECTION_NAMES)
+    # The correction's bounds; None: the correction's own. correction_cap: C of token/sequence TIS,
+    # sequence MIS and decoupled_ppo (AReaL's cap, 5); correction_low / correction_high: the ratio window
+    # of token_mis (0.5, 5), seq_mask_tis (0.999, 1.002) and geometric_sequence_rejection (no default).
+    # Set with a correction that has no such bound, or low > high, the config is refused.
     correction_cap: float | None = field(None, gt=0.0)
+    correction_low: float | None = field(None, gt=0.0)
+    correction_high: float | None = field(None, gt=0.0)
     filter_zero_variance_groups: bool | None = None
     # DAPO soft overlong punishment (Yu et al. 2025, eq. 13): a ramp from 0 to -overlong_factor
     # over the last overlong_buffer tokens before rollout.max_tokens. None: the recipe's own
@@ -55,8 +61,11 @@ class RecipeConfig(Section):
     # DAPO overlong filtering: truncated responses (no EOS) leave the loss. None: the recipe's own.
     mask_truncated: bool | None = None
     # Hyperparameters of one loss each; None: the recipe's or the loss's own. Set with another loss,
-    # the config is refused (train/plan.py). DPPO's trust-region radius delta (dppo_tv: 0.15, dppo_kl: 0.05).
+    # the config is refused (train/plan.py). DPPO's trust-region radius delta (dppo_tv: 0.15, dppo_kl: 0.05),
+    # and the radii for updates that lower / raise the token's probability (None: dppo_threshold).
     dppo_threshold: float | None = field(None, gt=0.0)
+    dppo_threshold_low: float | None = field(None, gt=0.0)
+    dppo_threshold_high: float | None = field(None, gt=0.0)
     # SAPO's gate temperatures for A > 0 and A <= 0 (1.0 and 1.05).
     sapo_tau_pos: float | None = field(None, gt=0.0)
     sapo_tau_neg: float | None = field(None, gt=0.0)
@@ -76,11 +85,13 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
     rc = cfg.recipe
     base = core.get_recipe(rc.name)
     _check_loss_fields(rc, base)
+    _check_correction_fields(rc, base)
     recipe = core.customize_recipe(
         base, advantage=rc.advantage, loss=rc.loss, aggregation=rc.aggregation,
         constant_length=rc.constant_length, eps_low=rc.eps_low, eps_high=rc.eps_high, dual_clip=rc.dual_clip_c,
         kl_beta=rc.kl_beta, kl_estimator=rc.kl_estimator, kl_mode=rc.kl_mode, correction=rc.correction,
-        correction_cap=rc.correction_cap, filter_zero_variance_groups=rc.filter_zero_variance_groups,
+        correction_cap=rc.correction_cap, correction_params=_set_values(rc, CORRECTION_FIELDS),
+        filter_zero_variance_groups=rc.filter_zero_variance_groups,
         loss_params=_set_values(rc, LOSS_FIELDS), selection_params=_set_values(rc, SELECTION_FIELDS))
     if isinstance(recipe.advantage_fn, core.MultiRewardAdvantage) and cfg.task.reward_weights:
         recipe = dataclasses.replace(recipe, advantage_fn=core.MultiRewardAdvantage(tuple(cfg.task.reward_weights)))
@@ -94,8 +105,11 @@ def recipe_from_config(cfg: Config) -> core.Recipe:
 
 # recipe.<field> -> the keyword it binds on the policy loss / on the token selection (Clip-Cov, KL-Cov).
 LOSS_FIELDS = {"eps_low": "eps_low", "eps_high": "eps_high", "dual_clip_c": "dual_clip", "dppo_threshold": "threshold",
+               "dppo_threshold_low": "threshold_low", "dppo_threshold_high": "threshold_high",
                "sapo_tau_pos": "tau_pos", "sapo_tau_neg": "tau_neg", "kl_cov_coef": "kl_coef"}
 SELECTION_FIELDS = {"cov_fraction": "fraction", "clip_cov_lower": "lower", "clip_cov_upper": "upper"}
+# recipe.<field> -> the keyword it binds on the correction (correction_cap is customize_recipe's own argument).
+CORRECTION_FIELDS = {"correction_low": "low", "correction_high": "high"}
 _CORE_KEYWORDS = ("eps_low", "eps_high", "dual_clip_c")  # customize_recipe's own arguments
 
 
@@ -120,6 +134,35 @@ def _check_loss_fields(rc: RecipeConfig, base: core.Recipe) -> None:
             takes = [n for n, f in core.POLICY_LOSSES.items() if f in core.entropy_control.SELECTIONS]
         raise ConfigError(f"recipe.{name} = {value!r} is set, but the run's policy loss {loss_name!r} has no "
                           f"{keyword!r}; valid: recipe.loss in {takes}, or leave recipe.{name} unset")
+
+
+def _check_correction_fields(rc: RecipeConfig, base: core.Recipe) -> None:
+    """Refuses, naming the field, a correction bound that the run's correction does not take (e.g.
+    recipe.correction_low with token_tis) and a window with low > high."""
+    if rc.correction == "off":
+        return  # customize_recipe refuses bounds with the correction off
+    fn, bound = (core.CORRECTIONS[rc.correction], {}) if rc.correction else (
+        getattr(base.correction, "func", base.correction), dict(getattr(base.correction, "keywords", {})))
+    if fn is None:
+        return  # customize_recipe refuses bounds without a correction
+    name = next(n for n, f in core.CORRECTIONS.items() if f is fn)
+    params = inspect.signature(fn).parameters
+    for field_name, keyword in {"correction_cap": "cap", **CORRECTION_FIELDS}.items():
+        value = getattr(rc, field_name)
+        if value is not None and keyword not in params:
+            takes = [n for n, f in core.CORRECTIONS.items() if keyword in inspect.signature(f).parameters]
+            raise ConfigError(f"recipe.{field_name} = {value!r} is set, but the run's correction {name!r} has no "
+                              f"{keyword!r}; valid: recipe.correction in {takes}, or leave recipe.{field_name} unset")
+    if "low" in params and "high" in params:
+        low, high = (rc.correction_low, rc.correction_high)
+        low = low if low is not None else bound.get("low", params["low"].default)
+        high = high if high is not None else bound.get("high", params["high"].default)
+        if inspect.Parameter.empty in (low, high):
+            raise ConfigError(f"recipe.correction = {name!r} has no default window; valid: set both "
+                              "recipe.correction_low and recipe.correction_high (0 < low <= high)")
+        if low > high:
+            raise ConfigError(f"recipe.correction_low = {low!r} > recipe.correction_high = {high!r} for correction "
+                              f"{name!r}; valid: 0 < correction_low <= correction_high")
 
 
 def _overlong(base: core.OverlongPenalty | None, rc: RecipeConfig, max_tokens: int) -> core.OverlongPenalty | None:
