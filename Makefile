@@ -50,6 +50,9 @@ SLOW_ONLY_DIRS =
 # two cores. Not rollout/ or bridge/: their vLLM tests share one server per pytest process.
 XDIST_DIRS = tests/core/ tests/models/
 XDIST = -n 2 --dist loadfile
+# make test runs the folders in TEST_LANES concurrent lanes (tests/lanes.py: one pytest process per
+# folder, longest first; a folder's process keeps ~1.2 of 2 cores busy). TEST_LANES=1: one at a time.
+TEST_LANES ?= 2
 # The run's record: the folder and test now running (.ci/run prints them when its overall
 # limit stops the run) and one file per vLLM server started (JAXRL_VLLM_PID_DIR).
 TEST_RECORD = $(CURDIR)/.test-record
@@ -59,15 +62,14 @@ TEST_SETUP = rm -rf $(TEST_RECORD); mkdir -p $(TEST_RECORD)/servers; \
 LEFTOVER_CHECK = $(PY) -m tests.leftover_servers $(TEST_RECORD)/servers || failed="$$failed (vLLM servers left running)"
 # The 15 slowest tests of the run (setup + call + teardown; tests/conftest.py records them).
 SLOWEST = echo "== slowest tests (s)"; awk -F'\t' '{t[$$2] += $$1} END {for (k in t) printf "%8.1f  %s\n", t[k], k}' \
-  $(TEST_RECORD)/durations.tsv 2>/dev/null | sort -rn | head -15 || true
+  $(TEST_RECORD)/lane-*/durations.tsv 2>/dev/null | sort -rn | head -15 || true
 
 test: venv vllm-env
-	@$(TEST_SETUP); failed=""; for d in $(TEST_DIRS); do echo "== $$d"; echo "$$d" > $(TEST_RECORD)/current_folder; rm -f $(TEST_RECORD)/current_test; \
-	  workers=""; if [[ " $(XDIST_DIRS) " == *" $$d "* ]]; then workers="$(XDIST)"; fi; \
-	  rc=0; $(PY) -m pytest -q -m "not slow" $$workers $$d || rc=$$?; \
-	  if [ $$rc -eq 5 ] && [[ " $(SLOW_ONLY_DIRS) " == *" $${d%/} "* ]]; then rc=0; fi; \
-	  [ $$rc -eq 0 ] || failed="$$failed $$d"; done; $(LEFTOVER_CHECK); $(SLOWEST); \
-	  if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed"; exit 1; fi
+	@$(TEST_SETUP); failed=""; \
+	  $(PY) -m tests.lanes $(TEST_RECORD) --lanes $(TEST_LANES) --folders $(TEST_DIRS) --xdist $(XDIST_DIRS) \
+	    --xdist-args="$(XDIST)" --slow-only $(SLOW_ONLY_DIRS) -- -q -m "not slow" || failed=" (see above)"; \
+	  $(LEFTOVER_CHECK); $(SLOWEST); \
+	  if [ -n "$$failed" ]; then echo "make test: FAILED$$failed"; exit 1; fi
 	@echo "make test: all test folders passed"
 
 test-all: venv vllm-env

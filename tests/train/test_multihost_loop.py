@@ -82,6 +82,7 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in (*TIMING_METRICS, "time")} for r in rows]
 
 
+@pytest.mark.slow  # make test-all; make test keeps test_distributed.py (two processes = one, the learner)
 @pytest.mark.timeout(600)  # two RL processes, each allowed 480 s
 def test_two_process_rl_loop_equals_one_process(tiny_model_dir, tmp_path):
     model_dir = tiny_model_dir
