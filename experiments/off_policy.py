@@ -76,6 +76,7 @@ EMBED_SCALE = 25.0
 SUCCESS_THRESHOLD = 1.0
 STEP_THRESHOLD = 0.5
 EVAL_PROMPTS, EVAL_SAMPLES = 16, 4
+FIRST_GRID_COMMIT = "a2b2ea7"  # the ledger rows written before rows carried their commit ran at this one
 QUICK = {"lags": (2,), "precisions": ("fp32",), "corrections": ("none", "token_tis"), "seeds": (1,), "steps": 2}
 
 # ------------------------------------------------------------ the rules (fixed before the run)
@@ -298,7 +299,8 @@ def build_result(runs: Mapping[str, Mapping], *, seeds: Sequence[int], lags=LAGS
                               f"held-out pass@1 on {EVAL_PROMPTS} x {EVAL_SAMPLES}"),
         command=command, seeds=tuple(seeds), tuning_seeds=tuple(s for s in TUNING_SEEDS if s not in seeds),
         statistic="held-out success at the end; paired correction - none per cell",
-        interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE + "; collapse: " + COLLAPSE_RULE,
+        interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE,
+        exclusion_rule="none: every seed counts; collapsed runs are counted and reported: " + COLLAPSE_RULE,
         verdict=rule_verdict(numbers) if claim_keys else "no verdict", headline=headline, numbers=numbers,
         per_seed=per_seed, wall_s=wall_s, notes=tuple(notes))
 
@@ -330,8 +332,7 @@ def parse(argv):
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
-    from jaxrl_llm.reports.off_policy_table import write_table
-    from jaxrl_llm.reports.results import code_version, write_result
+    from jaxrl_llm.reports.results import code_version
     from jaxrl_llm.train.policy import load_policy
 
     start = time.perf_counter()
@@ -357,20 +358,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         cfg = get_config(f"lag{lag}_{p}_{c}", s, model_dir, run_dir=str(out / key), steps=steps)
         row = {"key": key, **train_one(cfg, policy, task), "wall_s": time.perf_counter() - t0,
-               "load_average": [round(x, 2) for x in os.getloadavg()]}
+               "load_average": [round(x, 2) for x in os.getloadavg()], "commit": code_version()[0]}
         with ledger.open("a") as f:
             f.write(json.dumps(row) + "\n")
         done[key] = row
         print(f"{key}: end {row['end_success']:.3f} k3 {row['k3_mean']:.2e} {row['wall_s']:.1f} s", flush=True)
-        total = len(q["lags"]) * len(q["precisions"]) * len(q["corrections"]) * len(seeds)
-        notes = (f"{len(done)} of {total} runs finished", f"load average at the last run: {row['load_average']}",
-                 f"wall time: sum of the runs' own wall times (this invocation and earlier ones: {prior_wall:.0f} s)")
-        result = build_result(done, seeds=seeds, lags=q["lags"], precisions=q["precisions"],
-                              corrections=q["corrections"], command=command,
-                              wall_s=sum(r["wall_s"] for r in done.values()), steps=steps, notes=notes)
-        write_table(write_result(result, results))
+        store(done, q, seeds, steps, command, results, prior_wall)
+    store(done, q, seeds, steps, command, results, prior_wall)
     print(f"wrote {results} in {time.perf_counter() - start:.0f} s")
     return 0
+
+
+def store(done: Mapping[str, dict], q: Mapping, seeds, steps: int, command: str, results: Path,
+          prior_wall: float) -> None:
+    """Writes the result JSON and its table from the finished runs `done` (the ledger's rows)."""
+    from jaxrl_llm.reports.off_policy_table import write_table
+    from jaxrl_llm.reports.results import write_result
+
+    total = len(q["lags"]) * len(q["precisions"]) * len(q["corrections"]) * len(seeds)
+    loads = [r["load_average"][0] for r in done.values() if r.get("load_average")]
+    commits = sorted({str(r.get("commit", FIRST_GRID_COMMIT))[:7] for r in done.values()})
+    notes = (f"{len(done)} of {total} runs finished", f"runs ran at commit(s) {', '.join(commits)}",
+             f"1-min load average at the end of each run: {min(loads, default=0):.2f} to {max(loads, default=0):.2f}, "
+             f"mean {np.mean(loads) if loads else 0:.2f}",
+             f"wall time: sum of the runs' own wall times (earlier invocations: {prior_wall:.0f} s)")
+    result = build_result(done, seeds=seeds, lags=q["lags"], precisions=q["precisions"],
+                          corrections=q["corrections"], command=command,
+                          wall_s=sum(r["wall_s"] for r in done.values()), steps=steps, notes=notes)
+    write_table(write_result(result, results))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from tests.experiments.experiment_helpers import load_experiment
 T2 = 4.302652729911275  # t_{0.975, 2}: three seeds
 
 RUN_FIELDS = {"key", "end_success", "steps_to_threshold", "collapsed", "k3_mean", "k3_max", "final_train_success",
-              "steps", "wall_s", "load_average"}
+              "steps", "wall_s", "load_average", "commit"}
 
 
 @pytest.fixture(scope="module")
