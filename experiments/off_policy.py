@@ -8,11 +8,13 @@ docs/objectives.md#mismatch-corrections), each with its own default bounds:
 
   none           no correction at all (recipe.correction=off; the async loop's default token
                  TIS against staleness is off too)
-  token_tis      truncated IS per token, min(pi_old/mu, C)        (Yao et al. 2025; TRL, prime-rl)
-  token_mis      IcePop's token mask, tokens outside [1/2, 2] dropped (IcePop, Ling team 2025)
-  sequence_mis   sequence mask, rho_i > C dropped                   (TRL / verl's seq MIS)
-  seq_mask_tis   sequence-masked token TIS                          (NeMo-RL's seq-mask-tis)
-  decoupled_ppo  behaviour / proximal / current policies            (AReaL, Fu et al. 2025, arXiv 2505.24298)
+  token_tis      truncated IS per token, min(pi_old/mu, C), C = 2       (Yao et al. 2025)
+  token_mis      IcePop's token mask: pi_old/mu outside [0.5, 5] dropped (IcePop, Ling Team 2025)
+  sequence_mis   rho_i = prod pi_old/mu, sequences with rho_i > 10 dropped (Qi et al. 2025)
+  seq_mask_tis   token weights pi_old/mu, sequences whose geometric-mean ratio leaves
+                 [0.999, 1.002] dropped                                  (NeMo-RL's seq-mask-tis)
+  decoupled_ppo  pi_prox/mu weights, 0 above 5, behaviour / proximal / current policies
+                                                                         (AReaL, Fu et al. 2025, arXiv 2505.24298)
 
 Grid: rollout.max_lag in {0, 2, 4} x sampler precision (model.compute_dtype: float32 "fp32",
 bfloat16 "bf16"; the learner is float32) x the 6 corrections x 3 seeds = 108 runs.
