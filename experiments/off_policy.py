@@ -78,6 +78,7 @@ EMBED_SCALE = 25.0
 SUCCESS_THRESHOLD = 1.0
 STEP_THRESHOLD = 0.5
 EVAL_PROMPTS, EVAL_SAMPLES = 16, 4
+LEDGER_COMMAND = "nice -n 5 timeout 3600 python experiments/off_policy.py"  # what ran the full grid
 FIRST_GRID_COMMIT = "a2b2ea7"  # the ledger rows written before rows carried their commit ran at this one
 QUICK = {"lags": (2,), "precisions": ("fp32",), "corrections": ("none", "token_tis"), "seeds": (1,), "steps": 2}
 
@@ -233,6 +234,8 @@ def cell_numbers(runs: Mapping[str, Mapping], cell: Cell, corrections: Sequence[
     for c in corrections:
         have = [s for s in seeds if run_key(cell.lag, cell.precision, c, s) in runs]
         vals = {s: runs[run_key(cell.lag, cell.precision, c, s)] for s in have}
+        if not vals:
+            continue  # not run (yet): no entry, so an unfinished grid gives no reading for it
         row = {"end": stats.interval([v["end_success"] for v in vals.values()]),
                "steps_to_threshold": stats.interval([v["steps_to_threshold"] for v in vals.values()]),
                "k3_mean": stats.interval([v["k3_mean"] for v in vals.values()]),
@@ -328,6 +331,8 @@ def parse(argv):
                         help="result JSON (default experiments/results/off_policy.json; --quick: <out>/result.json)")
     parser.add_argument("--seeds", type=lambda s: tuple(int(x) for x in s.split(",")), default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--store-only", action="store_true",
+                        help="rewrite the result JSON and table from the finished runs of the ledger; train nothing")
     return parser.parse_args(argv)
 
 
@@ -349,10 +354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ledger = out / "runs.jsonl"
     done = read_done(ledger)
+    command = "python experiments/off_policy.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    if args.store_only:
+        store(done, q, seeds, steps, command if args.quick else LEDGER_COMMAND, results)
+        return 0
     model_dir = tiny_model(out / "model")
     policy, task = load_policy(model_dir), make_task()
-    command = "python experiments/off_policy.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-    prior_wall = sum(r.get("wall_s", 0.0) for r in done.values())
     for lag, p, c, s in grid(q["lags"], q["precisions"], q["corrections"], seeds):
         key = run_key(lag, p, c, s)
         if key in done:
@@ -365,14 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
         done[key] = row
         print(f"{key}: end {row['end_success']:.3f} k3 {row['k3_mean']:.2e} {row['wall_s']:.1f} s", flush=True)
-        store(done, q, seeds, steps, command, results, prior_wall)
-    store(done, q, seeds, steps, command, results, prior_wall)
+        store(done, q, seeds, steps, command, results)
+    store(done, q, seeds, steps, command, results)
     print(f"wrote {results} in {time.perf_counter() - start:.0f} s")
     return 0
 
 
-def store(done: Mapping[str, dict], q: Mapping, seeds, steps: int, command: str, results: Path,
-          prior_wall: float) -> None:
+def store(done: Mapping[str, dict], q: Mapping, seeds, steps: int, command: str, results: Path) -> None:
     """Writes the result JSON and its table from the finished runs `done` (the ledger's rows)."""
     from jaxrl_llm.reports.off_policy_table import write_table
     from jaxrl_llm.reports.results import write_result
@@ -383,7 +389,7 @@ def store(done: Mapping[str, dict], q: Mapping, seeds, steps: int, command: str,
     notes = (f"{len(done)} of {total} runs finished", f"runs ran at commit(s) {', '.join(commits)}",
              f"1-min load average at the end of each run: {min(loads, default=0):.2f} to {max(loads, default=0):.2f}, "
              f"mean {np.mean(loads) if loads else 0:.2f}",
-             f"wall time: sum of the runs' own wall times (earlier invocations: {prior_wall:.0f} s)")
+             "wall time: the sum of the runs' own wall times (their compilations included)")
     result = build_result(done, seeds=seeds, lags=q["lags"], precisions=q["precisions"],
                           corrections=q["corrections"], command=command,
                           wall_s=sum(r["wall_s"] for r in done.values()), steps=steps, notes=notes)

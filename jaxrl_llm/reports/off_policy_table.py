@@ -111,8 +111,8 @@ def markdown(result: Mapping[str, Any], margin: float) -> str:
     machine = result.get("machine") or {}
     lags, precisions, corrections = grid_of(result)
     head = [f"# Experiment 10: {result['title']}", "",
-            "Written by `python -m jaxrl_llm.reports.off_policy_table` from `experiments/results/off_policy.json` "
-            "(do not edit).", "",
+            "Written by `python -m jaxrl_llm.reports.off_policy_table` from the result JSON of the same name beside "
+            "it (do not edit).", "",
             f"* claim: {result['claim']}", f"* verdict on the claim: **{result['verdict']}**",
             f"* setting: {result['setting']}", f"* command: `{result['command']}`",
             f"* seeds: {', '.join(str(s) for s in result['seeds'])} (tuning seed(s) "
