@@ -39,7 +39,9 @@ def plan_run(cfg: Config, task: Task | None = None, *, processes: int = 1) -> Ru
     facts = check_runnable(cfg, env_task=None if task is None else isinstance(task, EnvTask), processes=processes)
     recipe = facts.recipe
     return RunPlan(
-        recipe=staleness_corrected(recipe, cfg.recipe.correction_cap or 2.0) if cfg.rollout.max_lag > 0 else recipe,
+        # recipe.correction=off: no correction at all, not even the staleness default
+        recipe=staleness_corrected(recipe, cfg.recipe.correction_cap or 2.0)
+        if cfg.rollout.max_lag > 0 and cfg.recipe.correction != "off" else recipe,
         dynamic_sampling=facts.dynamic_sampling,
         sampling_rounds=cfg.rollout.dynamic_sampling_rounds if facts.dynamic_sampling else 1,
         env_task=facts.env_task, vineppo=facts.vineppo, greedy_baseline=facts.greedy_baseline,

@@ -38,6 +38,8 @@ def test_async_runs_get_token_tis_against_staleness_unless_the_recipe_has_a_corr
     own = cfg("recipe.name=grpo", "recipe.correction=sequence_mis", "recipe.correction_cap=3.0")
     kept = plan_run(apply_overrides(own, ["rollout.max_lag=1"])).recipe.correction
     assert kept.func is core.sequence_mis and kept.keywords == {"cap": 3.0}
+    # recipe.correction=off: no correction at all, not even the staleness default (experiment 10's `none`)
+    assert plan_run(cfg("recipe.name=grpo", "recipe.correction=off", "rollout.max_lag=2")).recipe.correction is None
 
 
 def test_the_task_object_decides_whether_the_run_is_an_environment():

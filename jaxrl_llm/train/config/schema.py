@@ -79,7 +79,8 @@ class RolloutConfig(Section):
     overlap_verify: bool = True
     # Asynchronous rollouts: the batch of step k may be sampled by weights up to max_lag
     # versions old while the learner trains (0: synchronous). Staleness is corrected with
-    # token TIS min(pi_old/mu, recipe.correction_cap or 2) unless the recipe has a correction.
+    # token TIS min(pi_old/mu, recipe.correction_cap or 2) unless the recipe has a correction
+    # (recipe.correction=off: none at all).
     max_lag: int = field(0, ge=0)
     # DAPO dynamic sampling (Yu et al. 2025): keep only groups whose accuracy is neither 0 nor 1,
     # drawing fresh prompts until the step is full, in at most dynamic_sampling_rounds rounds
