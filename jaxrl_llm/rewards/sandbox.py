@@ -14,6 +14,8 @@ system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
 - when the grader runs as root, an unprivileged uid of its own (root ignores RLIMIT_NPROC),
   drawn at random per run so parallel runs do not share a process budget, and the zombie
   that bwrap leaves to pid 1 (reaped whenever init gets to it) never counts against a later run;
+- a parent-death signal: if the grading process dies (a pool kills a worker past its
+  ``reward_timeout_s``), bwrap gets SIGKILL and the sandbox goes with it;
 - a wall-clock deadline and an output cap, enforced by this process: past either, the
   sandbox is killed (SIGKILL to bwrap; ``--die-with-parent`` and the pid namespace take
   every process inside down with it; as root, every process of the run's uid is then killed
@@ -25,7 +27,9 @@ VM); the score can be forged by code written to do so (see sandbox_runner.py).
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -33,6 +37,7 @@ import resource
 import secrets
 import selectors
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -62,8 +67,8 @@ class SandboxLimits:
     tmpfs_mb:       size of its /tmp.
     """
 
-    cpu_s: float = 5.0
-    wall_s: float = 10.0
+    cpu_s: float = 4.0
+    wall_s: float = 5.0
     memory_mb: int = 512
     file_size_mb: int = 16
     max_processes: int = 16
@@ -183,8 +188,20 @@ def _own_process_count() -> int:
     return count
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _limit_setter(limits: SandboxLimits, nproc: int):
-    def set_limits() -> None:  # runs in the child between fork and exec
+    prctl = _prctl()  # looked up before fork: the child only calls it
+
+    def set_limits() -> None:  # runs in the child between fork and exec, after the uid change
+        # bwrap dies with the grading process (a pool kills a worker past its deadline)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         cpu = math.ceil(limits.cpu_s)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         memory = limits.memory_mb * MB

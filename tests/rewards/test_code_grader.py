@@ -82,7 +82,7 @@ def test_registered_as_builtin_grader():
 def test_timeouts_and_errors_are_counted_like_other_graders():
     completions = [fenced("def f(x):\n    return x + 1"), fenced("import time\ntime.sleep(30)"),
                    fenced("import os\nos._exit(0)")]
-    examples = [example(ADD_TESTS, wall_s=1.0)] * 3
+    examples = [example(ADD_TESTS, wall_s=3.0)] * 3
     for result in (grade_in_process(code_reward, completions, examples),
                    GraderPool(1, timeout_s=20).grade(code_reward, completions, examples)):
         assert result.rewards == (1.0, 0.0, 0.0), result

@@ -134,3 +134,17 @@ def test_printing_a_gigabyte_is_cut_off(pool):
                "def f():\n    return 'pwned'")
     result, elapsed = grade_hostile(pool, program)
     assert result.statuses[0] == "error" and "printed more than 65536 bytes" in result.errors[0]
+
+
+def test_sandbox_dies_with_a_killed_grading_worker():
+    # the pool's deadline (1 s) comes before the sandbox's own (20 s): the worker is killed
+    # mid-run, and the sandboxed program must go with it rather than sleep on
+    require_sandbox()
+    with GraderPool(1, timeout_s=1.0) as short_pool:
+        result = short_pool.grade(code_reward, [fenced("import time\ntime.sleep(30)")],
+                                  [example(wall_s=20.0, cpu_s=20)])
+        assert result.statuses == ("timeout",)
+        deadline = time.monotonic() + 5
+        while sandbox_uid_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sandbox_uid_processes() == []
