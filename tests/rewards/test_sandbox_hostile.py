@@ -46,8 +46,10 @@ def test_cannot_read_run_checkpoints_or_checkout(pool, tmp_path):
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_text("SECRET-WEIGHTS")
     checkout = __file__
-    program = (f"secret = open({str(checkpoint)!r}).read()\nown = open({checkout!r}).read()\n"
-               "def f():\n    return 'pwned' if secret == 'SECRET-WEIGHTS' and own else 'no'")
+    program = ("seen = []\n"
+               f"for path in ({str(checkpoint)!r}, {checkout!r}, '/root/.bashrc', '/work'):\n"
+               "    try:\n        seen.append(open(path).read(1))\n    except OSError:\n        pass\n"
+               "def f():\n    return 'pwned' if seen else 'no'")
     grade_hostile(pool, program)
 
 
