@@ -31,6 +31,7 @@ from jaxrl_llm.data.tasks import GeneratedTask
 from jaxrl_llm.rewards import SandboxLimits, code_reward
 from jaxrl_llm.rewards.code_grader import check_scoring
 
+CODE_TASKS = ("humaneval", "code_from_examples")  # graded by running code (train/config checks their deadline)
 CODE_INSTRUCTION = "Reply with the complete function, including any imports it needs, in one ```python code block."
 
 
