@@ -206,9 +206,9 @@ from jaxrl_llm.rewards.code_grader import code_reward  # noqa: E402  (graders de
 
 # Graders a config can name in task.reward_fn instead of a "package.module:function".
 BUILTIN_GRADERS: dict[str, RewardFn] = {
-    "code": code_reward,
     "exact": exact_match_reward,
     "math_verify": math_verify_reward,
     "addition": addition_reward,
     "reasoning_gym": reasoning_gym_reward,
+    "code": code_reward,
 }

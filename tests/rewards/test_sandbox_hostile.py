@@ -102,7 +102,7 @@ def test_address_space_is_capped(pool):
 @pytest.mark.timeout(120)
 def test_ten_gigabyte_allocation_fails(pool):
     result, _ = grade_hostile(pool, "b = bytearray(10 << 30)\ndef f():\n    return 'pwned'")
-    assert "MemoryError" in str(result) or result.statuses[0] == "ok"
+    assert result.statuses[0] == "ok"  # MemoryError: the program failed, nothing had to be killed
 
 
 @pytest.mark.timeout(120)
