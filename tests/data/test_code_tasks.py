@@ -85,3 +85,23 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     stubs = [f"```python\ndef {e.metadata['entry_point']}(*args):\n    return None\n```" for e in examples]
     result = grade_in_process(code_reward, solutions + stubs, examples + examples)
     assert result.rewards == (1.0,) * 6 + (0.0,) * 6, result.errors
+
+
+def test_humaneval_tests_are_one_per_assert():
+    from jaxrl_llm.data.code_tasks import humaneval_tests, load_humaneval
+    problems = load_humaneval()
+    counts = [len(humaneval_tests(p)) for p in problems]
+    assert sum(c > 1 or p["test"].count("assert") == 1 for c, p in zip(counts, problems)) >= 157
+    first = problems[0]  # HumanEval/0: has_close_elements, 7 asserts in its check
+    assert first["entry_point"] == "has_close_elements" and counts[0] == 7 == first["test"].count("assert ")
+
+
+def test_humaneval_fraction_scoring_counts_asserts():
+    require_sandbox()
+    task = HumanEvalTask(scoring="fraction")
+    example = next(e for e in task.all_examples("train") + task.all_examples("heldout")
+                   if e.id == "humaneval/HumanEval/0")
+    # always False: right exactly on the asserts that expect False (3 of 7 in HumanEval/0)
+    always_false = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
+    expected_false = sum("== False" in t or "assert not" in t for t in example.metadata["tests"])
+    assert code_reward(always_false, example) == pytest.approx(expected_false / 7) and expected_false == 3
