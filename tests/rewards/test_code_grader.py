@@ -61,6 +61,7 @@ def test_forged_double_report_counts_as_failure():
     ({"tests": ["assert 1"], "sandbox": {"wall_seconds": 1}}, "unknown sandbox limit(s) ['wall_seconds']"),
     ({"tests": ["assert 1"], "sandbox": {"memory_mb": -5}}, "memory_mb must be a positive finite number"),
     ({"tests": ["assert 1"], "sandbox": {"max_processes": 2.5}}, "max_processes must be an int"),
+    ({"tests": ["assert 1"], "sandbox": [1, 2]}, "sandbox limits must be a mapping"),
 ])
 def test_bad_config_is_a_clear_error(metadata, message):
     ex = example()
@@ -93,3 +94,9 @@ def test_timeouts_and_errors_are_counted_like_other_graders():
 
 def test_exception_types():
     assert issubclass(GraderTimeout, Exception) and issubclass(CodeRunError, RuntimeError)
+
+
+def test_sandbox_tool_names_bubblewrap_without_running_it():
+    from jaxrl_llm.rewards import sandbox_tool
+    tool = sandbox_tool()
+    assert tool["tool"] == "bubblewrap" and tool["path"].endswith("bwrap") and tool["python"].startswith("/usr/")
