@@ -316,6 +316,11 @@ def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, s
                 break
     finally:
         selector.close()
+        if not (timed_out or capped):  # its pipes closed: let it exit on its own, briefly
+            try:
+                process.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
         if process.poll() is None:
             process.kill()
         exit_code = _reap(process)
