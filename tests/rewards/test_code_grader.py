@@ -106,3 +106,15 @@ def test_throughput_benchmark_at_tiny_size():
     from jaxrl_llm.benchmarks import code_sandbox
     out = code_sandbox.measure(workers=1, batch=3, repeats=1)  # raises unless every reference passes
     assert out["batch"] == 3 and len(out["executions_per_s"]) == 1 and out["median_executions_per_s"] > 0
+
+
+
+def test_a_broken_sandbox_stops_the_batch(monkeypatch):
+    from jaxrl_llm.rewards import sandbox
+    from tests.rewards.sandbox_cases import code_reward_on_a_broken_sandbox
+    monkeypatch.setattr(sandbox, "sandbox_python", lambda: "/usr/bin/no-such-python")
+    with pytest.raises(sandbox.SandboxUnavailable, match="could not run a trivial program"):
+        sandbox.probe_sandbox()
+    # in a worker: its warm-up probe fails, and the batch raises instead of scoring 0
+    with pytest.raises(RuntimeError, match="could not load the reward function: SandboxUnavailable"):
+        GraderPool(1, timeout_s=20).grade(code_reward_on_a_broken_sandbox, [fenced("x = 1")], [example()])
