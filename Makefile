@@ -12,7 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
-	bench-batch-invariance \
+	bench-batch-invariance bench-sandbox \
 	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight experiments-quick experiments results-table clean
 
 venv: $(STAMP)
@@ -142,6 +142,10 @@ bench-rollout: venv vllm-env
 # Learner memory and s/step, full fine-tuning vs LoRA ranks (SmolLM2-135M; BENCH_ARGS="--tiny": a tiny model).
 bench-lora: venv
 	$(PY) -m jaxrl_llm.benchmarks.lora $(BENCH_ARGS)
+
+# Sandboxed code executions per second through the grading pool (BENCH_ARGS: --workers --batch --repeats).
+bench-sandbox: venv
+	$(PY) -m jaxrl_llm.benchmarks.code_sandbox $(BENCH_ARGS)
 
 # A learner step with a KL term, the PPO critic and VinePPO's values vs plain GRPO (BENCH_ARGS="--tiny" too).
 bench-objectives: venv

@@ -27,6 +27,7 @@ from jaxrl_llm.data.tasks import (
     ReasoningGymTask,
     Task,
 )
+from jaxrl_llm.data.code_tasks import CODE_INSTRUCTION, FunctionFromExamplesTask, HumanEvalTask
 from jaxrl_llm.data.registry import (
     TASK_FACTORIES,
     accepted_arguments,
@@ -38,6 +39,9 @@ from jaxrl_llm.data.registry import (
 )
 
 __all__ = [
+    "CODE_INSTRUCTION",
+    "FunctionFromExamplesTask",
+    "HumanEvalTask",
     "BOXED_INSTRUCTION",
     "DEFAULT_HELDOUT_FRACTION",
     "EXAMPLES_DIR",

@@ -4,7 +4,9 @@ Every reward has the signature ``reward(completion_text, example) -> float``
 where ``example`` has ``answer`` and ``metadata`` (see jaxrl_llm.data.Example).
 This package imports nothing else of jaxrl_llm.
 """
+from jaxrl_llm.rewards.code_grader import SCORINGS, CodeRunError, code_reward
 from jaxrl_llm.rewards.extract import (
+    extract_code_block,
     extract_integer_answer,
     extract_last_boxed,
     extract_tagged_answer,
@@ -23,10 +25,21 @@ from jaxrl_llm.rewards.graders import (
     trusted_in_process,
     warm_up_with,
 )
+from jaxrl_llm.rewards.pool_worker import GraderTimeout
+from jaxrl_llm.rewards.sandbox import SandboxLimits, SandboxUnavailable, run_in_sandbox, sandbox_tool
 from jaxrl_llm.rewards.pool import GradeResult, GraderPool, grade_batch, grade_in_process
 from jaxrl_llm.rewards.weighted import WeightedRewards, reward_parts
 
 __all__ = [
+    "SCORINGS",
+    "CodeRunError",
+    "GraderTimeout",
+    "SandboxLimits",
+    "SandboxUnavailable",
+    "code_reward",
+    "extract_code_block",
+    "run_in_sandbox",
+    "sandbox_tool",
     "BUILTIN_GRADERS",
     "GradeResult",
     "GraderPool",

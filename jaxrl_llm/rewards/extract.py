@@ -116,3 +116,23 @@ def normalize_math_answer(answer: str) -> str:
     text = re.sub(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}", r"\1", text)
     text = re.sub(r"\s+", "", text)
     return text.rstrip(".")
+
+
+# A fenced block: ``` or ```python / ```py / ```python3 on its own line, up to the next ``` line.
+_FENCE = re.compile(r"^```[ \t]*(python3?|py)?[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE | re.IGNORECASE)
+
+
+def extract_code_block(text: str) -> str | None:
+    """The code of the last fenced block (```python, ```py or a bare ```), or None.
+
+    Fences must start their line; a block whose closing fence is missing (a truncated
+    generation) is not code, and an earlier block is not the final answer, so the result
+    is None then too. This is text processing only: nothing of the completion is run here.
+    """
+    blocks = _FENCE.findall(text)
+    if not blocks:
+        return None
+    tail = text[text.rfind(blocks[-1][1]) + len(blocks[-1][1]):]
+    if tail.count("```") > 1:  # another block opened after the last complete one and never closed
+        return None
+    return blocks[-1][1]

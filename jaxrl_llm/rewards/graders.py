@@ -202,10 +202,13 @@ def _reasoning_gym_scorer(dataset: str, config_json: str):
     return reasoning_gym.create_dataset(dataset, **json.loads(config_json)).score_answer
 
 
+from jaxrl_llm.rewards.code_grader import code_reward  # noqa: E402  (graders defined above stay first)
+
 # Graders a config can name in task.reward_fn instead of a "package.module:function".
 BUILTIN_GRADERS: dict[str, RewardFn] = {
     "exact": exact_match_reward,
     "math_verify": math_verify_reward,
     "addition": addition_reward,
     "reasoning_gym": reasoning_gym_reward,
+    "code": code_reward,
 }

@@ -31,10 +31,8 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
-from jaxrl_llm.rewards.pool_worker import (ERROR, OK, Worker, describe_error, kill_worker,
-                                          shutdown_workers, worker_main)
-
-TIMEOUT = "timeout"
+from jaxrl_llm.rewards.pool_worker import (ERROR, OK, TIMEOUT, GraderTimeout, Worker, describe_error,
+                                          kill_worker, shutdown_workers, worker_main)
 
 RewardFn = Callable[[str, Any], float]
 
@@ -87,8 +85,12 @@ class _Collector:
         self.errors.append((index, f"completion {index}: {message}"))
 
     def timeout(self, index: int, timeout_s: float) -> None:
+        self.grader_timeout(index, f"grader ran past {timeout_s:g} s, worker killed")
+
+    def grader_timeout(self, index: int, message: str) -> None:
+        """A timeout the grader reported itself (:class:`GraderTimeout`)."""
         self.statuses[index] = TIMEOUT
-        self.errors.append((index, f"completion {index}: grader ran past {timeout_s:g} s, worker killed"))
+        self.errors.append((index, f"completion {index}: {message}"))
 
     def result(self) -> GradeResult:
         return GradeResult(
@@ -133,6 +135,8 @@ def grade_in_process(
     for index, (completion, example) in enumerate(zip(completions, examples)):
         try:
             value = reward_fn(completion, example)
+        except GraderTimeout as exc:
+            collector.grader_timeout(index, describe_error(exc))
         except Exception as exc:  # a grader's bug costs one reward, not the run
             collector.error(index, describe_error(exc))
         else:
@@ -313,6 +317,8 @@ class GraderPool:
         _, index, payload = message
         if kind == OK:
             collector.ok(index, payload)
+        elif kind == TIMEOUT:
+            collector.grader_timeout(index, payload)
         else:
             collector.error(index, payload)
         worker.job = None

@@ -4,7 +4,8 @@ message), and the parent's handle on one such process, killed and replaced when 
 
 Messages, parent -> worker: ("load", load_id, pickled_fn), ("grade", index, pickled (completion,
 example)), ("stop",). Worker -> parent: ("loaded", load_id), ("load_failed", load_id, message),
-(OK, index, value), (ERROR, index, message).
+(OK, index, value), (ERROR, index, message), (TIMEOUT, index, message) when the grader raised
+:class:`GraderTimeout` (it stopped a run of its own at a deadline, e.g. a sandboxed program).
 """
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ from typing import Any
 
 OK = "ok"
 ERROR = "error"
+TIMEOUT = "timeout"
+
+
+class GraderTimeout(Exception):
+    """Raised by a grader whose own deadline passed (a sandboxed program ran too long).
+
+    Counted as a timeout, like a grader the pool stops at its deadline, not as an error.
+    """
 
 
 def describe_error(exc: BaseException) -> str:
@@ -53,6 +62,9 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
         try:
             completion, example = pickle.loads(payload)
             value = reward_fn(completion, example)
+        except GraderTimeout as exc:
+            conn.send((TIMEOUT, index, describe_error(exc)))
+            continue
         except Exception as exc:
             conn.send((ERROR, index, describe_error(exc)))
             continue

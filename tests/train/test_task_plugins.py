@@ -161,3 +161,20 @@ def test_kwargs_are_read_only_and_survive_pickle_and_json():
     assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg) == Config.from_json(cfg.to_json())
     assert hash(cfg) == hash(config(*user_task, 'task.kwargs={"word": "Count", "start": 4}'))  # any key order
     assert json.loads(cfg.to_json())["task"]["kwargs"] == {"start": 4, "word": "Count"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["task.name=code_from_examples", "task.reward_timeout_s=5.0"],
+     "task.reward_timeout_s = 5.0 with the sandbox's wall_s = 5.0"),
+    (["task.name=humaneval", 'task.kwargs={"sandbox": {"wall_s": 20}}'], "valid: task.reward_timeout_s > 21"),
+    (["task.name=code_from_examples", 'task.kwargs={"sandbox": {"wall": 2}}'], "unknown sandbox limit(s) ['wall']"),
+])
+def test_code_task_deadlines_are_checked(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        config(*overrides)
+    assert message in str(info.value)
+
+
+def test_code_task_with_the_default_deadlines_builds():
+    task = task_from_config(config("task.name=code_from_examples", 'task.kwargs={"scoring": "all"}'))
+    assert task.examples(TRAIN, 1, seed=0)[0].metadata["scoring"] == "all"

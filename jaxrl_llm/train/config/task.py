@@ -38,7 +38,8 @@ from jaxrl_llm.data.environments import PluginEnvTask
 from jaxrl_llm.data.registry import TASK_FACTORIES
 from jaxrl_llm.data.files import data_file_format
 from jaxrl_llm.data.plugins import PluginError, load_object
-from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn, WeightedRewards
+from jaxrl_llm.data.code_tasks import CODE_TASKS
+from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn, SandboxLimits, WeightedRewards
 from jaxrl_llm.utils.typed_config import ConfigError, did_you_mean
 
 
@@ -127,6 +128,7 @@ def check_task_section(task_cfg) -> None:
         pass  # the file is left to the user (GPU-scale configs do); build_task names the missing field
     else:
         _check_name_and_kwargs(task_cfg)
+    _check_sandbox_deadline(task_cfg)
     if task_cfg.reward_fn is not None:
         resolve_reward_fn(task_cfg.reward_fn)
     if task_cfg.reward_fns or task_cfg.reward_weights:
@@ -141,6 +143,20 @@ def check_task_section(task_cfg) -> None:
             raise ConfigError(f"task.{field} = {getattr(task_cfg, field)!r} with an environment task (task.name = "
                               f"{task_cfg.name!r}, task.env = {task_cfg.env!r}): the environment's step rewards are "
                               f"the rewards; valid: leave task.{field} unset")
+
+
+def _check_sandbox_deadline(task_cfg) -> None:
+    """A code task's sandbox must hit its own deadline before the pool kills its grader."""
+    if task_cfg.name not in CODE_TASKS:
+        return
+    try:
+        wall_s = SandboxLimits.from_mapping(task_cfg.kwargs.get("sandbox")).wall_s
+    except ValueError as err:
+        raise ConfigError(f"task.kwargs.sandbox: {err}") from None
+    if not task_cfg.reward_timeout_s > wall_s + 1.0:
+        raise ConfigError(f"task.reward_timeout_s = {task_cfg.reward_timeout_s!r} with the sandbox's wall_s = {wall_s!r}: "
+                          f"the pool would stop the grader before the sandbox's own deadline; valid: "
+                          f"task.reward_timeout_s > {wall_s + 1.0:g} (wall_s + 1 s for the sandbox to start and stop)")
 
 
 def task_graders(task_cfg) -> WeightedRewards:

