@@ -15,7 +15,6 @@ import pytest
 from jaxrl_llm import bridge
 from jaxrl_llm.rollout import (RoutedExpertsError, SamplingParams, VLLMClient, VLLMEngine, VLLMServer,
                                VLLMServerConfig)
-from jaxrl_llm.rollout.vllm_server_config import ROUTING_CAPTURE_EXTENSION, server_command, server_env
 from tests.rollout.tiny_moe import TINY_QWEN3_MOE, router_top_k, save_tiny_qwen3_moe, tiny_qwen3_moe
 
 pytestmark = pytest.mark.vllm
@@ -80,15 +79,3 @@ def test_server_refuses_return_routed_experts_for_a_dense_model(tmp_path):
     with pytest.raises(ValueError, match="return_routed_experts=True needs a mixture-of-experts model"):
         server.start()
     assert server.process is None
-
-
-def test_return_routed_experts_flags_and_environment(tmp_path):
-    on = VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True)
-    command = server_command(on, Path("python"), 8000)
-    assert command[command.index("--worker-extension-cls") + 1] == ROUTING_CAPTURE_EXTENSION
-    assert "--no-enable-prefix-caching" in command
-    assert Path(server_env(on)["PYTHONPATH"], "jaxrl_routing_capture.py").is_file()
-    off = server_command(VLLMServerConfig(model_dir=tmp_path), Path("python"), 8000)
-    assert "--worker-extension-cls" not in off and "--no-enable-prefix-caching" not in off
-    with pytest.raises(ValueError, match="return_routed_experts=True needs dev_mode=True"):
-        VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True, dev_mode=False)

@@ -49,6 +49,8 @@ class RoutingRecorder:
     def __init__(self, runner, num_layers: int, top_k: int, max_tokens: int):
         self.runner = runner
         self.num_layers, self.top_k = num_layers, top_k
+        self.moe_layers: list[int] = []
+        self.failure: str | None = None  # set when a step's rows were not all written
         self.buffer = torch.full((max_tokens, num_layers, top_k), -1, dtype=torch.int32)
         self.kept: collections.OrderedDict = collections.OrderedDict()  # (key, child) -> [(start, rows)]
 
@@ -62,7 +64,13 @@ class RoutingRecorder:
             self.buffer[:total].fill_(-1)
         output = execute(scheduler_output, *args, **kwargs)
         if total:
-            self._record(scheduler_output, self.buffer[:total].numpy().astype(np.int16))
+            rows = self.buffer[:total].numpy().astype(np.int16)
+            unwritten = sorted({int(i) for i in np.nonzero((rows[:, self.moe_layers] < 0).any(axis=(0, 2)))[0]})
+            if unwritten and self.failure is None:
+                self.failure = (f"a step of {total} tokens ran without a router call in MoE layers "
+                                f"{[self.moe_layers[i] for i in unwritten]} (a compiled model that skips the "
+                                "capture hook? start the server with enforce_eager=True)")
+            self._record(scheduler_output, rows)
         return output
 
     def _record(self, scheduler_output, rows: np.ndarray) -> None:
@@ -84,6 +92,8 @@ class RoutingRecorder:
             self.kept.popitem(last=False)
 
     def take(self, key: str) -> dict:
+        if self.failure is not None:
+            return {"error": self.failure}
         out = {}
         for entry in [e for e in self.kept if e[0] == key]:
             chunks = sorted(self.kept.pop(entry), key=lambda chunk: chunk[0])
@@ -130,10 +140,10 @@ class RoutingCaptureExtension:
             execute = runner.execute_model
             runner.execute_model = lambda *args, **kwargs: recorder.run_step(execute, *args, **kwargs)
             runner._jaxrl_routing = recorder
+        recorder.moe_layers = sorted(layer for layer, _ in routers)
         for layer, router in routers:
             router.set_capture_fn(lambda ids, layer=layer: recorder.capture(layer, ids))
-        return {"num_layers": recorder.num_layers, "top_k": recorder.top_k,
-                "moe_layers": sorted(layer for layer, _ in routers)}
+        return {"num_layers": recorder.num_layers, "top_k": recorder.top_k, "moe_layers": recorder.moe_layers}
 
     def jaxrl_take_routed_experts(self, key: str) -> dict:
         recorder = getattr(self.model_runner, "_jaxrl_routing", None)
