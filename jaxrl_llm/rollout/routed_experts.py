@@ -39,7 +39,7 @@ def worker_results(answers: Sequence[Any], urls: Sequence[str], method: str) -> 
                                      f"a list of dicts; {HOW_TO_START}")
         for result in results:
             if "error" in result:
-                raise RoutedExpertsError(f"{OPTION}: server {url}: {result['error']}; {HOW_TO_START}")
+                raise RoutedExpertsError(f"{OPTION}: server {url}: {result['error']}")
         out += results
     return out
 

@@ -110,8 +110,9 @@ class VLLMServerConfig:
       dev_mode: set VLLM_SERVER_DEV_MODE=1 (weight reload endpoints).
       return_routed_experts: record, for every token the server forwards, the experts each MoE
         layer routed it to, for routing replay (`VLLMClient(return_routed_experts=True)` fetches
-        them into `RolloutRecord.routed_experts`). Needs a mixture-of-experts model and dev_mode;
-        turns prefix caching off. vLLM 0.32's own --enable-return-routed-experts needs its V2
+        them into `RolloutRecord.routed_experts`). Needs a mixture-of-experts model, dev_mode and
+        enforce_eager (a compiled model was traced before the routing hook exists and never
+        calls it); turns prefix caching off. vLLM 0.32's own --enable-return-routed-experts needs its V2
         model runner, which needs triton-cpu, so on CPU a worker extension does it
         (vllm_worker/jaxrl_routing_capture.py).
       served_model_name: the model name requests must use.
@@ -160,6 +161,9 @@ class VLLMServerConfig:
         if self.return_routed_experts and not self.dev_mode:
             raise ValueError("return_routed_experts=True needs dev_mode=True: the routed experts are fetched "
                              "over /collective_rpc")
+        if self.return_routed_experts and not self.enforce_eager:
+            raise ValueError("return_routed_experts=True needs enforce_eager=True: vLLM compiles the model before "
+                             "the routing hook is installed, and the compiled graph never calls it")
         if self.port is not None and not (0 < self.port < 65536):
             raise ValueError(f"port must be in 1..65535 or None, got {self.port!r}")
         if not is_loopback(self.host) and not self.api_key:

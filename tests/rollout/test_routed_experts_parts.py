@@ -56,7 +56,7 @@ def test_request_names_its_routing_key_only_when_asked():
 
 
 def test_return_routed_experts_flags_and_environment(tmp_path):
-    on = VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True)
+    on = VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True, enforce_eager=True)
     command = server_command(on, Path("python"), 8000)
     assert command[command.index("--worker-extension-cls") + 1] == ROUTING_CAPTURE_EXTENSION
     assert "--no-enable-prefix-caching" in command
@@ -66,4 +66,6 @@ def test_return_routed_experts_flags_and_environment(tmp_path):
     assert "--no-enable-prefix-caching" not in server_command(off, Path("python"), 8000)
     assert "PYTHONPATH" not in server_env(off)
     with pytest.raises(ValueError, match="return_routed_experts=True needs dev_mode=True"):
-        VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True, dev_mode=False)
+        VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True, enforce_eager=True, dev_mode=False)
+    with pytest.raises(ValueError, match="return_routed_experts=True needs enforce_eager=True"):
+        VLLMServerConfig(model_dir=tmp_path, return_routed_experts=True)

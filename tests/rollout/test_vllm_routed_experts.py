@@ -74,7 +74,8 @@ def test_client_refuses_a_server_that_does_not_record_routing(vllm_server, chat_
 
 def test_server_refuses_return_routed_experts_for_a_dense_model(tmp_path):
     """SmolLM2 is dense: refused from its config.json before any process starts."""
-    config = VLLMServerConfig(model_dir=bridge.smollm2_hf_dir(), return_routed_experts=True, log_path=tmp_path / "s.log")
+    config = VLLMServerConfig(model_dir=bridge.smollm2_hf_dir(), return_routed_experts=True, enforce_eager=True,
+                              log_path=tmp_path / "s.log")
     server = VLLMServer(config)
     with pytest.raises(ValueError, match="return_routed_experts=True needs a mixture-of-experts model"):
         server.start()

@@ -69,7 +69,7 @@ class RoutingRecorder:
             if unwritten and self.failure is None:
                 self.failure = (f"a step of {total} tokens ran without a router call in MoE layers "
                                 f"{[self.moe_layers[i] for i in unwritten]} (a compiled model that skips the "
-                                "capture hook? start the server with enforce_eager=True)")
+                                "capture hook? start the server with VLLMServerConfig(enforce_eager=True))")
             self._record(scheduler_output, rows)
         return output
 
@@ -130,7 +130,8 @@ class RoutingCaptureExtension:
         runner = self.model_runner
         routers = _moe_routers(runner.get_model())
         if not routers:
-            return {"error": "the served model has no MoE layer with a vLLM router (a dense model?)"}
+            return {"error": "the served model has no MoE layer with a vLLM router; routed experts need a "
+                             "mixture-of-experts model"}
         recorder = getattr(runner, "_jaxrl_routing", None)
         if recorder is None:
             config = runner.vllm_config

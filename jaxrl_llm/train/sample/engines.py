@@ -115,7 +115,8 @@ def make_engine(spec: EngineSpec, policy: Policy, params, *, initial_version: in
         log.info("rollout engine: starting a vLLM server (%s) on 127.0.0.1, log %s", rollout.server_dtype, log_path)
         server = stack.enter_context(VLLMServer(VLLMServerConfig(
             model_dir=policy.model_dir, dtype=rollout.server_dtype, seed=spec.seed, log_path=log_path,
-            return_routed_experts=rollout.return_routed_experts)))
+            # routing capture needs the eager model (VLLMServerConfig.return_routed_experts)
+            return_routed_experts=rollout.return_routed_experts, enforce_eager=rollout.return_routed_experts)))
         servers.append(server)
         urls = [server.url]
     client = VLLMClient(urls, return_routed_experts=rollout.return_routed_experts)
