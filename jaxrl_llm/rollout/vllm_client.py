@@ -329,9 +329,11 @@ class VLLMClient:
 
     def _with_routed_experts(self, key: str, prompt_len: int, samples: list[CompletionSample],
                              prompt_index: int) -> list[CompletionSample]:
+        # One server after the other from this (pool) thread: post_all would queue on the pool
+        # this runs in, and a full pool would wait on itself.
         body = {"method": routing.TAKE_METHOD, "args": [key]}
-        taken = routing.merge_taken(routing.worker_results(self.post_all("/collective_rpc", body), self.urls,
-                                                           routing.TAKE_METHOD))
+        answers = [self.post("/collective_rpc", body, url=url) for url in self.urls]
+        taken = routing.merge_taken(routing.worker_results(answers, self.urls, routing.TAKE_METHOD))
         return [dataclasses.replace(s, routed_experts=routing.decode_routed_experts(
                     taken.get(j), prompt_len, len(s.token_ids), f"sample {j} of prompt {prompt_index}"))
                 for j, s in enumerate(samples)]

@@ -43,7 +43,8 @@ def test_routed_experts_equal_transformers_router_on_every_token(moe_server, moe
     """Every row of every sample: the server's experts for token t of prompt + completion equal
     transformers' router top-k at position t (exactly, order included); P + L - 1 rows (the last
     sampled token is never forwarded)."""
-    with VLLMEngine(VLLMClient([moe_server.url], return_routed_experts=True)) as engine:
+    # max_concurrency = the prompt count: every pool thread is busy while it fetches routing
+    with VLLMEngine(VLLMClient([moe_server.url], return_routed_experts=True, max_concurrency=2)) as engine:
         batch = engine.generate(PROMPTS, n=2, params=SamplingParams(max_tokens=10, seed=7, ignore_eos=True))
     assert len(batch) == 4
     for record in batch:
