@@ -11,6 +11,7 @@ vLLM side (this package; the server runs in its own environment, see
 Shared types: SamplingParams, RolloutRecord, RolloutBatch, RolloutEngine.
 The in-process JAX sampler lives in `jax_sampler`.
 """
+from jaxrl_llm.rollout.routed_experts import RoutedExpertsError
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutEngine, RolloutRecord, SamplingParams
 from jaxrl_llm.rollout.vllm_client import (
     CompletionSample,
@@ -36,7 +37,7 @@ from jaxrl_llm.rollout.weight_sync import (
 )
 
 __all__ = [
-    "RolloutBatch", "RolloutEngine", "RolloutRecord", "SamplingParams",
+    "RolloutBatch", "RolloutEngine", "RolloutRecord", "SamplingParams", "RoutedExpertsError",
     "CompletionSample", "PromptTooLongError", "VLLMClient", "VLLMClientError", "VLLMRequestError", "VLLMResponseError",
     "VLLMUnavailableError", "UnverifiedWeightsError", "VLLMEngine", "VLLMEnvNotFoundError", "vllm_env_dir",
     "vllm_env_is_built", "vllm_python", "PortInUseError", "VLLMServer", "VLLMServerConfig", "VLLMServerError",

@@ -97,6 +97,15 @@ class RolloutRecord:
         (train/sample/episodes.py) sets 1 on the policy's tokens and 0 on the
         environment's observation tokens, which sit in the sequence but are
         no action of the policy (their sampler_logprobs are 0).
+      routed_experts: int32 [P + L - 1, num_layers, top_k] or None (a dense model, or the
+        engine was not asked). The experts each MoE layer of the sampler routed each token to,
+        for routing replay (R3, Ma et al. 2025, arXiv 2510.11370): row t is the token at position
+        t of prompt_token_ids + completion_token_ids (rows 0..P-1 the prompt, row P + i
+        completion token i), experts in the router's top-k order. The last completion token
+        has no row: the sampler never forwarded it, and the learner needs none for it (its
+        logits predict nothing). So a learner forward over the P + L tokens replays rows
+        0..P+L-2 at positions 0..P+L-2, exactly the positions whose outputs give the log-probs
+        of completion tokens 0..L-1. -1 marks a dense layer of a mixed model.
     """
 
     prompt_index: int
@@ -107,6 +116,7 @@ class RolloutRecord:
     finish_reason: str
     weight_version: int
     loss_mask: np.ndarray | None = None
+    routed_experts: np.ndarray | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_token_ids", np.asarray(self.prompt_token_ids, np.int32))
@@ -125,6 +135,16 @@ class RolloutRecord:
             if self.loss_mask.shape != self.completion_token_ids.shape:
                 raise ValueError(f"loss_mask shape {self.loss_mask.shape} must match completion_token_ids shape "
                                  f"{self.completion_token_ids.shape}")
+        if self.routed_experts is not None:
+            self._check_routed_experts()
+
+    def _check_routed_experts(self) -> None:
+        object.__setattr__(self, "routed_experts", np.asarray(self.routed_experts, np.int32))
+        rows = len(self.prompt_token_ids) + len(self.completion_token_ids) - 1
+        shape = self.routed_experts.shape
+        if len(shape) != 3 or shape[0] != rows:
+            raise ValueError(f"routed_experts must be [P + L - 1 = {rows}, num_layers, top_k] (one row per token "
+                             f"the sampler forwarded), got shape {shape}")
 
     @property
     def policy_mask(self) -> np.ndarray:

@@ -13,6 +13,9 @@ With the server's `--logprobs-mode processed_logprobs` the logprob is
 log mu(token) under the distribution actually sampled from (after
 temperature, and after top-k/top-p renormalisation if those are on).
 
+With return_routed_experts, each request also names a fresh key in `vllm_xargs`, and the experts
+the server's MoE layers routed each token to are fetched under it afterwards (routed_experts.py).
+
 One request per prompt with `n` samples; requests run concurrently on a
 thread pool and go round-robin over the server URLs (a retry moves on to
 the next URL). Connection errors, timeouts and 5xx answers are retried with
@@ -25,11 +28,13 @@ import dataclasses
 import itertools
 import threading
 import time
+import uuid
 from typing import Any, Sequence
 
 import numpy as np
 import requests
 
+from jaxrl_llm.rollout import routed_experts as routing
 from jaxrl_llm.rollout.types import SamplingParams
 
 
@@ -60,13 +65,15 @@ class CompletionSample:
     token_ids: np.ndarray  # int32 [L]
     logprobs: np.ndarray  # float32 [L]
     finish_reason: str
+    routed_experts: np.ndarray | None = None  # int32 [P + L - 1, layers, top_k] (RolloutRecord.routed_experts)
 
 
 def completion_request_body(prompt_token_ids: Sequence[int], n: int, params: SamplingParams,
-                            model: str, seed: int | None) -> dict[str, Any]:
+                            model: str, seed: int | None, routing_key: str | None = None) -> dict[str, Any]:
     """The JSON body of a sampling request. Every sampling field is explicit
-    so no server-side default can apply silently."""
-    return {
+    so no server-side default can apply silently. A routing_key asks the server to file the
+    request's routed experts under it."""
+    body = {
         "model": model,
         "prompt": [int(t) for t in prompt_token_ids],
         "n": n,
@@ -86,6 +93,9 @@ def completion_request_body(prompt_token_ids: Sequence[int], n: int, params: Sam
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
     }
+    if routing_key is not None:
+        body["vllm_xargs"] = {routing.ROUTING_KEY_ARG: routing_key}
+    return body
 
 
 def check_prompt_lengths(prompts: Sequence[Sequence[int]], max_tokens: int, max_model_len: int) -> None:
@@ -158,11 +168,14 @@ class VLLMClient:
       max_concurrency: most requests in flight at once.
       max_model_len: the servers' context length, for checking prompt +
         max_tokens before sending; None asks the servers (/v1/models) once.
+      return_routed_experts: fill each sample's routed_experts (the servers must run with
+        VLLMServerConfig(return_routed_experts=True); otherwise sample raises RoutedExpertsError).
     """
 
     def __init__(self, urls: Sequence[str] | str, *, model: str = "policy", api_key: str | None = None,
                  request_timeout_s: float = 300.0, connect_timeout_s: float = 5.0, max_retries: int = 3,
-                 backoff_s: float = 0.5, max_concurrency: int = 32, max_model_len: int | None = None):
+                 backoff_s: float = 0.5, max_concurrency: int = 32, max_model_len: int | None = None,
+                 return_routed_experts: bool = False):
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("urls must name at least one server, got an empty list")
@@ -177,6 +190,7 @@ class VLLMClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_model_len = max_model_len
+        self.return_routed_experts = bool(return_routed_experts)
         self._next_url = itertools.cycle(range(len(self.urls)))
         self._url_lock = threading.Lock()
         self._local = threading.local()
@@ -284,17 +298,45 @@ class VLLMClient:
         max_model_len = self.server_max_model_len()
         if max_model_len is not None:
             check_prompt_lengths(prompts, params.max_tokens, max_model_len)
+        if self.return_routed_experts:
+            self.install_routing_capture()
 
         def one(index: int) -> list[CompletionSample]:
             seed = None if params.seed is None else int(params.seed) + params.first_row + index * n
-            body = completion_request_body(prompts[index], n, params, self.model, seed)
+            key = uuid.uuid4().hex if self.return_routed_experts else None
+            body = completion_request_body(prompts[index], n, params, self.model, seed, routing_key=key)
             answer = self.post("/v1/completions", body)
             choices = sorted(answer["choices"], key=lambda c: c["index"])
             if len(choices) != n:
                 raise VLLMResponseError(f"asked for n={n} samples of prompt {index}, got {len(choices)}")
-            return [parse_completion_choice(c) for c in choices]
+            samples = [parse_completion_choice(c) for c in choices]
+            return samples if key is None else self._with_routed_experts(key, len(prompts[index]), samples, index)
 
         return list(self._pool.map(one, range(len(prompts))))
+
+    def install_routing_capture(self) -> list[dict]:
+        """Hook the routers of every server (idempotent; once per batch, so a weight reload cannot
+        unhook them): per worker {"num_layers", "top_k", "moe_layers"}. Raises RoutedExpertsError,
+        naming the option, when a server does not record routed experts."""
+        body = {"method": routing.INSTALL_METHOD}
+        try:
+            answers = self.post_all("/collective_rpc", body)
+        except VLLMClientError as err:
+            raise routing.RoutedExpertsError(
+                f"{routing.OPTION}=True, but a server does not record routed experts ({routing.HOW_TO_START}); "
+                f"its /collective_rpc {routing.INSTALL_METHOD} failed: {str(err)[:300]}") from err
+        return routing.worker_results(answers, self.urls, routing.INSTALL_METHOD)
+
+    def _with_routed_experts(self, key: str, prompt_len: int, samples: list[CompletionSample],
+                             prompt_index: int) -> list[CompletionSample]:
+        # One server after the other from this (pool) thread: post_all would queue on the pool
+        # this runs in, and a full pool would wait on itself.
+        body = {"method": routing.TAKE_METHOD, "args": [key]}
+        answers = [self.post("/collective_rpc", body, url=url) for url in self.urls]
+        taken = routing.merge_taken(routing.worker_results(answers, self.urls, routing.TAKE_METHOD))
+        return [dataclasses.replace(s, routed_experts=routing.decode_routed_experts(
+                    taken.get(j), prompt_len, len(s.token_ids), f"sample {j} of prompt {prompt_index}"))
+                for j, s in enumerate(samples)]
 
     def prompt_logprobs(self, token_ids: Sequence[int], *, url: str | None = None) -> np.ndarray:
         """float32 [P-1]: log p(x_t | x_<t) of a fixed sequence, scored by the

@@ -92,7 +92,7 @@ class VLLMEngine:
         records = [
             RolloutRecord(prompt_index=p, sample_index=j, prompt_token_ids=prompts_token_ids[p],
                           completion_token_ids=s.token_ids, sampler_logprobs=s.logprobs,
-                          finish_reason=s.finish_reason, weight_version=version)
+                          finish_reason=s.finish_reason, weight_version=version, routed_experts=s.routed_experts)
             for p, group in enumerate(samples) for j, s in enumerate(group)
         ]
         return RolloutBatch(tuple(records), num_prompts=len(samples), samples_per_prompt=n)

@@ -35,6 +35,7 @@ from jaxrl_llm.rollout.vllm_server_config import (
     VLLMServerConfig,
     check_model_dir,
     check_model_limits,
+    check_routing_model,
     server_command,
     server_env,
 )
@@ -117,6 +118,7 @@ class VLLMServer:
         model_dir = Path(config.model_dir)
         check_model_dir(model_dir)
         check_model_limits(config)
+        check_routing_model(config)
         if config.port is None:
             self.port = find_free_port(config.host)
         else:

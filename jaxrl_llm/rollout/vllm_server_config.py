@@ -12,6 +12,10 @@ Flags that matter for RL:
   --no-enable-chunked-prefill  every prompt is prefilled in one scheduler
       step (see VLLMServerConfig.chunked_prefill): on a CPU server a seeded
       request whose prefill is split kills the engine.
+  --worker-extension-cls jaxrl_routing_capture.RoutingCaptureExtension
+  --no-enable-prefix-caching  only with return_routed_experts: the worker records the experts
+      every token was routed to (vllm_worker/jaxrl_routing_capture.py, on PYTHONPATH); a prompt
+      token served from the prefix cache is not forwarded, so it would have no routing.
   VLLM_SERVER_DEV_MODE=1  enables /collective_rpc (reload_weights) and
       /reset_prefix_cache. These let any caller run worker methods, which is
       why a non-loopback host requires an API key.
@@ -24,6 +28,11 @@ import json
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
+
+# The folder holding the worker extension that records routed experts; it is put on the server's
+# PYTHONPATH alone (the vLLM environment has no jaxrl_llm).
+ROUTING_CAPTURE_DIR = Path(__file__).with_name("vllm_worker")
+ROUTING_CAPTURE_EXTENSION = "jaxrl_routing_capture.RoutingCaptureExtension"
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
@@ -99,6 +108,13 @@ class VLLMServerConfig:
       logprobs_mode: "processed_logprobs" (after temperature; what RL needs)
         or "raw_logprobs".
       dev_mode: set VLLM_SERVER_DEV_MODE=1 (weight reload endpoints).
+      return_routed_experts: record, for every token the server forwards, the experts each MoE
+        layer routed it to, for routing replay (`VLLMClient(return_routed_experts=True)` fetches
+        them into `RolloutRecord.routed_experts`). Needs a mixture-of-experts model, dev_mode and
+        enforce_eager (a compiled model was traced before the routing hook exists and never
+        calls it); turns prefix caching off. vLLM 0.32's own --enable-return-routed-experts needs its V2
+        model runner, which needs triton-cpu, so on CPU a worker extension does it
+        (vllm_worker/jaxrl_routing_capture.py).
       served_model_name: the model name requests must use.
       startup_timeout_s: how long to wait for /health.
       log_path: server log file; None writes into a fresh temp directory.
@@ -121,6 +137,7 @@ class VLLMServerConfig:
     enforce_eager: bool = False
     logprobs_mode: str = "processed_logprobs"
     dev_mode: bool = True
+    return_routed_experts: bool = False
     served_model_name: str = "policy"
     startup_timeout_s: float = 600.0
     log_path: str | Path | None = None
@@ -139,6 +156,14 @@ class VLLMServerConfig:
             raise ValueError(f"kv_cache_gib must be an int >= 1 (VLLM_CPU_KVCACHE_SPACE is whole GiB), "
                              f"got {self.kv_cache_gib!r}")
         self._check_batching()
+        if not isinstance(self.return_routed_experts, bool):
+            raise ValueError(f"return_routed_experts must be True or False, got {self.return_routed_experts!r}")
+        if self.return_routed_experts and not self.dev_mode:
+            raise ValueError("return_routed_experts=True needs dev_mode=True: the routed experts are fetched "
+                             "over /collective_rpc")
+        if self.return_routed_experts and not self.enforce_eager:
+            raise ValueError("return_routed_experts=True needs enforce_eager=True: vLLM compiles the model before "
+                             "the routing hook is installed, and the compiled graph never calls it")
         if self.port is not None and not (0 < self.port < 65536):
             raise ValueError(f"port must be in 1..65535 or None, got {self.port!r}")
         if not is_loopback(self.host) and not self.api_key:
@@ -185,6 +210,21 @@ def check_model_limits(config: VLLMServerConfig) -> None:
                          f"{limit} ({config.model_dir}/config.json); use max_model_len <= {limit}")
 
 
+MOE_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def check_routing_model(config: VLLMServerConfig) -> None:
+    """Refuse return_routed_experts for a model whose config.json names no experts (a dense model
+    has no routing to return)."""
+    if not config.return_routed_experts:
+        return
+    model_config = json.loads((Path(config.model_dir) / "config.json").read_text())
+    if not any(isinstance(model_config.get(k), int) and model_config[k] > 0 for k in MOE_EXPERT_COUNT_KEYS):
+        raise ValueError(f"return_routed_experts=True needs a mixture-of-experts model, but {config.model_dir}/"
+                         f"config.json (model_type {model_config.get('model_type')!r}) has none of "
+                         f"{MOE_EXPERT_COUNT_KEYS} > 0; use return_routed_experts=False for a dense model")
+
+
 def server_command(config: VLLMServerConfig, python: Path, port: int) -> list[str]:
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
@@ -207,6 +247,8 @@ def server_command(config: VLLMServerConfig, python: Path, port: int) -> list[st
         cmd.append("--enforce-eager")
     if config.api_key:
         cmd += ["--api-key", config.api_key]
+    if config.return_routed_experts:
+        cmd += ["--worker-extension-cls", ROUTING_CAPTURE_EXTENSION, "--no-enable-prefix-caching"]
     return cmd + list(config.extra_args)
 
 
@@ -220,6 +262,8 @@ def server_env(config: VLLMServerConfig) -> dict[str, str]:
         "VLLM_SERVER_DEV_MODE": "1" if config.dev_mode else "0",
         **QUIET_OFFLINE_ENV,
     })
+    if config.return_routed_experts:
+        env["PYTHONPATH"] = str(ROUTING_CAPTURE_DIR)
     env.update(config.extra_env)
     return env
 

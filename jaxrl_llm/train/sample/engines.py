@@ -114,10 +114,12 @@ def make_engine(spec: EngineSpec, policy: Policy, params, *, initial_version: in
         log_path = os.path.join(spec.run_path, "vllm_server.log")
         log.info("rollout engine: starting a vLLM server (%s) on 127.0.0.1, log %s", rollout.server_dtype, log_path)
         server = stack.enter_context(VLLMServer(VLLMServerConfig(
-            model_dir=policy.model_dir, dtype=rollout.server_dtype, seed=spec.seed, log_path=log_path)))
+            model_dir=policy.model_dir, dtype=rollout.server_dtype, seed=spec.seed, log_path=log_path,
+            # routing capture needs the eager model (VLLMServerConfig.return_routed_experts)
+            return_routed_experts=rollout.return_routed_experts, enforce_eager=rollout.return_routed_experts)))
         servers.append(server)
         urls = [server.url]
-    client = VLLMClient(urls)
+    client = VLLMClient(urls, return_routed_experts=rollout.return_routed_experts)
     # Every push is verified: one prompt-logprobs request per server (train/sample/weight_check.py).
     sync = DiskWeightSync(client, bridge_export(policy.cfg), probe=logprob_probe(policy, rollout.server_dtype))
     engine = stack.enter_context(VLLMEngine(client, sync, servers=servers, initial_version=0,
