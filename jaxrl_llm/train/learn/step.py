@@ -34,7 +34,7 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     """
     core.validate_rewards(sampled.rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
     seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
-    put = learner.replicated
+    put = learner.place.replicated
     before = _pi_old(learner, state, cfg, seq)
     entropy, ref_logp, teacher_logp = before.entropy, before.ref_logp, before.teacher_logp
     mask = put(seq.completion_mask)
@@ -76,7 +76,7 @@ def _pi_old(learner: Learner, state: LearnerState, cfg: Config, seq: SequenceBat
     for bit) pi_old is the sampler's log-probs, and the pass runs only for a reference, a teacher or a critic."""
     if not cfg.train.reuse_sampler_logprobs:
         return learner.step_logprobs(state.params, seq, critic=state.critic)  # ref_logp / values: None if unused
-    sampler_logp = learner.replicated(seq.sampler_logp)
+    sampler_logp = learner.place.replicated(seq.sampler_logp)
     if not learner.needs_reference and state.critic is None and learner.recipe.distill is None:
         return StepLogprobs(sampler_logp, None, None, None, None)
     return learner.step_logprobs(state.params, seq, critic=state.critic)._replace(logp=sampler_logp)
