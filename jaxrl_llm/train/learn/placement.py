@@ -11,7 +11,7 @@ Without a mesh (one device) every array is a plain JAX array. With a mesh ("data
   the plan's read-back indices are replicated;
 * host arrays that meet the learner's (the sampler's log-probs, the mask) are replicated.
 
-Every placement goes through `train.distributed.put_global`, which also serves meshes over
+Every placement goes through `put_global`, a `jax.device_put` that also serves meshes over
 several processes. The Learner and its side passes hold one `Placement` and ask it, so the
 learner's code reads the same on one device and on a mesh.
 """
@@ -26,7 +26,7 @@ import optax
 
 from jaxrl_llm.models import batch_sharding, param_shardings
 from jaxrl_llm.models.sharding import BATCH_AXES
-from jaxrl_llm.train.distributed import gather_to_host, put_global
+from jaxrl_llm.train.distributed import gather_to_host
 from jaxrl_llm.train.learn.micro_batch import DeviceRows
 from jaxrl_llm.train.learn.packing import RowPlan
 
@@ -101,3 +101,21 @@ class Placement:
         if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(tree)):
             return gather_to_host(tree)
         return tree
+
+
+def put_global(tree, shardings):
+    """jax.device_put that also works with several JAX processes: there a sharding spans
+    other processes' devices and JAX places only host values (identical on every process)
+    or arrays already spread over the mesh, so process-local arrays go through the host."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(x, sharding):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, sharding)  # already global: a reshard
+        host = np.asarray(x)  # each process fills its own devices' shards, no cross-process check
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda x: one(x, shardings), tree)
+    return jax.tree.map(one, tree, shardings)
