@@ -138,8 +138,6 @@ class Learner:
             params = lora.merge(frozen, params, self.lora.scale)
         return jax.tree.map(lambda x: x.astype(self.compute_dtype), params)
 
-    mesh = property(lambda self: self.place.mesh)
-
     def full_params(self, params):
         """Float32 full params for the rollout engine / export: `params` itself, or with
         LoRA the adapters merged into the frozen base (W + alpha/r * A @ B)."""
