@@ -79,7 +79,7 @@ class LearnerState(NamedTuple):
 
 
 class Learner:
-    """Holds the static pieces of a run (model config, recipe, optimiser, mesh)
+    """Holds the static pieces of a run (model config, recipe, optimiser, placement)
     and exposes two jitted functions: `logprobs` (pi_old recompute, entropy) and
     `update` (one optimiser step on one StepBatch)."""
 
