@@ -131,10 +131,9 @@ def learner_times(cfg, params, batch: RolloutBatch, tokens: int, dtype: str) -> 
         before, pass_seconds = _timed(lambda: learner.step_logprobs(state.params, seq, with_reference=False))
     prompts = len(batch.records) // 2
     rewards = np.tile(np.array([[1.0, 0.0]], np.float32), (prompts, 1))
-    step_batch, _ = core.prepare_step_batch(learner.recipe, core.StepInputs(learner.replicated(rewards),
-                                                                            learner.replicated(seq.completion_mask),
-                                                                            before.logp,
-                                                                            learner.replicated(seq.sampler_logp)))
+    put = learner.place.replicated
+    step_batch, _ = core.prepare_step_batch(learner.recipe, core.StepInputs(put(rewards), put(seq.completion_mask),
+                                                                            before.logp, put(seq.sampler_logp)))
     for _ in range(2):
         _, update_seconds = _timed(lambda: learner.update(state, seq, step_batch))
     return pass_seconds, update_seconds

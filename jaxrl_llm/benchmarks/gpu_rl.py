@@ -93,7 +93,8 @@ def rl_step_at_scale(shape: str = "qwen2.5-1.5b", *, tiny: bool = False, batch: 
         check_full_length(rollouts, new_tokens)
         rewards = rng.integers(0, 2, size=(batch // group, group)).astype(np.float32)
         t2 = time.perf_counter()
-        state, metrics = learn(learner, state, recipe, cfg, rollouts, core.StepInputs(rewards))
+        state, metrics = learn(learner, state, rollouts, core.StepInputs(rewards),
+                               completion_width=cfg.rollout.max_tokens)
         jax.block_until_ready(state.params)
         t3 = time.perf_counter()
         new = engine_weights(spec, learner, state.params)

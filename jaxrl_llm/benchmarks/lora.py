@@ -69,7 +69,7 @@ class Setup:
         self.step_batch, _ = core.prepare_step_batch(self.learner.recipe, core.StepInputs(
             jnp.asarray(rewards), jnp.asarray(seq.completion_mask), old_logp, jnp.asarray(seq.sampler_logp)))
         plan = self.learner.plan(seq)
-        self.rows = self.learner._device_rows(plan)
+        self.rows = self.learner.place.rows(plan)
         remat = "off" if self.learner.remat == "auto" else self.learner.remat
         lowered = self.learner._update.lower(self.state, self.learner.frozen, self.rows, self.step_batch,
                                              max_segments=plan.max_segments, remat=remat)

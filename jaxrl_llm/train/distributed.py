@@ -290,21 +290,3 @@ def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, pro
         weight_version=int(full["version"][i]), loss_mask=full["loss_mask"][i, :full["length"][i]])
         for i in range(full["prompt"].shape[0]))
     return RolloutBatch(merged, len(merged) // n, n), full["rewards"], full["counts"].sum(axis=0)
-
-
-def put_global(tree, shardings):
-    """jax.device_put that also works with several JAX processes: there a sharding spans
-    other processes' devices and JAX places only host values (identical on every process)
-    or arrays already spread over the mesh, so process-local arrays go through the host."""
-    if jax.process_count() == 1:
-        return jax.device_put(tree, shardings)
-
-    def one(x, sharding):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return jax.device_put(x, sharding)  # already global: a reshard
-        host = np.asarray(x)  # each process fills its own devices' shards, no cross-process check
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-    if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(lambda x: one(x, shardings), tree)
-    return jax.tree.map(one, tree, shardings)

@@ -54,7 +54,7 @@ def test_float32_learner_compiles_its_step_with_the_option():
     learner = Learner(TINY, core.get_recipe("grpo"), train_cfg, total_steps=2)
     seq = SequenceBatch(np.ones((2, 8), np.int32), np.ones((2, 8), np.int32), np.tile(np.arange(8, dtype=np.int32), (2, 1)),
                         np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32), np.zeros(2, bool), 4)
-    rows = learner._device_rows(learner.plan(seq))
+    rows = learner.place.rows(learner.plan(seq))
     args = (learner.init(init_params(TINY, jax.random.PRNGKey(0))).params, None, None, None, None, rows)
     text = learner._logprobs.lower(*args, with_reference=False, max_segments=1).compile().as_text()
     plain = jax.jit(learner._logprobs_impl, static_argnames=("with_reference", "max_segments"))

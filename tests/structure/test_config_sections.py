@@ -12,7 +12,7 @@ TRAIN = REPO / "jaxrl_llm" / "train"
 # path under jaxrl_llm/train : function, for every function that takes a whole Config.
 READS_THE_WHOLE_CONFIG = {
     "plan.py:plan_run",  # the run plan
-    "run/loop.py:train", "run/loop.py:run_step",  # the run's set-up and its step
+    "run/loop.py:train",  # the run's set-up
     "run/run_state.py:make_learner", "run/run_state.py:restore_params",  # the learner of a run's config
     "run/evaluation.py:evaluate_params", "run/evaluation.py:held_out",  # an evaluation's set-up
     "sample/engines.py:engine_spec",  # the engine's set-up
@@ -20,10 +20,9 @@ READS_THE_WHOLE_CONFIG = {
     # run_info.json and the W&B run record the whole config
     "run/provenance.py:_config_dict", "run/provenance.py:collect_run_info", "run/provenance.py:write_run_info",
     "run/metrics.py:MetricsWriter.__init__", "run/tracking.py:wandb_run", "run/tracking.py:WandbRun.__init__",
-    # not narrowed yet: the sampling modes and the learning step
+    # not narrowed yet: the sampling modes
     "sample/stage.py:StepSampling.__init__", "sample/stage.py:PlainBatch.__init__",
     "sample/stage.py:Episodes.__init__", "sample/stage.py:step_sampling",
-    "learn/step.py:learn", "learn/step.py:_pi_old",
 }
 
 

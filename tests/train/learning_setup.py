@@ -137,7 +137,8 @@ def reference_sync_loop(cfg, policy, task):
             rollouts = engine.generate(encode_prompts(policy, examples), group,
                                        sampling_params(cfg.rollout, seed=step_seed(cfg.seed, step)))
             graded = grade(pool, task, decode_completions(policy, rollouts), examples, group)
-            state, metrics = learn(learner, state, recipe, cfg, rollouts, core.StepInputs(graded.rewards))
+            state, metrics = learn(learner, state, rollouts, core.StepInputs(graded.rewards),
+                                   completion_width=cfg.rollout.max_tokens)
             engine.update_weights(engine_params(spec, learner.full_params(state.params)))
             rows.append({"step": step, "reward": float(graded.rewards.mean()), **metrics})
     return rows, learner.full_params(state.params)

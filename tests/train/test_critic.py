@@ -79,7 +79,7 @@ def test_critic_learns_per_prompt_success_rates_and_warmup_holds_the_policy(mode
     state = learner.init(params)
     for step in range(25):
         rollouts, rewards = rollout(model_cfg, params, seed=step)
-        state, metrics = learn(learner, state, learner.recipe, cfg, rollouts, core.StepInputs(rewards))
+        state, metrics = learn(learner, state, rollouts, core.StepInputs(rewards), completion_width=MAX_TOKENS)
     assert metrics["policy_held"] == 1.0
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)))
     seq = build_sequences(rollout(model_cfg, params, seed=99)[0], completion_width=MAX_TOKENS, prompt_bucket=8)
@@ -103,7 +103,7 @@ def test_after_warmup_the_policy_moves_too(model):
     for step in range(3):
         rollouts, rewards = rollout(model_cfg, params, seed=step)
         before = state.params
-        state, metrics = learn(learner, state, learner.recipe, cfg, rollouts, core.StepInputs(rewards))
+        state, metrics = learn(learner, state, rollouts, core.StepInputs(rewards), completion_width=MAX_TOKENS)
         held.append(all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before))))
     assert held == [True, True, False]
 
@@ -116,9 +116,8 @@ def test_sharded_and_lora_learners_train_the_critic(model, variant):
     single = make_learner(ppo_config(train=one_step), model_cfg)
     other = make_learner(cfg, model_cfg, mesh=make_mesh(data=2, fsdp=4) if variant == "sharded" else None)
     rollouts, rewards = rollout(model_cfg, params, seed=0)
-    a, _ = learn(single, single.init(params), single.recipe, ppo_config(train=one_step), rollouts,
-                 core.StepInputs(rewards))
-    b, metrics = learn(other, other.init(params), other.recipe, cfg, rollouts, core.StepInputs(rewards))
+    a, _ = learn(single, single.init(params), rollouts, core.StepInputs(rewards), completion_width=MAX_TOKENS)
+    b, metrics = learn(other, other.init(params), rollouts, core.StepInputs(rewards), completion_width=MAX_TOKENS)
     assert np.max(np.abs(np.asarray(b.critic.params["w"]))) > 0  # the head learned
     if variant == "sharded":  # the same update on 8 devices
         np.testing.assert_allclose(np.asarray(b.critic.params["w"]), np.asarray(a.critic.params["w"]), atol=1e-5)

@@ -180,7 +180,7 @@ def test_remat_auto_takes_the_first_mode_that_fits(setup, monkeypatch):
 
     probe = make_learner(cfg, recipe, micro_batch_size=16)
     plan = probe.plan(seq)
-    args = (state, None, probe._device_rows(plan), probe._place(batch))
+    args = (state, None, probe.place.rows(plan), probe.place.batch(batch))
     sizes = {mode: remat_lib.program_bytes(probe._update.lower(*args, max_segments=plan.max_segments,
                                                                remat=mode).compile()) for mode in ("off", "full")}
     assert sizes["full"] < sizes["off"]

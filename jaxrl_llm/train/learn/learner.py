@@ -21,8 +21,9 @@
   or gradient skips the update and is reported as `skipped`.
 * Optimiser: optax AdamW behind global-norm clipping, with a warmup + constant
   / linear / cosine learning-rate schedule (`train.optimizer`).
-* Sharding: with a mesh, params follow `models.param_shardings` and batch rows
-  are split over ("data", "fsdp"); jit (GSPMD) inserts the collectives.
+* Sharding: the learner's one `train.learn.placement.Placement` puts every array where it
+  lives (with a mesh, params follow `models.param_shardings` and batch rows are split over
+  ("data", "fsdp")); jit (GSPMD) inserts the collectives.
 * LoRA (`train.lora_rank` >= 1; Hu et al. 2021, `models.lora`): the trainable
   tree (`LearnerState.params`, gradients, optimiser state, checkpoints) is the
   adapters; the float32 base weights are frozen in `Learner.frozen` (set by
@@ -43,23 +44,20 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.models import DecoderConfig, batch_sharding, lora, param_shardings
+from jaxrl_llm.models import DecoderConfig, lora
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_setting
-from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.train.config import PRECISION_DTYPES
 from jaxrl_llm.train.learn import critic as critic_lib
 from jaxrl_llm.train.learn import packing
 from jaxrl_llm.train.learn.batch import SequenceBatch
-from jaxrl_llm.train.distributed import gather_to_host, put_global
 from jaxrl_llm.train.learn.micro_batch import DeviceRows, head_logprobs, to_step_layout
-from jaxrl_llm.train.learn.side_passes import SidePasses
 from jaxrl_llm.train.learn.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
-
+from jaxrl_llm.train.learn.placement import Placement
+from jaxrl_llm.train.learn.side_passes import SidePasses
 
 
 class StepLogprobs(NamedTuple):
@@ -81,7 +79,7 @@ class LearnerState(NamedTuple):
 
 
 class Learner:
-    """Holds the static pieces of a run (model config, recipe, optimiser, mesh)
+    """Holds the static pieces of a run (model config, recipe, optimiser, placement)
     and exposes two jitted functions: `logprobs` (pi_old recompute, entropy) and
     `update` (one optimiser step on one StepBatch)."""
 
@@ -96,7 +94,7 @@ class Learner:
         self.recipe = recipe
         self.train_cfg = train_cfg
         self.temperature = float(temperature)
-        self.mesh = mesh
+        self.place = Placement(mesh)  # where every array of the learner lives
         # pi_old by models.batch_invariant, one sequence per row: the JAX sampler's log-probs bit for bit
         self.batch_invariant = bool(batch_invariant)
         # "auto": chosen at the first update from the compiled step's memory estimate (`_choose_remat`)
@@ -106,7 +104,7 @@ class Learner:
         self.optimizer = make_optimizer(train_cfg, total_steps)
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
-        self.side = SidePasses(recipe, self.compute_dtype, mesh, critic_cfg=critic_cfg, teacher=teacher)
+        self.side = SidePasses(recipe, self.compute_dtype, self.place, critic_cfg=critic_cfg, teacher=teacher)
         self._merge = jax.jit(self._full_params_impl)
         options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
         # batch-invariant pi_old compiles as the sampler does: the learner's options change the dot kernels
@@ -124,25 +122,14 @@ class Learner:
         critic = self.side.init_passes(params, base_is_reference=self.lora is not None,
                                        hidden_size=self.compute_cfg.hidden_size)
         if self.lora is not None:
-            self.frozen = params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
+            self.frozen = self.place.params(params)
             params = lora.init_adapters(params, self.lora, jax.random.PRNGKey(seed))
         scale = self.train_cfg.loss_scale_init if self.dynamic_loss_scale else 1.0
-        scalars = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0))
-        if self.mesh is None:
-            return LearnerState(params, self.optimizer.init(params), *scalars, critic)
-        # Everything lives on the mesh: optimiser moments take their parameter's sharding,
-        # other optimiser leaves (step counts) and the scalars are replicated.
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        if self.lora is None:
-            shardings = param_shardings(params, self.mesh)
-        else:  # adapters are small: replicated on every device
-            shardings = jax.tree.map(lambda _: replicated, params)
-        params = put_global(params, shardings)
-        opt_state = optax.tree_utils.tree_map_params(
-            self.optimizer, put_global, self.optimizer.init(params), shardings,
-            transform_non_params=lambda x: put_global(x, replicated))
-        scalars, critic = put_global((scalars, critic), replicated)
-        return LearnerState(params, opt_state, *scalars, critic)
+        others = (LossScale(jnp.float32(scale), jnp.int32(0)), jnp.int32(0), critic)  # the state after opt_state
+        # LoRA's adapters are small: replicated on every device
+        params, opt_state, others = self.place.train_state(self.optimizer, params, others,
+                                                           replicate_params=self.lora is not None)
+        return LearnerState(params, opt_state, *others)
 
     def compute_params(self, params, frozen=None):
         """Master params (LoRA: adapters merged into `frozen`) cast to the compute dtype
@@ -170,15 +157,12 @@ class Learner:
         first-fit-decreasing (``pack``, default `train.pack`) or one per row, R rows of W slots per
         micro-batch with R from `train.micro_batch_tokens` (default: `train.micro_batch_size` rows),
         rounded up to a multiple of the data-parallel devices."""
-        tokens, attention_mask = seq.tokens, seq.attention_mask
-        if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (tokens, attention_mask)):
-            tokens, attention_mask = gather_to_host((tokens, attention_mask))  # rows over processes: collective
+        tokens, attention_mask = self.place.host((seq.tokens, seq.attention_mask))  # rows over processes: collective
         width = seq.tokens.shape[1]
         budget = self.train_cfg.micro_batch_tokens
         if budget is None:
             budget = min(self.train_cfg.micro_batch_size, seq.tokens.shape[0]) * width
-        data_parallel = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
-        rows = packing.rows_per_micro_batch(budget, width, data_parallel)
+        rows = packing.rows_per_micro_batch(budget, width, self.place.data_parallel)
         return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
                                  pack=self.train_cfg.pack if pack is None else pack)
 
@@ -186,31 +170,7 @@ class Learner:
         """Batch-invariant pi_old on a mesh: inputs and outputs replicated, so every device runs the
         single-device program (a partitioned one splits the rows' tiles and the weights' contractions
         over devices, and sums in another order; seen as 1-2 differing tokens a step on 8 CPU devices)."""
-        if not self.batch_invariant or self.mesh is None:
-            return tree
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, replicated), tree)
-
-    def _device_rows(self, plan: packing.RowPlan) -> DeviceRows:
-        per_micro = (plan.tokens, plan.segment_ids, plan.positions)
-        rest = (plan.head_slots, plan.used, plan.completion_index, plan.micro_batch)
-        if self.mesh is None:
-            return DeviceRows(*map(jnp.asarray, per_micro + rest))
-        rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES, None))
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        return DeviceRows(*(put_global(x, rows) for x in per_micro), *(put_global(x, replicated) for x in rest))
-
-    def replicated(self, x) -> jax.Array:
-        """A host array as a JAX array that can meet the learner's arrays in one computation:
-        plain with one process; with several, replicated over the global mesh."""
-        if jax.process_count() == 1 or self.mesh is None:
-            return jnp.asarray(x)
-        return put_global(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
-
-    def _place(self, tree):
-        if self.mesh is None:
-            return jax.tree.map(jnp.asarray, tree)
-        return jax.tree.map(lambda x: put_global(x, batch_sharding(self.mesh, np.ndim(x))), tree)
+        return self.place.replicated_inside(tree) if self.batch_invariant else tree
 
     # -------------------------------------------------------------- logprobs
     def logprobs(self, params, seq: SequenceBatch) -> tuple[jax.Array, jax.Array]:
@@ -234,7 +194,7 @@ class Learner:
         # batch-invariant: one sequence per row from slot 0, so each key sits at slot = position as in the sampler
         plan = self.plan(seq, pack=False if self.batch_invariant else None)
         return self._logprobs(params, self.frozen, self.side.reference, self.side.teacher_params if with_teacher else None,
-                              critic_params, self._device_rows(plan), with_reference=with_reference,
+                              critic_params, self.place.rows(plan), with_reference=with_reference,
                               max_segments=plan.max_segments)
 
     def _logprobs_impl(self, params, frozen, reference, teacher, critic_params, rows: DeviceRows, *, with_reference,
@@ -277,7 +237,7 @@ class Learner:
         Returns (new_state, metrics dict of float32 scalars); `learner_padding_fraction` is the
         share of the slots the learner computed that held no token."""
         plan = self.plan(seq)
-        args = (state, self.frozen, self._device_rows(plan), self._place(step_batch))
+        args = (state, self.frozen, self.place.rows(plan), self.place.batch(step_batch))
         update = self._update
         if self.remat == "auto":
             update = self._choose_remat(args, plan.max_segments)
@@ -305,8 +265,8 @@ class Learner:
         step batch, without a loss scale: the quantity `update` descends. For tests and analysis."""
         plan = self.plan(seq)
         remat = "off" if self.remat == "auto" else self.remat
-        loss, (grads, _), metrics = self._grads(params, self.frozen, None, self._device_rows(plan),
-                                                self._place(step_batch), jnp.float32(1.0),
+        loss, (grads, _), metrics = self._grads(params, self.frozen, None, self.place.rows(plan),
+                                                self.place.batch(step_batch), jnp.float32(1.0),
                                                 max_segments=plan.max_segments, remat=remat)
         return loss, grads, metrics
 

@@ -13,26 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.models import param_shardings
-from jaxrl_llm.train.distributed import put_global
 from jaxrl_llm.train.learn import critic as critic_lib
 from jaxrl_llm.train.learn import reference as reference_lib
 from jaxrl_llm.train.learn.optimizer import masked_update
+from jaxrl_llm.train.learn.placement import Placement
 
 
 class SidePasses:
     """The reference, teacher and critic of one run (see the module docstring)."""
 
-    def __init__(self, recipe: core.Recipe, compute_dtype, mesh: jax.sharding.Mesh | None, *, critic_cfg=None,
-                 teacher=None):
+    def __init__(self, recipe: core.Recipe, compute_dtype, place: Placement, *, critic_cfg=None, teacher=None):
         self.recipe_name = recipe.name
         self.compute_dtype = jnp.dtype(compute_dtype)
-        self.mesh = mesh
+        self.place = place  # the Learner's: the reference and the teacher sit like the policy's params
         self.needs_reference = recipe.kl_beta > 0
         self.reference = None  # full fine-tuning with a KL term: the compute-dtype initial params, set by init
         self.needs_critic = isinstance(recipe.advantage_fn, core.GaeAdvantage) or recipe.value_coef > 0
@@ -46,17 +43,14 @@ class SidePasses:
         dtype = self.compute_dtype.name
         self.teacher_cfg = None if teacher is None else teacher.cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
         self.teacher_params = None if teacher is None else reference_lib.reference_copy(
-            self._placed(teacher.params), self.compute_dtype)
-
-    def _placed(self, params):
-        return params if self.mesh is None else put_global(params, param_shardings(params, self.mesh))
+            place.params(teacher.params), self.compute_dtype)
 
     def init_passes(self, params, *, base_is_reference: bool, hidden_size: int) -> critic_lib.CriticState | None:
         """At `Learner.init`: keeps the compute-dtype copy of the initial float32 `params` when the recipe
         has a KL term (none when `base_is_reference`: LoRA's frozen base is the reference), and returns a
         fresh value head and its optimiser state (None without a critic)."""
         if self.needs_reference and not base_is_reference:
-            self.reference = reference_lib.reference_copy(self._placed(params), self.compute_dtype)
+            self.reference = reference_lib.reference_copy(self.place.params(params), self.compute_dtype)
         if not self.needs_critic:
             return None
         head = critic_lib.init_critic_params(hidden_size)

@@ -16,13 +16,12 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train.learn.batch import SequenceBatch, build_sequences
-from jaxrl_llm.train.config import Config
 from jaxrl_llm.train.learn.critic import critic_metrics
 from jaxrl_llm.train.learn.learner import Learner, LearnerState, StepLogprobs
 
 
-def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Config, rollouts: RolloutBatch,
-          sampled: core.StepInputs) -> tuple[LearnerState, dict[str, float]]:
+def learn(learner: Learner, state: LearnerState, rollouts: RolloutBatch, sampled: core.StepInputs, *,
+          completion_width: int) -> tuple[LearnerState, dict[str, float]]:
     """pi_old recompute, then epochs x mini-batches optimiser steps (see the module doc).
 
     `sampled` is the sampling stage's part of the step's `core.StepInputs` (`Graded.step_inputs`):
@@ -30,29 +29,30 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     zero-variance group filter judges (DAPO filters on accuracy; None: the rewards); and the
     extras the recipe's estimator declares. This adds the learner's part (mask, sampler and pi_old
     log-probs, truncation, reference / teacher log-probs, critic values) and hands each mini-batch
-    of the one StepInputs to `core.prepare_step_batch`.
+    of the one StepInputs to `core.prepare_step_batch`. The recipe and the train section (mini-batches,
+    epochs, reuse of the sampler's log-probs) are the learner's; `completion_width` is rollout.max_tokens.
     """
     core.validate_rewards(sampled.rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
-    seq = build_sequences(rollouts, completion_width=cfg.rollout.max_tokens, pad_id=0)
-    put = learner.replicated
-    before = _pi_old(learner, state, cfg, seq)
+    seq = build_sequences(rollouts, completion_width=completion_width, pad_id=0)
+    put = learner.place.replicated
+    before = _pi_old(learner, state, seq)
     entropy, ref_logp, teacher_logp = before.entropy, before.ref_logp, before.teacher_logp
     mask = put(seq.completion_mask)
     correct = sampled.rewards if sampled.correct is None else sampled.correct
     inputs = sampled._replace(
         mask=mask, old_logp=before.logp, sampler_logp=seq.sampler_logp, truncated=seq.truncated,
         ref_logp=ref_logp, values=before.values, teacher_logp=teacher_logp, correct=np.asarray(correct, np.float32))
-    count = cfg.train.minibatches_per_batch  # the config checks that it divides the prompts
+    count = learner.train_cfg.minibatches_per_batch  # the config checks that it divides the prompts
     metrics: dict[str, list] = {}
     prepared = []
     for m in range(count):
         mini = jax.tree.map(lambda x: put(x) if isinstance(x, np.ndarray) else x, core.mini_batch(inputs, m, count))
-        batch, prep = _prepare(recipe)(mini)
+        batch, prep = _prepare(learner.recipe)(mini)
         rows = batch.mask.shape[0]  # whole prompt groups: P / count prompts x G
         prepared.append((slice(m * rows, (m + 1) * rows), batch))
         for k, v in prep.items():
             metrics.setdefault(k, []).append(float(v))
-    for _ in range(cfg.train.epochs_per_batch):
+    for _ in range(learner.train_cfg.epochs_per_batch):
         for rows, batch in prepared:
             state, step_metrics = learner.update(state, _rows(seq, rows), batch)
             for k, v in jax.device_get(step_metrics).items():
@@ -70,13 +70,13 @@ def learn(learner: Learner, state: LearnerState, recipe: core.Recipe, cfg: Confi
     return state, out
 
 
-def _pi_old(learner: Learner, state: LearnerState, cfg: Config, seq: SequenceBatch) -> StepLogprobs:
+def _pi_old(learner: Learner, state: LearnerState, seq: SequenceBatch) -> StepLogprobs:
     """The learner's pi_old pass (entropy, reference log-probs and values with it). With
     train.reuse_sampler_logprobs (rollout.batch_invariant: the sampler's numbers are pi_old's, bit
     for bit) pi_old is the sampler's log-probs, and the pass runs only for a reference, a teacher or a critic."""
-    if not cfg.train.reuse_sampler_logprobs:
+    if not learner.train_cfg.reuse_sampler_logprobs:
         return learner.step_logprobs(state.params, seq, critic=state.critic)  # ref_logp / values: None if unused
-    sampler_logp = learner.replicated(seq.sampler_logp)
+    sampler_logp = learner.place.replicated(seq.sampler_logp)
     if not learner.needs_reference and state.critic is None and learner.recipe.distill is None:
         return StepLogprobs(sampler_logp, None, None, None, None)
     return learner.step_logprobs(state.params, seq, critic=state.critic)._replace(logp=sampler_logp)

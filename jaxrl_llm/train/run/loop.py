@@ -54,7 +54,7 @@ from jaxrl_llm.train.sample import weight_check
 from jaxrl_llm.train.sample.async_rollout import AsyncRolloutProducer, ProducedBatch
 from jaxrl_llm.train.run.checkpoint import Checkpointer, install_stop_handler
 from jaxrl_llm.train.config import Config
-from jaxrl_llm.train.sample.engines import check_server_urls, engine_spec, engine_weights, make_engine
+from jaxrl_llm.train.sample.engines import EngineSpec, check_server_urls, engine_spec, engine_weights, make_engine
 from jaxrl_llm.train.run.evaluation import PeriodicEval, held_out
 from jaxrl_llm.train.sample.grading import Graded, learner_rollouts, response_metrics
 from jaxrl_llm.train.learn.step import learn
@@ -63,7 +63,7 @@ from jaxrl_llm.train.run.metrics import GroupLog, MetricsWriter
 from jaxrl_llm.train.policy import Policy, load_policy
 from jaxrl_llm.train.run.progress import Progress
 from jaxrl_llm.train.sample.prompts import task_from_config
-from jaxrl_llm.train.plan import RunPlan, plan_run
+from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.sample.stage import step_sampling
 from jaxrl_llm.train.run.teacher import load_teacher
 from jaxrl_llm.train.run.tracking import WandbRun, require_wandb
@@ -166,7 +166,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
         with producer:  # closing it records the batches still in flight as dropped
             for step in range(start.step + 1, cfg.total_steps + 1):
                 try:
-                    metrics, state, step_groups = run_step(cfg, plan, producer, learner, state, task)
+                    metrics, state, step_groups = run_step(spec, producer, learner, state, task)
                     with weight_check.keeping_state(state, version=engine.weight_version):
                         metrics.update(weight_check.wait_verified(engine))  # overlap_verify: this step's push
                 except weight_check.PushFailedWithState as failed:  # the servers are wrong, the learner is not
@@ -228,10 +228,10 @@ def _start_position(ckpt: Checkpointer, learner: Learner, policy: Policy, state:
     return restored.state["learner"], position
 
 
-def run_step(cfg: Config, plan: RunPlan, producer: AsyncRolloutProducer, learner: Learner,
-             state: LearnerState, task: Task) -> tuple[dict[str, float], LearnerState, StepGroups]:
+def run_step(spec: EngineSpec, producer: AsyncRolloutProducer, learner: Learner, state: LearnerState,
+             task: Task) -> tuple[dict[str, float], LearnerState, StepGroups]:
     """One RL step: the next batch from the producer (sampled and graded), the learner's
-    update, and the new weights published to the rollout engine."""
+    update, and the new weights published to the rollout engine of `spec` (read at set-up)."""
     t0 = time.perf_counter()
     batch: ProducedBatch = producer.next_batch()
     staleness = producer.staleness(batch)  # before this step's publish bumps the learner's version
@@ -239,12 +239,13 @@ def run_step(cfg: Config, plan: RunPlan, producer: AsyncRolloutProducer, learner
     graded = batch.extra
     rollouts = learner_rollouts(batch.rollouts, graded)  # without ReMax's greedy rows
     if jax.process_count() > 1:
-        rollouts, graded = _gather_step(rollouts, graded, batch.context.prompt_width, cfg.rollout.max_tokens)
-    state, learn_metrics = learn(learner, state, plan.recipe, cfg, rollouts, graded.step_inputs(task.is_correct))
+        rollouts, graded = _gather_step(rollouts, graded, batch.context.prompt_width, spec.rollout.max_tokens)
+    state, learn_metrics = learn(learner, state, rollouts, graded.step_inputs(task.is_correct),
+                                 completion_width=spec.rollout.max_tokens)
     jax.block_until_ready(state.params)
     t2 = time.perf_counter()
     with weight_check.keeping_state(state):  # vLLM: every push is verified by a logprob probe
-        producer.publish(engine_weights(engine_spec(cfg), learner, state.params))  # LoRA: merged
+        producer.publish(engine_weights(spec, learner, state.params))  # LoRA: merged
     t3 = time.perf_counter()
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(task, graded.rewards, rollouts, graded.judged), **learn_metrics,
