@@ -100,3 +100,16 @@ def test_moe_prefill_then_decode_equals_full_forward(name):
         assert rel_err(np.asarray(prefill)[row, width - n:], reference[row, :n]) <= 1e-5
         for t in range(steps):
             assert rel_err(decode[t][row], reference[row, n + t]) <= 1e-5
+
+
+def test_qwen3_30b_a3b_config_counts_its_published_sizes():
+    """Qwen3-30B-A3B's config.json (HF hub): 30.5B parameters, 3.3B activated (its model card)."""
+    cfg = DecoderConfig.from_hf(_moe_hf_config(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        max_position_embeddings=40960, rms_norm_eps=1e-6))
+    assert cfg.num_params() == pytest.approx(30.5e9, rel=5e-3)
+    assert cfg.num_active_params() == pytest.approx(3.3e9, rel=2e-2)
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))  # nothing allocated
+    assert sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes)) == cfg.num_params()
+    assert shapes["layers"]["expert_down"].shape == (48, 128, 768, 2048)
