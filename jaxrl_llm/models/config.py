@@ -11,6 +11,7 @@ differ only in a few switches:
 | qwen2  | Qwen2ForCausalLM   | q/k/v biases always, no o bias                    |
 | qwen3  | Qwen3ForCausalLM   | per-head RMSNorm on q and k, explicit ``head_dim`` |
 | qwen3_moe | Qwen3MoeForCausalLM | qwen3 attention; every MLP a mixture of experts |
+| mixtral | MixtralForCausalLM | llama attention (no biases); every MLP a mixture of experts (gates renormalised) |
 
 Qwen3-MoE (``num_experts`` > 0): each layer's MLP is a top-k softmax router over
 ``num_experts`` SwiGLU experts of width ``moe_intermediate_size`` (``models.moe``). Only
@@ -35,7 +36,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from jaxrl_llm.models.moe import check_moe_fields, parse_moe_fields
+from jaxrl_llm.models.moe import MOE_FAMILIES, check_moe_fields, parse_moe_fields
 
 # HF architecture name -> (family, HF model_type).
 SUPPORTED_ARCHITECTURES = {
@@ -43,6 +44,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", "qwen2"),
     "Qwen3ForCausalLM": ("qwen3", "qwen3"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe"),
+    "MixtralForCausalLM": ("mixtral", "mixtral"),
 }
 _FAMILY_TO_ARCH = {family: arch for arch, (family, _) in SUPPORTED_ARCHITECTURES.items()}
 
@@ -61,6 +63,7 @@ _HF_DEFAULTS = {
     "qwen2": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768),
     "qwen3": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768),
     "qwen3_moe": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768),
+    "mixtral": dict(rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=131072),
 }
 # Qwen3MoeConfig's defaults of the MoE keys (transformers 5), used when a key is absent.
 _MOE_DEFAULTS = dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=False,
@@ -167,7 +170,8 @@ class DecoderConfig:
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps} and rope_theta={self.rope_theta} must be > 0")
         _check_family_switches(self.family, self.qkv_bias, self.o_bias)
-        check_moe_fields(self.family, self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size)
+        check_moe_fields(self.family, self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                         self.norm_topk_prob)
         object.__setattr__(self, "param_dtype", canonical_dtype_name(self.param_dtype, "param_dtype"))
         object.__setattr__(self, "compute_dtype", canonical_dtype_name(self.compute_dtype, "compute_dtype"))
         if not self.architecture:
@@ -240,7 +244,7 @@ class DecoderConfig:
         rope_theta, rope_scaling, rope_style = _parse_rope(hf, defaults["rope_theta"])
         attention_bias = bool(hf.get("attention_bias", False))
         extra = {k: v for k, v in hf.items() if k not in _MODELED_KEYS}
-        moe = parse_moe_fields(hf, architecture, _MOE_DEFAULTS) if family == "qwen3_moe" else {}
+        moe = parse_moe_fields(hf, architecture, _MOE_DEFAULTS) if family in MOE_FAMILIES else {}
         return cls(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -283,7 +287,9 @@ class DecoderConfig:
             tie_word_embeddings=self.tie_word_embeddings,
             max_position_embeddings=self.max_position_embeddings,
         )
-        if self.is_moe:
+        if self.family == "mixtral":
+            out.update(num_local_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok)
+        elif self.is_moe:
             out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
                        moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
                        decoder_sparse_step=1, mlp_only_layers=[])

@@ -1,4 +1,4 @@
-"""Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder in Flax linen, with a KV cache.
+"""Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral decoder in Flax linen, with a KV cache.
 
 Parameter layout (a plain nested dict; ``jaxrl_llm.bridge`` relies on it).
 Layers are stacked on a leading axis of size nL (``nn.scan``); matrices are

@@ -43,6 +43,9 @@ LAYER_NAMES = {
     "down_proj": ("mlp.down_proj.weight", True),
     "router": ("mlp.gate.weight", True),
 }
+# Mixtral's checkpoints name the MoE block "block_sparse_moe" and its experts' projections w1/w3/w2.
+MIXTRAL_NAMES = {"router": "block_sparse_moe.gate.weight", "expert_gate": "w1.weight", "expert_up": "w3.weight",
+                 "expert_down": "w2.weight"}
 # params["layers"] key of a MoE layer -> (HF name inside "model.layers.{i}.mlp.experts.{e}.", transposed?).
 EXPERT_NAMES = {
     "expert_gate": ("gate_proj.weight", True),
@@ -87,13 +90,16 @@ def leaf_names(cfg: DecoderConfig) -> dict[str, LeafNames]:
         out[key] = LeafNames(shapes[key], (name,), 0, transposed)
     for key in layer_keys(cfg):
         shape = shapes["layers"][key]
+        mixtral = cfg.family == "mixtral" and key in MIXTRAL_NAMES
         if key in EXPERT_NAMES:
             name, transposed = EXPERT_NAMES[key]
-            names = tuple(f"model.layers.{i}.mlp.experts.{e}.{name}"
+            name, block = (MIXTRAL_NAMES[key], "block_sparse_moe") if mixtral else (name, "mlp")
+            names = tuple(f"model.layers.{i}.{block}.experts.{e}.{name}"
                           for i, e in itertools.product(range(cfg.num_layers), range(cfg.num_experts)))
             out[f"layers/{key}"] = LeafNames(shape, names, 2, transposed)
         else:
             name, transposed = LAYER_NAMES[key]
+            name = MIXTRAL_NAMES[key] if mixtral else name
             out[f"layers/{key}"] = LeafNames(shape, tuple(f"model.layers.{i}.{name}" for i in range(cfg.num_layers)),
                                              1, transposed)
     return out

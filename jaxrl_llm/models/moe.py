@@ -137,23 +137,30 @@ def replay_experts_per_layer(routing: Any, batch: int, length: int, num_layers: 
     return jnp.moveaxis(jnp.asarray(experts, jnp.int32), 2, 0)
 
 
-def check_moe_fields(family: str, experts: int, top_k: int, width: int) -> None:
-    """qwen3_moe needs 1 <= num_experts_per_tok <= num_experts and a positive expert width; dense families none."""
-    if family != "qwen3_moe":
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+
+
+def check_moe_fields(family: str, experts: int, top_k: int, width: int, normalize: bool = False) -> None:
+    """qwen3_moe / mixtral need 1 <= num_experts_per_tok <= num_experts and a positive expert width
+    (mixtral: renormalised gates, norm_topk_prob=True); dense families none of these."""
+    if family not in MOE_FAMILIES:
         if experts or top_k or width:
             raise ValueError(f"family={family!r} is dense: num_experts={experts}, num_experts_per_tok={top_k}, "
-                             f"moe_intermediate_size={width} must be 0 (mixtures of experts: family='qwen3_moe')")
+                             f"moe_intermediate_size={width} must be 0 (mixtures of experts: {MOE_FAMILIES})")
         return
     for name, value in (("num_experts", experts), ("num_experts_per_tok", top_k), ("moe_intermediate_size", width)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive int for family='qwen3_moe'")
+            raise ValueError(f"{name}={value!r} must be a positive int for family={family!r}")
     if top_k > experts:
         raise ValueError(f"num_experts_per_tok={top_k} must be <= num_experts={experts}")
+    if family == "mixtral" and not normalize:
+        raise ValueError("family='mixtral' always renormalises its top-k gates; valid: norm_topk_prob=True")
 
 
 def parse_moe_fields(hf: Mapping[str, Any], architecture: str, defaults: Mapping[str, Any]) -> dict:
-    """The MoE fields of a Qwen3-MoE config.json (``defaults`` for absent keys); only all-sparse
-    layouts (every layer a mixture of experts) are supported, others raise naming the value."""
+    """The MoE fields of a Qwen3-MoE or Mixtral config.json (``defaults`` for absent keys); only
+    all-sparse layouts (every layer a mixture of experts) are supported, others raise naming the value.
+    Mixtral: experts of width ``intermediate_size``, gates always renormalised, no sliding window."""
     def get(key):
         return defaults[key] if hf.get(key) is None else hf[key]
 
@@ -165,5 +172,11 @@ def parse_moe_fields(hf: Mapping[str, Any], architecture: str, defaults: Mapping
                          "(every layer a mixture of experts)")
     experts = hf.get("num_local_experts") if hf.get("num_experts") is None else hf["num_experts"]  # transformers 5
     experts = defaults["num_experts"] if experts is None else experts  # writes num_local_experts
+    if architecture == "MixtralForCausalLM":
+        if hf.get("sliding_window") is not None:
+            raise ValueError(f"{architecture}: sliding_window={hf['sliding_window']!r} is not supported; valid: null")
+        experts = hf.get("num_local_experts") or hf.get("num_experts") or 8  # MixtralConfig's defaults
+        return dict(num_experts=int(experts), num_experts_per_tok=int(hf.get("num_experts_per_tok") or 2),
+                    moe_intermediate_size=int(hf["intermediate_size"]), norm_topk_prob=True)
     return dict(num_experts=int(experts), num_experts_per_tok=int(get("num_experts_per_tok")),
                 moe_intermediate_size=int(get("moe_intermediate_size")), norm_topk_prob=bool(get("norm_topk_prob")))

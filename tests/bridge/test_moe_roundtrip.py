@@ -14,21 +14,24 @@ from tests.models.hf_reference import hf_checkpoint_tensors, hf_logits, hf_model
     transformers
 
 TOKENS = np.random.RandomState(1).randint(0, 97, size=(2, 24))
-NAME = "qwen3_moe_norm_topk"
+NAMES = ["qwen3_moe_norm_topk", "mixtral"]
 
 
-def _per_expert_names(layers: int, experts: int) -> set[str]:
-    """The names vLLM's qwen3_moe.py loads, written out: one tensor per expert and projection."""
-    return {f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight"
-            for i in range(layers) for e in range(experts) for p in ("gate", "up", "down")} | \
-           {f"model.layers.{i}.mlp.gate.weight" for i in range(layers)}
+def _per_expert_names(name: str, layers: int = 2, experts: int = 4) -> set[str]:
+    """The names vLLM's qwen3_moe.py / mixtral.py load, written out: one tensor per expert and projection."""
+    block, projections = ("block_sparse_moe", ("w1", "w2", "w3")) if name == "mixtral" else \
+        ("mlp", ("gate_proj", "up_proj", "down_proj"))
+    return {f"model.layers.{i}.{block}.experts.{e}.{p}.weight"
+            for i in range(layers) for e in range(experts) for p in projections} | \
+           {f"model.layers.{i}.{block}.gate.weight" for i in range(layers)}
 
 
-def test_load_dir_written_by_transformers(tmp_path):
-    model = hf_model(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_load_dir_written_by_transformers(tmp_path, name):
+    model = hf_model(name)
     model.save_pretrained(tmp_path)  # transformers 5.24 writes the experts per expert
     stored = set(SafetensorsFile(str(tmp_path / "model.safetensors")).names)
-    assert _per_expert_names(2, 4) <= stored and not any(n.endswith(("gate_up_proj", "experts.down_proj"))
+    assert _per_expert_names(name) <= stored and not any(n.endswith(("gate_up_proj", "experts.down_proj"))
                                                         for n in stored)
     cfg, params = load_hf_dir(tmp_path)
     _, reference = our_config_and_params(model)
@@ -37,9 +40,10 @@ def test_load_dir_written_by_transformers(tmp_path):
     assert rel_err(forward(params, cfg, jnp.asarray(TOKENS))[0], hf_logits(model, TOKENS)) <= 1e-5
 
 
-@pytest.mark.parametrize("writer", ["save_hf_dir", "write_sync_dir"])
-def test_exported_dir_loads_in_transformers_with_equal_logits(tmp_path, writer):
-    cfg, _ = our_config_and_params(hf_model(NAME))
+@pytest.mark.parametrize("name, writer", [(NAMES[0], "save_hf_dir"), (NAMES[0], "write_sync_dir"),
+                                          (NAMES[1], "save_hf_dir")])
+def test_exported_dir_loads_in_transformers_with_equal_logits(tmp_path, name, writer):
+    cfg, _ = our_config_and_params(hf_model(name))
     params = init_params(cfg, jax.random.PRNGKey(5))
     params["layers"]["router"] = params["layers"]["router"] * 10  # decisive routing: no near-ties in the top-k
     out = str(tmp_path / "export")
@@ -48,17 +52,19 @@ def test_exported_dir_loads_in_transformers_with_equal_logits(tmp_path, writer):
     else:
         write_sync_dir(cfg, params, out)
     names = set(SafetensorsFile(out + "/model.safetensors").names)
-    assert _per_expert_names(2, 4) <= names
-    assert not [n for n in names if "experts" in n and n not in _per_expert_names(2, 4)]
+    assert _per_expert_names(name) <= names
+    assert not [n for n in names if "experts" in n and n not in _per_expert_names(name)]
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
-    assert type(loaded).__name__ == "Qwen3MoeForCausalLM" and loaded.config.norm_topk_prob
+    assert type(loaded).__name__ == cfg.architecture and loaded.config.num_local_experts == 4
     ours = np.asarray(forward(params, cfg, jnp.asarray(TOKENS))[0])
     assert rel_err(ours, hf_logits(loaded, TOKENS)) <= 1e-5
     # the expert tensors transformers loaded are ours, transposed back to [out, in]
     state = hf_checkpoint_tensors(loaded)
-    np.testing.assert_array_equal(state["model.layers.1.mlp.experts.3.up_proj.weight"],
+    block, up = ("block_sparse_moe", "w3") if name == "mixtral" else ("mlp", "up_proj")
+    np.testing.assert_array_equal(state[f"model.layers.1.{block}.experts.3.{up}.weight"],
                                   np.asarray(params["layers"]["expert_up"][1, 3]).T)
-    np.testing.assert_array_equal(state["model.layers.0.mlp.gate.weight"], np.asarray(params["layers"]["router"][0]).T)
+    np.testing.assert_array_equal(state[f"model.layers.0.{block}.gate.weight"],
+                                  np.asarray(params["layers"]["router"][0]).T)
     cfg_back, back = load_hf_dir(out)
     assert cfg_back == cfg
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), back, params)

@@ -33,6 +33,9 @@ MOE_CONFIGS = {
     "qwen3_moe_raw_topk": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=8, tie_word_embeddings=True, num_key_value_heads=1, num_experts=6, num_experts_per_tok=2,
         moe_intermediate_size=16, norm_topk_prob=False, num_hidden_layers=3)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=24, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
 }
 
 
@@ -66,16 +69,21 @@ def our_config_and_params(model, **dtype_policy):
 def hf_checkpoint_tensors(model) -> dict:
     """The model's tensors under checkpoint names: transformers 5 keeps a MoE layer's experts fused
     in memory (experts.gate_up_proj [E, 2F, D] = gate rows then up rows, experts.down_proj [E, D, F]);
-    checkpoints (and vLLM) name them per expert, experts.{e}.{gate,up,down}_proj.weight."""
+    checkpoints (and vLLM) name them per expert, experts.{e}.{gate,up,down}_proj.weight (Mixtral:
+    block_sparse_moe.gate.weight and block_sparse_moe.experts.{e}.{w1,w3,w2}.weight)."""
+    mixtral = model.config.model_type == "mixtral"
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     out = {}
     for name, tensor in model.state_dict().items():
         array = tensor.detach().numpy()
-        if name.endswith("mlp.experts.gate_up_proj"):
+        if mixtral:
+            name = name.replace(".mlp.", ".block_sparse_moe.")
+        if name.endswith("experts.gate_up_proj"):
             prefix, width = name[:-len("gate_up_proj")], array.shape[1] // 2
             for e in range(array.shape[0]):
-                out[f"{prefix}{e}.gate_proj.weight"], out[f"{prefix}{e}.up_proj.weight"] = array[e, :width], array[e, width:]
-        elif name.endswith("mlp.experts.down_proj"):
-            out.update({f"{name[:-len('down_proj')]}{e}.down_proj.weight": array[e] for e in range(array.shape[0])})
+                out[f"{prefix}{e}.{gate}.weight"], out[f"{prefix}{e}.{up}.weight"] = array[e, :width], array[e, width:]
+        elif name.endswith("experts.down_proj"):
+            out.update({f"{name[:-len('down_proj')]}{e}.{down}.weight": array[e] for e in range(array.shape[0])})
         else:
             out[name] = array
     return out

@@ -14,7 +14,8 @@ TOKENS = np.random.RandomState(0).randint(0, 97, size=(2, 40))
 def test_moe_logits_match_transformers(name):
     model = hf_model(name)
     cfg, params = our_config_and_params(model)
-    assert cfg.family == "qwen3_moe" and cfg.is_moe and cfg.norm_topk_prob == model.config.norm_topk_prob
+    assert cfg.family == model.config.model_type and cfg.is_moe
+    assert cfg.norm_topk_prob == getattr(model.config, "norm_topk_prob", True)  # Mixtral always renormalises
     logits, cache = forward(params, cfg, jnp.asarray(TOKENS))
     assert cache is None and logits.dtype == jnp.float32
     assert rel_err(logits, hf_logits(model, TOKENS)) <= 1e-5
@@ -113,3 +114,17 @@ def test_qwen3_30b_a3b_config_counts_its_published_sizes():
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))  # nothing allocated
     assert sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes)) == cfg.num_params()
     assert shapes["layers"]["expert_down"].shape == (48, 128, 768, 2048)
+
+
+def test_mixtral_config_reads_and_writes_its_keys():
+    hf = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 11, "hidden_size": 8,
+          "intermediate_size": 12, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None, "router_jitter_noise": 0.0,
+          "rope_theta": 1e6, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    cfg = DecoderConfig.from_hf(hf)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob) == (8, 2, 12, True)
+    assert not cfg.qk_norm and not cfg.qkv_bias
+    out = cfg.to_hf()
+    assert all(out[key] == value for key, value in hf.items()) and "num_experts" not in out
+    with pytest.raises(ValueError, match="sliding_window=4096 is not supported; valid: null"):
+        DecoderConfig.from_hf({**hf, "sliding_window": 4096})
