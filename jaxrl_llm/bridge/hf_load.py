@@ -38,21 +38,10 @@ def read_hf_config(directory: str | os.PathLike, *, param_dtype: Any = "float32"
         raise CheckpointError(f"{path}: {err}") from err
 
 
-def hf_layout(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], list[str] | str, bool]]:
-    """params path ('embed', 'layers/q_proj', ...) -> (our shape, HF name(s), transposed?).
-
-    Layer leaves list one HF name per layer, in layer order.
-    """
-    shapes = hf_names.expected_shapes(cfg)
-    layout = {}
-    for key in hf_names.top_level_keys(cfg):
-        name, transposed = hf_names.TOP_LEVEL_NAMES[key]
-        layout[key] = (shapes[key], name, transposed)
-    for key in hf_names.layer_keys(cfg):
-        name, transposed = hf_names.LAYER_NAMES[key]
-        layout[f"layers/{key}"] = (shapes["layers"][key],
-                                   [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)], transposed)
-    return layout
+def hf_layout(cfg: DecoderConfig) -> dict[str, hf_names.LeafNames]:
+    """params path ('embed', 'layers/q_proj', ...) -> LeafNames (our shape, the HF names row-major
+    over the stacked leading axes: layers, and experts for a MoE's expert leaves; transposed?)."""
+    return hf_names.leaf_names(cfg)
 
 
 def _hf_shape(shape: tuple[int, ...], transposed: bool) -> tuple[int, ...]:
@@ -78,9 +67,9 @@ def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> dict[str, str]:
         raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s) for {cfg.architecture} "
                               f"({cfg.num_layers} layers): {unexpected[:8]}")
     dtypes = {}
-    for path, (shape, names, transposed) in hf_layout(cfg).items():
-        per_tensor = shape[1:] if isinstance(names, list) else shape
-        for name in names if isinstance(names, list) else [names]:
+    for path, (shape, names, stacked, transposed) in hf_layout(cfg).items():
+        per_tensor = shape[stacked:]
+        for name in names:
             want, got = _hf_shape(per_tensor, transposed), files.file(name).shape(name)
             if got != want:
                 raise CheckpointError(f"{files.file(name).path}: tensor {name!r} has shape {list(got)}, "
@@ -93,13 +82,15 @@ def check_tensors(files: SafetensorsDir, cfg: DecoderConfig) -> dict[str, str]:
     return dtypes
 
 
-def _leaf_reader(files: SafetensorsDir, names: list[str] | str, transposed: bool,
+def _leaf_reader(files: SafetensorsDir, leaf: hf_names.LeafNames,
                  dtype: np.dtype) -> Callable[[tuple[slice, ...]], np.ndarray]:
     """callback(index) -> the params-layout slice ``index`` of one leaf, read from disk.
 
     JAX calls it once per device; devices holding the same slice (replicated mesh
     axes) get the one read, memoised for the lifetime of this leaf's callback.
     """
+
+    names, stacked, transposed = leaf.names, leaf.stacked, leaf.transposed
 
     def read_one(name: str, index: tuple, out: np.ndarray | None = None) -> np.ndarray:
         view = files.array(name)  # memory-mapped, HF layout
@@ -110,14 +101,13 @@ def _leaf_reader(files: SafetensorsDir, names: list[str] | str, transposed: bool
         return out
 
     def read(index: tuple) -> np.ndarray:
-        if isinstance(names, str):
-            return read_one(names, index)
-        layers, rest = range(len(names))[index[0]], index[1:]
-        per_layer = files.file(names[0]).shape(names[0])
-        per_layer = tuple(reversed(per_layer)) if transposed else per_layer
-        out = np.empty((len(layers), *(len(range(dim)[s]) for dim, s in zip(per_layer, rest))), dtype)
-        for position, layer in enumerate(layers):
-            read_one(names[layer], rest, out[position])
+        if stacked == 0:
+            return read_one(names[0], index)
+        grid = np.arange(len(names)).reshape(leaf.shape[:stacked])[index[:stacked]]  # this slice's tensors
+        rest = index[stacked:]
+        out = np.empty((*grid.shape, *(len(range(dim)[s]) for dim, s in zip(leaf.shape[stacked:], rest))), dtype)
+        for position in np.ndindex(*grid.shape):
+            read_one(names[grid[position]], rest, out[position])
         return out
 
     memo: dict[tuple, np.ndarray] = {}
@@ -140,7 +130,7 @@ def _set_path(tree: dict, path: str, value) -> None:
 
 def load_hf_dir(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | None = None,
                 shardings: Any = None) -> tuple[DecoderConfig, dict]:
-    """Load an HF Llama/Qwen2/Qwen3 checkpoint directory as (DecoderConfig, params).
+    """Load an HF Llama/Qwen2/Qwen3/Qwen3-MoE checkpoint directory as (DecoderConfig, params).
 
     ``path`` holds ``config.json`` and ``model.safetensors`` or shards listed in
     ``model.safetensors.index.json``. ``dtype`` (float32 / bfloat16 / float16)
@@ -163,10 +153,10 @@ def load_hf_dir(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | None
         shardings = param_shardings(param_shapes(cfg), mesh)
     params: dict = {}
     default = SingleDeviceSharding(jax.local_devices()[0])  # this process's own device
-    for leaf_path, (shape, names, transposed) in hf_layout(cfg).items():
+    for leaf_path, leaf in hf_layout(cfg).items():
         sharding = default if shardings is None else _get_path(shardings, leaf_path)
-        reader = _leaf_reader(files, names, transposed, target)
-        _set_path(params, leaf_path, jax.make_array_from_callback(shape, sharding, reader))
+        reader = _leaf_reader(files, leaf, target)
+        _set_path(params, leaf_path, jax.make_array_from_callback(leaf.shape, sharding, reader))
     return cfg, params
 
 

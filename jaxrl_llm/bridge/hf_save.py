@@ -53,7 +53,7 @@ def check_params(params: Mapping[str, Any], cfg: DecoderConfig) -> None:
     missing, extra = sorted(set(layout) - set(flat)), sorted(set(flat) - set(layout))
     if missing or extra:
         raise CheckpointError(f"params do not match config {cfg.architecture}: missing {missing}, unexpected {extra}")
-    for path, (shape, _, _) in layout.items():
+    for path, (shape, *_) in layout.items():
         got = tuple(np.shape(flat[path]))
         if got != shape:
             raise CheckpointError(f"params[{path!r}] has shape {list(got)}, config {cfg.architecture} needs {list(shape)}")
@@ -69,10 +69,10 @@ def _leaf(params: Mapping[str, Any], path: str):
 def _hf_specs(cfg: DecoderConfig, dtype: np.dtype) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """(HF name, dtype, HF shape) of every tensor, in the order ``_hf_arrays`` yields them."""
     specs = []
-    for shape, names, transposed in hf_layout(cfg).values():
-        per_tensor = shape[1:] if isinstance(names, list) else shape
+    for shape, names, stacked, transposed in hf_layout(cfg).values():
+        per_tensor = shape[stacked:]
         hf_shape = tuple(reversed(per_tensor)) if transposed else per_tensor
-        specs += [(name, dtype, hf_shape) for name in (names if isinstance(names, list) else [names])]
+        specs += [(name, dtype, hf_shape) for name in names]
     return specs
 
 
@@ -95,19 +95,16 @@ def _hf_arrays(params: Mapping[str, Any], cfg: DecoderConfig, dtype: np.dtype, *
             return leaf  # nothing to do on device
         return _to_hf_layout(transposed, dtype.name)(leaf)  # async dispatch
 
-    items = [(path, names, transposed) for path, (_, names, transposed) in hf_layout(cfg).items()]
+    items = [(path, leaf.shape[:leaf.stacked], leaf.transposed) for path, leaf in hf_layout(cfg).items()]
     pending = start(items[0][0], items[0][2])
-    for index, (_, names, transposed) in enumerate(items):
+    for index, (_, stacked_shape, transposed) in enumerate(items):
         as_view = transposed and pending is _leaf(params, items[index][0])
         host = np.asarray(pending) if as_view else np.ascontiguousarray(pending)  # waits for this leaf only
         if as_view:
             host = host.swapaxes(-1, -2)
         if index + 1 < len(items):
             pending = start(items[index + 1][0], items[index + 1][2])
-        if isinstance(names, list):
-            yield from (host[i] for i in range(len(names)))  # per-layer views
-        else:
-            yield host
+        yield from (host[i] for i in np.ndindex(*stacked_shape))  # per-layer (per-expert) views; () = whole
 
 
 def hf_config_dict(cfg: DecoderConfig, dtype: str) -> dict:

@@ -10,6 +10,13 @@ differ only in a few switches:
 | llama  | LlamaForCausalLM   | ``attention_bias`` -> q/k/v AND o biases           |
 | qwen2  | Qwen2ForCausalLM   | q/k/v biases always, no o bias                    |
 | qwen3  | Qwen3ForCausalLM   | per-head RMSNorm on q and k, explicit ``head_dim`` |
+| qwen3_moe | Qwen3MoeForCausalLM | qwen3 attention; every MLP a mixture of experts |
+| mixtral | MixtralForCausalLM | llama attention (no biases); every MLP a mixture of experts (gates renormalised) |
+
+Qwen3-MoE (``num_experts`` > 0): each layer's MLP is a top-k softmax router over
+``num_experts`` SwiGLU experts of width ``moe_intermediate_size`` (``models.moe``). Only
+all-sparse models load (``decoder_sparse_step`` 1, ``mlp_only_layers`` empty, as
+Qwen3-30B-A3B); others raise naming the value.
 
 All use RMSNorm (Zhang & Sennrich 2019), SwiGLU MLP (Shazeer 2020), grouped
 query attention (Ainslie et al. 2023) and rotary embeddings (Su et al. 2021),
@@ -29,11 +36,15 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from jaxrl_llm.models.moe import MOE_FAMILIES, check_moe_fields, parse_moe_fields
+
 # HF architecture name -> (family, HF model_type).
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": ("llama", "llama"),
     "Qwen2ForCausalLM": ("qwen2", "qwen2"),
     "Qwen3ForCausalLM": ("qwen3", "qwen3"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe"),
+    "MixtralForCausalLM": ("mixtral", "mixtral"),
 }
 _FAMILY_TO_ARCH = {family: arch for arch, (family, _) in SUPPORTED_ARCHITECTURES.items()}
 
@@ -51,14 +62,19 @@ _HF_DEFAULTS = {
     "llama": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=2048),
     "qwen2": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768),
     "qwen3": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768),
+    "qwen3_moe": dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768),
+    "mixtral": dict(rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=131072),
 }
+# Qwen3MoeConfig's defaults of the MoE keys (transformers 5), used when a key is absent.
+_MOE_DEFAULTS = dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=False,
+                     decoder_sparse_step=1, mlp_only_layers=[])
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys that DecoderConfig models; all other keys go to hf_extra untouched.
 _MODELED_KEYS = set(_REQUIRED_KEYS) | {
     "architectures", "model_type", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
     "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "max_position_embeddings",
     "hidden_act", "mlp_bias", "use_sliding_window",
-}
+} | set(_MOE_DEFAULTS) | {"num_local_experts"}
 
 
 def canonical_dtype_name(name: Any, what: str = "dtype") -> str:
@@ -125,6 +141,12 @@ class DecoderConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     max_position_embeddings: int = 2048
+    # Mixture of experts (family qwen3_moe; 0 = dense): experts per layer, experts per token (k),
+    # each expert's SwiGLU width, and whether the k gate weights are renormalised to sum to 1.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     # Original HF names and the unmodeled keys; not part of equality/hash (no effect on compute).
@@ -148,6 +170,8 @@ class DecoderConfig:
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps} and rope_theta={self.rope_theta} must be > 0")
         _check_family_switches(self.family, self.qkv_bias, self.o_bias)
+        check_moe_fields(self.family, self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                         self.norm_topk_prob)
         object.__setattr__(self, "param_dtype", canonical_dtype_name(self.param_dtype, "param_dtype"))
         object.__setattr__(self, "compute_dtype", canonical_dtype_name(self.compute_dtype, "compute_dtype"))
         if not self.architecture:
@@ -159,7 +183,12 @@ class DecoderConfig:
     @property
     def qk_norm(self) -> bool:
         """Qwen3's per-head RMSNorm on queries and keys before the rotary embedding."""
-        return self.family == "qwen3"
+        return self.family in ("qwen3", "qwen3_moe")
+
+    @property
+    def is_moe(self) -> bool:
+        """Every layer's MLP is a mixture of experts (``models.moe``)."""
+        return self.num_experts > 0
 
     @property
     def q_dim(self) -> int:
@@ -183,8 +212,16 @@ class DecoderConfig:
 
     def num_params(self) -> int:
         """Parameter count of the layout in ``decoder.py`` (embedding counted once when tied)."""
+        return self._count_params(self.num_experts)
+
+    def num_active_params(self) -> int:
+        """Parameters one token uses: as ``num_params`` with only its k experts (the router counted whole)."""
+        return self._count_params(self.num_experts_per_tok)
+
+    def _count_params(self, experts: int) -> int:
         d, f, n = self.hidden_size, self.intermediate_size, self.num_layers
-        per_layer = 2 * d + d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d + 3 * d * f
+        mlp = d * self.num_experts + 3 * experts * d * self.moe_intermediate_size if self.is_moe else 3 * d * f
+        per_layer = 2 * d + d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d + mlp
         per_layer += (self.q_dim + 2 * self.kv_dim) * self.qkv_bias + d * self.o_bias + 2 * self.head_dim * self.qk_norm
         head = 0 if self.tie_word_embeddings else d * self.vocab_size
         return self.vocab_size * d + n * per_layer + d + head
@@ -197,7 +234,7 @@ class DecoderConfig:
         hf = _load_hf_dict(config)
         family, architecture = _family_of(hf)
         missing = [key for key in _REQUIRED_KEYS if hf.get(key) is None]
-        if family == "qwen3" and hf.get("head_dim") is None:
+        if family in ("qwen3", "qwen3_moe") and hf.get("head_dim") is None:
             missing.append("head_dim")
         if missing:
             raise ValueError(f"HF config ({architecture}) is missing required field(s) {missing}")
@@ -207,6 +244,7 @@ class DecoderConfig:
         rope_theta, rope_scaling, rope_style = _parse_rope(hf, defaults["rope_theta"])
         attention_bias = bool(hf.get("attention_bias", False))
         extra = {k: v for k, v in hf.items() if k not in _MODELED_KEYS}
+        moe = parse_moe_fields(hf, architecture, _MOE_DEFAULTS) if family in MOE_FAMILIES else {}
         return cls(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -223,6 +261,7 @@ class DecoderConfig:
             qkv_bias=family == "qwen2" or attention_bias,
             o_bias=family != "qwen2" and attention_bias,
             max_position_embeddings=int(hf.get("max_position_embeddings", defaults["max_position_embeddings"])),
+            **moe,
             param_dtype=param_dtype,
             compute_dtype=compute_dtype,
             architecture=architecture,
@@ -248,7 +287,13 @@ class DecoderConfig:
             tie_word_embeddings=self.tie_word_embeddings,
             max_position_embeddings=self.max_position_embeddings,
         )
-        if self.family == "qwen3" or self.head_dim != self.hidden_size // self.num_heads:
+        if self.family == "mixtral":
+            out.update(num_local_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok)
+        elif self.is_moe:
+            out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                       moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                       decoder_sparse_step=1, mlp_only_layers=[])
+        if self.qk_norm or self.head_dim != self.hidden_size // self.num_heads:
             out["head_dim"] = self.head_dim  # otherwise loaders derive the same value
         if self.family != "qwen2":
             out["attention_bias"] = self.o_bias

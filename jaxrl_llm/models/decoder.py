@@ -1,4 +1,4 @@
-"""Llama / Qwen2 / Qwen3 decoder in Flax linen, with a KV cache.
+"""Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral decoder in Flax linen, with a KV cache.
 
 Parameter layout (a plain nested dict; ``jaxrl_llm.bridge`` relies on it).
 Layers are stacked on a leading axis of size nL (``nn.scan``); matrices are
@@ -12,7 +12,8 @@ stored [in, out], i.e. the HF ``nn.Linear.weight`` transposed::
                 "o_bias": [nL, D]                                                     # cfg.o_bias
                 "q_norm": [nL, hd], "k_norm": [nL, hd]                                # cfg.qk_norm (qwen3)
                 "post_norm": [nL, D],
-                "gate_proj": [nL, D, F], "up_proj": [nL, D, F], "down_proj": [nL, F, D]},
+                "gate_proj": [nL, D, F], "up_proj": [nL, D, F], "down_proj": [nL, F, D]},  # dense;
+                # MoE instead: "router", "expert_gate", "expert_up", "expert_down" (models.moe)
      "final_norm": [D],
      "lm_head": [D, V]}                                                               # only if not tied
 
@@ -51,7 +52,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxrl_llm.models import batch_invariant as invariant
 from jaxrl_llm.models.config import DecoderConfig, canonical_dtype_name
@@ -61,7 +61,9 @@ from jaxrl_llm.models.attention import (ATTENTION_BLOCKS, MIN_ATTENTION_BLOCK,  
 from jaxrl_llm.models.decode_attention import slot_cache_attention
 from jaxrl_llm.models.fused_attention import segment_spans, use_cudnn_attention, use_cudnn_segments
 from jaxrl_llm.models.matmul import low_precision_logits, project
+from jaxrl_llm.models.moe import RoutedForward, Routing, moe_mlp, moe_param_shapes, replay_experts_per_layer, stack_layer_routing
 from jaxrl_llm.models.remat import remat_mode, remat_policy
+from jaxrl_llm.models.rotary import apply_rope, rope_inverse_frequencies  # noqa: F401  (importable from here)
 
 Params = dict[str, Any]
 
@@ -76,36 +78,6 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return normed.astype(x.dtype) * weight.astype(x.dtype)
-
-
-def rope_inverse_frequencies(cfg: DecoderConfig) -> np.ndarray:
-    """f_i = theta^(-2i/hd), i < hd/2, rescaled for 'linear' (f / factor) or 'llama3'
-    (Llama 3.1: wavelengths above L/low_freq_factor divided by factor, below
-    L/high_freq_factor kept, linear blend in between; L = original context)."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    scaling = cfg.rope_scaling
-    if scaling is None:
-        return inv_freq.astype(np.float32)
-    if scaling.rope_type == "linear":
-        return (inv_freq / scaling.factor).astype(np.float32)
-    context = scaling.original_max_position_embeddings
-    wavelength = 2 * np.pi / inv_freq
-    smooth = (context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
-    scaled = np.where(wavelength > context / scaling.low_freq_factor, inv_freq / scaling.factor, blended)
-    scaled = np.where(wavelength < context / scaling.high_freq_factor, inv_freq, scaled)
-    return scaled.astype(np.float32)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate x [B, T, H, hd] by angle positions[b, t] * inv_freq (rotate_half layout), in float32."""
-    angles = positions.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq)[None, None, :]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, hd]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
 def lm_head_logits(hidden: jax.Array, params: Params, cfg: DecoderConfig) -> jax.Array:
@@ -141,9 +113,12 @@ class DecoderLayer(nn.Module):
         return self.param(name, init, shape, jnp_dtype(self.cfg.param_dtype))
 
     @nn.compact
-    def __call__(self, carry, layer_index, positions, visible, write_at):
+    def __call__(self, carry, layer_index, replay, positions, visible, write_at):
         cfg = self.cfg
         dtype = jnp_dtype(cfg.compute_dtype)
+        if self.batch_invariant and cfg.is_moe:
+            raise ValueError(f"batch_invariant=True is not implemented for mixture-of-experts configs "
+                             f"({cfg.architecture}); valid: batch_invariant=False")
         if self.batch_invariant:
             inits = {"dense": nn.initializers.normal(0.02), "ones": nn.initializers.ones,
                      "zeros": nn.initializers.zeros}
@@ -193,6 +168,11 @@ class DecoderLayer(nn.Module):
         hidden = hidden + attn_out
 
         x = rms_norm(hidden, self._param("post_norm", (d,), nn.initializers.ones), cfg.rms_norm_eps)
+        if cfg.is_moe:  # models.moe; routing: this layer's experts and router logits
+            shapes = moe_param_shapes(d, cfg.num_experts, cfg.moe_intermediate_size)
+            weights = {name: self._param(name, shape, dense_init) for name, shape in shapes.items()}
+            mlp_out, routing = moe_mlp(x, weights, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay)
+            return (hidden + mlp_out, kv), routing
         gate = linear(x, "gate_proj", (d, cfg.intermediate_size))
         up = linear(x, "up_proj", (d, cfg.intermediate_size))
         hidden = hidden + linear(nn.silu(gate) * up, "down_proj", (cfg.intermediate_size, d))
@@ -215,7 +195,10 @@ class Decoder(nn.Module):
     decode_kernel: str | None = None  # per-row cache slots (DecoderLayer; models.decode_attention)
 
     @nn.compact
-    def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False):
+    def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False, routing=None,
+                 return_routing=False):
+        """-> (logits | hidden, kv), or (logits | hidden, kv, Routing) with ``return_routing`` (MoE configs).
+        ``routing``: experts [B, T, nL, k] (or a Routing) to replay (``models.moe``)."""
         cfg = self.cfg
         param_dtype, dtype = jnp_dtype(cfg.param_dtype), jnp_dtype(cfg.compute_dtype)
         embed = self.param("embed", nn.initializers.normal(0.02), (cfg.vocab_size, cfg.hidden_size), param_dtype)
@@ -229,11 +212,19 @@ class Decoder(nn.Module):
             layer_cls,
             variable_axes={"params": 0, "intermediates": 0},
             split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             unroll=cfg.num_layers if self.unroll_layers else 1,
         )(cfg, self.cache_window, self.batch_invariant, self.decode_kernel, name="layers")
-        (hidden, kv), _ = layers((hidden, kv), jnp.arange(cfg.num_layers), positions, visible, write_at)
+        replay = None
+        if routing is not None:
+            if not cfg.is_moe:
+                raise ValueError(f"routing replay needs a mixture-of-experts config; {cfg.architecture} is dense")
+            replay = replay_experts_per_layer(routing, *tokens.shape, cfg.num_layers, cfg.num_experts_per_tok)
+        (hidden, kv), per_layer = layers((hidden, kv), jnp.arange(cfg.num_layers), replay, positions, visible,
+                                         write_at)
+        if return_routing and not cfg.is_moe:
+            raise ValueError(f"return_routing=True needs a mixture-of-experts config; {cfg.architecture} is dense")
 
         final_norm = self.param("final_norm", nn.initializers.ones, (cfg.hidden_size,), param_dtype)
         norm = invariant.final_norm if self.batch_invariant else rms_norm
@@ -243,9 +234,8 @@ class Decoder(nn.Module):
         head = None
         if not cfg.tie_word_embeddings:
             head = self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), param_dtype)
-        if return_hidden:
-            return hidden, kv
-        return lm_head_logits(hidden, {"embed": embed, "lm_head": head}, cfg), kv
+        out = hidden if return_hidden else lm_head_logits(hidden, {"embed": embed, "lm_head": head}, cfg)
+        return (out, kv, stack_layer_routing(per_layer)) if return_routing else (out, kv)
 
 
 # ---------------------------------------------------------------- functional API
@@ -293,8 +283,10 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: dict | None = None, return_hidden: bool = False, remat: bool | str = False,
-            cache_window: int | None = None, max_segments: int | None = None, batch_invariant: bool = False):
-    """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache).
+            cache_window: int | None = None, max_segments: int | None = None, batch_invariant: bool = False,
+            routing: Routing | jax.Array | None = None, return_routing: bool = False):
+    """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache),
+    or with ``return_routing`` a ``RoutedForward`` (out, new_cache, routing: ``models.moe.Routing``).
 
     Without a cache: causal attention within the row, restricted to equal non-zero
     ``segment_ids`` (``attention_mask`` is the one-segment case). With a cache: the
@@ -313,6 +305,9 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     ``batch_invariant``: `models.batch_invariant`'s ops; each row's result is then bitwise independent
     of the batch and of cached vs full computation. With a cache, each token then sits at
     slot = its position (prompts right-padded; no ``cache_window``).
+    Mixture-of-experts configs (``models.moe``): ``return_routing`` also returns each token's experts
+    and router logits in every layer; ``routing`` (experts [B, T, nL, k] int32, or a Routing) replays
+    them: the experts are fixed, the gates come from the current router. Both work with and without a cache.
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
@@ -322,7 +317,7 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     remat_mode(remat)  # a bad name fails here, not inside a trace
     if cache is not None:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
-                               cache_window, batch_invariant)
+                               cache_window, batch_invariant, routing, return_routing)
     if segment_ids is None:
         segment_ids = jnp.ones((batch, length), jnp.int32) if attention_mask is None else attention_mask
         segment_ids = segment_ids.astype(jnp.int32)
@@ -337,9 +332,10 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
             and use_cudnn_segments():
         visible = segment_spans(segment_ids, visible, max_segments)
     unroll = unroll_layer_loop(cfg, jax.default_backend(), remat_mode(remat))
-    out, _ = Decoder(cfg, remat=remat, unroll_layers=unroll, batch_invariant=batch_invariant).apply(
-        {"params": params}, tokens, positions, visible, return_hidden=return_hidden)
-    return out, None
+    result = Decoder(cfg, remat=remat, unroll_layers=unroll, batch_invariant=batch_invariant).apply(
+        {"params": params}, tokens, positions, visible, return_hidden=return_hidden, routing=routing,
+        return_routing=return_routing)
+    return RoutedForward(result[0], None, result[2]) if return_routing else (result[0], None)
 
 
 def unroll_layer_loop(cfg: DecoderConfig, backend: str, remat: str) -> bool:
@@ -362,7 +358,7 @@ def _concrete_int(x) -> int | None:
 
 
 def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
-                    cache_window=None, batch_invariant=False):
+                    cache_window=None, batch_invariant=False, routing=None, return_routing=False):
     if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache; use attention_mask")
     batch, length = tokens.shape
@@ -386,8 +382,9 @@ def _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids,
         write_at, slot_mask, visible = invariant.cache_slots(cache["mask"], mask, positions)
     kv = {"k": cache["k"], "v": cache["v"]}
     decoder = Decoder(cfg, cache_window=None if batch_invariant else cache_window, batch_invariant=batch_invariant)
-    out, kv = decoder.apply({"params": params}, tokens, positions, visible, kv, write_at,
-                            return_hidden=return_hidden)
+    result = decoder.apply({"params": params}, tokens, positions, visible, kv, write_at,
+                           return_hidden=return_hidden, routing=routing, return_routing=return_routing)
+    kv = result[1]
     new_cache = {"k": kv["k"], "v": kv["v"], "mask": slot_mask, "end": end + length,
                  "next_pos": cache["next_pos"] + jnp.sum(mask, axis=1, dtype=jnp.int32)}
-    return out, new_cache
+    return RoutedForward(result[0], new_cache, result[2]) if return_routing else (result[0], new_cache)

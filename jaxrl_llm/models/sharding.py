@@ -41,6 +41,12 @@ _PARAM_RULES: dict[str, tuple[str | None, ...]] = {
     "gate_proj": (None, "fsdp", "tensor"),  # [nL, D, F]
     "up_proj": (None, "fsdp", "tensor"),
     "down_proj": (None, "tensor", "fsdp"),  # [nL, F, D]
+    # Mixture of experts (models.moe): experts split over "fsdp" (expert parallelism), each
+    # expert's SwiGLU width over "tensor"; the small router is replicated.
+    "router": (None, None, None),                   # [nL, D, E]
+    "expert_gate": (None, "fsdp", None, "tensor"),  # [nL, E, D, F]
+    "expert_up": (None, "fsdp", None, "tensor"),
+    "expert_down": (None, "fsdp", "tensor", None),  # [nL, E, F, D]
 }
 
 

@@ -30,8 +30,8 @@ def _spy_reads(monkeypatch) -> dict[int, list[tuple[int, ...]]]:
     reads: dict[int, list] = {}
     original = hf_load._leaf_reader
 
-    def spying_reader(files, names, transposed, dtype):
-        read = original(files, names, transposed, dtype)
+    def spying_reader(files, leaf, dtype):
+        read = original(files, leaf, dtype)
         log = reads.setdefault(len(reads), [])
 
         def recorded(index):

@@ -25,6 +25,18 @@ TINY_CONFIGS = {
     "qwen2_qkv_bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3_qk_norm": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=False)),
 }
+# Qwen3-MoE: GQA, top-2 of a few experts, with and without renormalised top-k probabilities.
+MOE_CONFIGS = {
+    "qwen3_moe_norm_topk": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=16, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        norm_topk_prob=True)),
+    "qwen3_moe_raw_topk": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=8, tie_word_embeddings=True, num_key_value_heads=1, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=16, norm_topk_prob=False, num_hidden_layers=3)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=24, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+}
 
 
 def random_hf_model(config_cls: str, model_cls: str, config_kwargs: dict, seed: int = 0):
@@ -45,14 +57,36 @@ def random_hf_model(config_cls: str, model_cls: str, config_kwargs: dict, seed: 
 
 def hf_model(name: str, seed: int = 0, **changes):
     """A random transformers model (see random_hf_model) of TINY_CONFIGS[name] (+ ``changes``)."""
-    config_cls, model_cls, overrides = TINY_CONFIGS[name]
+    config_cls, model_cls, overrides = {**TINY_CONFIGS, **MOE_CONFIGS}[name]
     return random_hf_model(config_cls, model_cls, {**_COMMON, **overrides, **changes}, seed)
 
 
 def our_config_and_params(model, **dtype_policy):
     cfg = DecoderConfig.from_hf(model.config.to_dict(), **dtype_policy)
-    state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
-    return cfg, params_from_hf(state, cfg)
+    return cfg, params_from_hf(hf_checkpoint_tensors(model), cfg)
+
+
+def hf_checkpoint_tensors(model) -> dict:
+    """The model's tensors under checkpoint names: transformers 5 keeps a MoE layer's experts fused
+    in memory (experts.gate_up_proj [E, 2F, D] = gate rows then up rows, experts.down_proj [E, D, F]);
+    checkpoints (and vLLM) name them per expert, experts.{e}.{gate,up,down}_proj.weight (Mixtral:
+    block_sparse_moe.gate.weight and block_sparse_moe.experts.{e}.{w1,w3,w2}.weight)."""
+    mixtral = model.config.model_type == "mixtral"
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = {}
+    for name, tensor in model.state_dict().items():
+        array = tensor.detach().numpy()
+        if mixtral:
+            name = name.replace(".mlp.", ".block_sparse_moe.")
+        if name.endswith("experts.gate_up_proj"):
+            prefix, width = name[:-len("gate_up_proj")], array.shape[1] // 2
+            for e in range(array.shape[0]):
+                out[f"{prefix}{e}.{gate}.weight"], out[f"{prefix}{e}.{up}.weight"] = array[e, :width], array[e, width:]
+        elif name.endswith("experts.down_proj"):
+            out.update({f"{name[:-len('down_proj')]}{e}.{down}.weight": array[e] for e in range(array.shape[0])})
+        else:
+            out[name] = array
+    return out
 
 
 def hf_logits(model, tokens: np.ndarray, attention_mask: np.ndarray | None = None, positions=None) -> np.ndarray:

@@ -1,0 +1,182 @@
+"""Mixture-of-experts MLP of the Qwen3-MoE family: a top-k softmax router over SwiGLU experts.
+
+Parameter layout of one MoE layer (``decoder.py`` stacks it on the leading layer axis nL and
+uses it instead of gate_proj/up_proj/down_proj; matrices [in, out] like the dense ones)::
+
+    "router":      [nL, D, E]      HF  model.layers.N.mlp.gate.weight               [E, D]
+    "expert_gate": [nL, E, D, F]   HF  model.layers.N.mlp.experts.e.gate_proj.weight [F, D]
+    "expert_up":   [nL, E, D, F]   HF  model.layers.N.mlp.experts.e.up_proj.weight   [F, D]
+    "expert_down": [nL, E, F, D]   HF  model.layers.N.mlp.experts.e.down_proj.weight [D, F]
+
+E = ``num_experts``, F = ``moe_intermediate_size``, k = ``num_experts_per_tok``.
+
+The block, per token x (Shazeer et al. 2017, "Outrageously Large Neural Networks: The
+Sparsely-Gated Mixture-of-Experts Layer"; Qwen3-MoE's variant as transformers'
+``Qwen3MoeSparseMoeBlock`` computes it)::
+
+    p      = softmax(x @ router)                     in float32, over the E experts
+    S      = the k experts of largest p              (``top_k_experts``; descending p)
+    g_e    = p_e  for e in S,  divided by sum_{e in S} p_e  when ``norm_topk_prob``
+    y      = sum_{e in S} g_e * down_e(silu(gate_e(x)) * up_e(x))
+
+No token is dropped (there is no capacity limit): every expert's SwiGLU runs on every token and
+the gates of unselected experts are exactly 0 (``experts_swiglu``). That costs E/k times the
+active FLOPs; it is the simplest exact form and is row-independent.
+
+Routing replay (R3: Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training
+and Inference Routers", arXiv 2510.11370): given the experts S' another engine chose for a token,
+the block uses S' instead of its own top-k, and the gates are the CURRENT router's probabilities at
+S' (renormalised over S' when ``norm_topk_prob``), so the router still receives gradients through
+the gates. This is what Megatron-LM's ``RouterReplay.get_replay_topk``
+(megatron/core/transformer/moe/router_replay.py: ``probs = scores.gather(1, top_indices)``) does,
+which verl's router replay (verl/utils/megatron/router_replay_patch.py) and slime's routing replay
+(slime/utils/routing_replay.py) build on. Recording and replaying share one code path
+(``gate_weights`` on the chosen experts), so replaying a model's own record reproduces its
+logits bit for bit.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+MOE_PARAM_NAMES = ("router", "expert_gate", "expert_up", "expert_down")
+
+
+class Routing(NamedTuple):
+    """What a MoE forward routed, per token: ``experts`` [B, T, nL, k] int32 (each layer's k
+    experts, by descending router probability unless replayed) and ``router_logits``
+    [B, T, nL, E] float32 (the router's logits; the losses and metrics of ``router_losses``)."""
+    experts: jax.Array
+    router_logits: jax.Array
+
+
+class RoutedForward(NamedTuple):
+    """``decoder.forward(..., return_routing=True)``: logits (or final hidden), the new cache
+    (None without one) and the Routing."""
+    out: jax.Array
+    cache: dict | None
+    routing: Routing
+
+
+class LayerRouting(NamedTuple):
+    """One layer's part of a Routing: experts [B, T, k], router_logits [B, T, E]."""
+    experts: jax.Array
+    router_logits: jax.Array
+
+
+def moe_param_shapes(hidden: int, num_experts: int, width: int) -> dict[str, tuple[int, ...]]:
+    """One layer's MoE params (no layer axis): name -> shape, in MOE_PARAM_NAMES order."""
+    return {"router": (hidden, num_experts), "expert_gate": (num_experts, hidden, width),
+            "expert_up": (num_experts, hidden, width), "expert_down": (num_experts, width, hidden)}
+
+
+def router_logits(x: jax.Array, router: jax.Array) -> jax.Array:
+    """x [..., D] @ router [D, E] -> [..., E], accumulated and returned in float32."""
+    return jnp.einsum("...d,de->...e", x, router.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def top_k_experts(probs: jax.Array, k: int) -> jax.Array:
+    """The k experts of largest probability [..., k] int32, in descending order (ties: lower index first)."""
+    return jax.lax.top_k(probs, k)[1].astype(jnp.int32)
+
+
+def gate_weights(probs: jax.Array, experts: jax.Array, normalize: bool) -> jax.Array:
+    """probs [..., E] at experts [..., k] -> [..., k]; divided by their sum when ``normalize``
+    (Qwen3-MoE's ``norm_topk_prob``). Indices outside [0, E) give NaN (a bad replay shows up)."""
+    gates = jnp.take_along_axis(probs, experts, axis=-1, mode="fill", fill_value=jnp.nan)
+    return gates / jnp.sum(gates, axis=-1, keepdims=True) if normalize else gates
+
+
+def combine_weights(gates: jax.Array, experts: jax.Array, num_experts: int) -> jax.Array:
+    """Dense per-expert weights [..., E]: gates[j] at experts[j], 0 for every unselected expert."""
+    return jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=gates.dtype) * gates[..., None], axis=-2)
+
+
+def experts_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
+                   combine: jax.Array) -> jax.Array:
+    """sum_e combine[..., e] * down_e(silu(gate_e(x)) * up_e(x)) for x [..., D] (Shazeer 2020, SwiGLU),
+    every expert on every token; matmuls accumulate in float32, the result is in x's dtype."""
+    dtype = x.dtype
+    gate = jnp.einsum("...d,edf->...ef", x, w_gate.astype(dtype), preferred_element_type=jnp.float32)
+    up = jnp.einsum("...d,edf->...ef", x, w_up.astype(dtype), preferred_element_type=jnp.float32)
+    hidden = (jax.nn.silu(gate.astype(dtype)) * up.astype(dtype)).astype(jnp.float32) * combine[..., None]
+    out = jnp.einsum("...ef,efd->...d", hidden.astype(dtype), w_down.astype(dtype),
+                     preferred_element_type=jnp.float32)
+    return out.astype(dtype)
+
+
+def moe_mlp(x: jax.Array, weights: Mapping[str, jax.Array], top_k: int, normalize: bool,
+            replay: jax.Array | None = None) -> tuple[jax.Array, LayerRouting]:
+    """The MoE block on x [B, T, D] -> (y [B, T, D], LayerRouting). ``replay`` [B, T, k] int32:
+    use these experts instead of the router's top-k; gates from the current router (module docstring)."""
+    logits = router_logits(x, weights["router"])
+    probs = jax.nn.softmax(logits, axis=-1)
+    experts = top_k_experts(probs, top_k) if replay is None else replay.astype(jnp.int32)
+    combine = combine_weights(gate_weights(probs, experts, normalize), experts, logits.shape[-1])
+    y = experts_swiglu(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], combine)
+    return y, LayerRouting(experts, logits)
+
+
+def stack_layer_routing(per_layer: LayerRouting) -> Routing:
+    """The scan's stacked [nL, B, T, ...] LayerRouting -> Routing [B, T, nL, ...]."""
+    return Routing(jnp.moveaxis(per_layer.experts, 0, 2), jnp.moveaxis(per_layer.router_logits, 0, 2))
+
+
+def replay_experts_per_layer(routing: Any, batch: int, length: int, num_layers: int, top_k: int) -> jax.Array:
+    """A Routing or an experts array [B, T, nL, k] -> [nL, B, T, k] int32 for the layer scan;
+    ValueError naming the shape when it does not fit the tokens and the config."""
+    experts = routing.experts if isinstance(routing, Routing) else routing
+    want = (batch, length, num_layers, top_k)
+    if tuple(experts.shape) != want:
+        raise ValueError(f"routing experts have shape {tuple(experts.shape)}; valid: {want} "
+                         "([batch, time, num_layers, num_experts_per_tok])")
+    if not jnp.issubdtype(experts.dtype, jnp.integer):
+        raise ValueError(f"routing experts have dtype {experts.dtype}; valid: an integer dtype")
+    return jnp.moveaxis(jnp.asarray(experts, jnp.int32), 2, 0)
+
+
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+
+
+def check_moe_fields(family: str, experts: int, top_k: int, width: int, normalize: bool = False) -> None:
+    """qwen3_moe / mixtral need 1 <= num_experts_per_tok <= num_experts and a positive expert width
+    (mixtral: renormalised gates, norm_topk_prob=True); dense families none of these."""
+    if family not in MOE_FAMILIES:
+        if experts or top_k or width:
+            raise ValueError(f"family={family!r} is dense: num_experts={experts}, num_experts_per_tok={top_k}, "
+                             f"moe_intermediate_size={width} must be 0 (mixtures of experts: {MOE_FAMILIES})")
+        return
+    for name, value in (("num_experts", experts), ("num_experts_per_tok", top_k), ("moe_intermediate_size", width)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive int for family={family!r}")
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok={top_k} must be <= num_experts={experts}")
+    if family == "mixtral" and not normalize:
+        raise ValueError("family='mixtral' always renormalises its top-k gates; valid: norm_topk_prob=True")
+
+
+def parse_moe_fields(hf: Mapping[str, Any], architecture: str, defaults: Mapping[str, Any]) -> dict:
+    """The MoE fields of a Qwen3-MoE or Mixtral config.json (``defaults`` for absent keys); only
+    all-sparse layouts (every layer a mixture of experts) are supported, others raise naming the value.
+    Mixtral: experts of width ``intermediate_size``, gates always renormalised, no sliding window."""
+    def get(key):
+        return defaults[key] if hf.get(key) is None else hf[key]
+
+    if get("decoder_sparse_step") != 1:
+        raise ValueError(f"{architecture}: decoder_sparse_step={get('decoder_sparse_step')!r} is not supported; "
+                         "valid: 1 (every layer a mixture of experts)")
+    if list(get("mlp_only_layers")):
+        raise ValueError(f"{architecture}: mlp_only_layers={get('mlp_only_layers')!r} is not supported; valid: [] "
+                         "(every layer a mixture of experts)")
+    experts = hf.get("num_local_experts") if hf.get("num_experts") is None else hf["num_experts"]  # transformers 5
+    experts = defaults["num_experts"] if experts is None else experts  # writes num_local_experts
+    if architecture == "MixtralForCausalLM":
+        if hf.get("sliding_window") is not None:
+            raise ValueError(f"{architecture}: sliding_window={hf['sliding_window']!r} is not supported; valid: null")
+        experts = hf.get("num_local_experts") or hf.get("num_experts") or 8  # MixtralConfig's defaults
+        return dict(num_experts=int(experts), num_experts_per_tok=int(hf.get("num_experts_per_tok") or 2),
+                    moe_intermediate_size=int(hf["intermediate_size"]), norm_topk_prob=True)
+    return dict(num_experts=int(experts), num_experts_per_tok=int(get("num_experts_per_tok")),
+                moe_intermediate_size=int(get("moe_intermediate_size")), norm_topk_prob=bool(get("norm_topk_prob")))
