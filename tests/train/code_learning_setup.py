@@ -1,4 +1,4 @@
-"""A code task on which RL measurably raises held-out pass rate within seconds on CPU, for
+"""A code task on which RL measurably raises held-out pass rate within minutes on CPU, for
 tests/train/test_code_task_learning.py.
 
 The task (`TypedCodeTask`): code_from_examples' prompt format ("Write a Python function `f`
@@ -10,14 +10,17 @@ type and 6 distinct inputs (4 shown, 2 hidden); its tests are the 6 asserts, gra
 hash, so the held-out questions are prompts never trained on. The three templates run on each
 other's inputs fail (a TypeError, or a wrong value), so a wrong pick scores 0.
 
-The start (`supervised_start`): a decoder trained from scratch (hidden 64, 2 layers, SmolLM2's
+The start (`supervised_start`): a decoder trained from scratch (hidden 32, 2 layers, SmolLM2's
 tokenizer and chat template, `benchmarks.addition_start.policy_from_scratch`) by supervised
-learning on the train prompts -> ``def f(x): return <template>`` in the fenced format, where the
-target's template is the right one with probability `right_fraction` and otherwise one of the
-three at random. It learns the format, and picks the right template about
-right_fraction + (1 - right_fraction) / 3 of the time, on held-out prompts too. RL (the real
-loop, JAX engine) then has a signal in every group and can only gain on held-out prompts by
-linking the argument's type to the template (a prompt-dependent choice, not a constant).
+learning on 32 train prompts -> ``def f(x): return <template>`` in the fenced format, where the
+target's template is the right one with probability `right_fraction` (else one of the three at
+random), and half of the targets define ``g`` instead of ``f`` (`misnamed_fraction`): a code bug
+shared by every question (every test then raises NameError), which RL on the train prompts can
+remove on the held-out prompts too, as the minus sign of `benchmarks.addition_start`. A first
+calibration without the misnamed half (right_fraction 0.3: the start picked the right template
+on 64 of 192 held-out samples; 10 dr_grpo steps of 8 x 8 at lr 1e-3 -> 71 of 192, at lr 3e-3 ->
+49, garbled programs 28 -> 80) showed that 10 steps cannot teach this tiny model the
+prompt-dependent pick; the shared bug is unlearned (test_code_task_learning.py's docstring).
 """
 from __future__ import annotations
 
@@ -55,9 +58,9 @@ TEMPLATES: dict[str, tuple[Callable, str, Callable]] = {
 N_SHOWN, N_HIDDEN = 4, 2
 
 
-def program(body: str) -> str:
-    """The completion that defines f as `body`, in the task's fenced format."""
-    return f"```python\ndef f(x):\n    return {body}\n```"
+def program(body: str, name: str = "f") -> str:
+    """The completion that defines `name` (the task asks for f) as `body`, in the task's fenced format."""
+    return f"```python\ndef {name}(x):\n    return {body}\n```"
 
 
 class TypedCodeTask(GeneratedTask):
@@ -97,7 +100,8 @@ class StartSetting:
     questions: int = 32  # train questions, one fixed set, the full batch of every step
     steps: int = 100
     lr: float = 1e-2
-    right_fraction: float = 0.3  # targets with the right template; the rest uniform over the three
+    right_fraction: float = 1.0  # targets with the right template; the rest uniform over the three
+    misnamed_fraction: float = 0.5  # targets that define g instead of f (every test then fails)
     seed: int = 0
 
 
@@ -117,12 +121,13 @@ def supervised_start(tokenizer_dir: str, out_dir: str, setting: StartSetting = S
     examples = TypedCodeTask().examples(TRAIN, setting.questions, seed=setting.seed + 1, unique=True)
     prompts = encode_prompts(policy, examples)
     bodies = [body for _, body, _ in TEMPLATES.values()]
-    answers = {b: policy.tokenizer.encode(program(b), add_special_tokens=False).ids + [eos] for b in bodies}
-    span = max(len(a) for a in answers.values())
+    forms = [(b, name) for name in ("f", "g") for b in bodies]  # form index = name * 3 + template
+    answers = [policy.tokenizer.encode(program(b, name), add_special_tokens=False).ids + [eos] for b, name in forms]
+    span = max(len(a) for a in answers)
     width = max(len(p) for p in prompts) + span
     right = np.array([bodies.index(TEMPLATES[e.metadata["takes"]][1]) for e in examples])
-    rows = {b: _rows(prompts, answers[b], width, span, policy.pad_id) for b in bodies}
-    stacked = {k: np.stack([rows[b][k] for b in bodies]) for k in rows[bodies[0]]}  # [template, question, ...]
+    rows = [_rows(prompts, a, width, span, policy.pad_id) for a in answers]
+    stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}  # [form, question, ...]
     optimizer = optax.adamw(setting.lr, weight_decay=0.0)
 
     def loss_fn(params, batch):
@@ -144,6 +149,7 @@ def supervised_start(tokenizer_dir: str, out_dir: str, setting: StartSetting = S
     with jax.default_matmul_precision("highest"):
         for _ in range(setting.steps):
             pick = np.where(rng.random(n) < setting.right_fraction, right, rng.integers(0, len(bodies), n))
+            pick = pick + len(bodies) * (rng.random(n) < setting.misnamed_fraction)
             batch = {k: jnp.asarray(v[pick, np.arange(n)]) for k, v in stacked.items()}
             params, opt_state, _ = step(params, opt_state, batch)
     return bridge.save_hf_dir(cfg, jax.device_get(params), out_dir, tokenizer_dir=tokenizer_dir)
