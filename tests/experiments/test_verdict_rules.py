@@ -103,17 +103,6 @@ def test_precision_rule_asks_for_an_order_of_magnitude_on_both_engines():
     assert rule({"vllm k3 bf16/fp16": iv(66), "jax k3 bf16/fp16": iv(90)}) == "inconclusive"  # one seed
 
 
-def test_distill_addition_needs_half_the_gap_and_half_the_kl():
-    rule = experiment_module("distill_addition").rule_verdict
-    # base 0.2, teacher 0.9: half the gap is 0.35, so the student must reach 0.55; KL must fall below half
-    numbers = lambda student, kl_last: {"base pass@1": iv(0.2), "teacher pass@1": iv(0.9),  # noqa: E731
-                                        "student pass@1": iv(student), "teacher_reverse_kl first step": iv(1.0),
-                                        "teacher_reverse_kl last step": iv(kl_last)}
-    assert rule(numbers(0.56, 0.4)) == "reproduced"
-    assert rule(numbers(0.54, 0.4)) == "not reproduced"  # student short of half the gap
-    assert rule(numbers(0.9, 0.6)) == "not reproduced"  # KL fell, but not below half
-
-
 def _precision_rows(k3_bf16, k1_bf16=2e-3):
     """mismatch.json rows of one seed: matched bf16 and fp16 pairs of both engines (fp16 k3 = 1e-5,
     k1 = 1e-4, max |dlogp| = 0.1, slope -1e-4; bf16 max |dlogp| 0.6, slope -2e-3), plus an
@@ -184,3 +173,51 @@ def test_precision_collect_refuses_runs_that_differ_beyond_the_seed(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # a single run cannot write the multi-seed result
         module.main(["--results", str(tmp_path / "r.json")])
     assert exit_info.value.code == 2 and not (tmp_path / "r.json").exists()
+
+
+# ---------------------------------------------------------------- difficulty bias (issue 51)
+T_975_2 = 4.302652729911275  # Student t, 0.975 quantile, 2 degrees of freedom (tables)
+
+
+def difficulty_seed(edge, gap=1e-6):
+    return {"max |measured - closed form| E|A|": gap, "gradient share with / without std, p in {1/8, 7/8}": edge,
+            "gradient share with / without std, p = 1/2": 0.9, "groups at p in {1/8, 7/8}": 2.0, "groups": 8.0}
+
+
+def test_difficulty_seed_numbers_from_hand_derived_groups():
+    """One step, G = 8, a p = 1/8 and a p = 1/2 group (hand values: tests/experiments/test_experiments.py):
+    shares without std 8*0.21875 / (8*0.21875 + 8*0.5) = 0.304348, with std 0.618718 / (0.618718 + 0.935414)
+    = 0.398112: the edge group's ratio 1.308083; the p = 1/2 group's 0.601888 / 0.695652 = 0.865214."""
+    from jaxrl_llm.reports import difficulty
+
+    module = experiment_module("difficulty_bias")
+    rewards = [[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]]
+    lengths = [[3, 5, 7, 9, 2, 4, 6, 8], [1, 2, 3, 4, 5, 6, 7, 8]]
+    numbers = module.seed_numbers(difficulty.measure([{"step": 1, "rewards": rewards, "lengths": lengths}]), 8)
+    assert numbers[module.EDGE_KEY] == pytest.approx(1.308083, rel=1e-4)
+    assert numbers["gradient share with / without std, p = 1/2"] == pytest.approx(0.865214, rel=1e-4)
+    assert numbers[module.IDENTITY_KEY] < 1e-4 and numbers["groups"] == 2 and numbers["groups at p in {1/8, 7/8}"] == 1
+    # a step without an edge group: that seed is not measured (nan), not "no effect"
+    mid_only = module.seed_numbers(difficulty.measure([{"step": 1, "rewards": [rewards[1], rewards[1]],
+                                                        "lengths": lengths}]), 8)
+    assert math.isnan(mid_only[module.EDGE_KEY])
+
+
+def test_difficulty_rule_reads_the_edge_ratio_interval_over_seeds():
+    module = experiment_module("difficulty_bias")
+    build = lambda edges, gap=1e-6: module.build_result(  # noqa: E731
+        {201 + i: difficulty_seed(e, gap) for i, e in enumerate(edges)}, command="c", setting="s", wall_s=1.0)
+    result = build((1.3, 1.2, 1.25))  # mean 1.25, sd 0.05
+    edge = result.numbers[module.EDGE_KEY]
+    half = T_975_2 * 0.05 / math.sqrt(3)
+    assert (edge["mean"], edge["low"], edge["high"], edge["n"]) == pytest.approx((1.25, 1.25 - half, 1.25 + half, 3))
+    assert result.numbers[module.IDENTITY_KEY]["n"] == 24  # every group of the three seeds
+    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    # broken on purpose: the measurement disagrees with the closed form on some group
+    assert build((1.3, 1.2, 1.25), gap=1e-3).verdict == "not reproduced"
+    # the std normaliser down-weights the edge groups: interval below 1
+    assert build((0.8, 0.85, 0.9)).verdict == "not reproduced"
+    # an interval covering 1: inconclusive
+    assert build((1.3, 0.7, 1.0)).verdict == "inconclusive"
+    # a seed without edge groups is not measured: 2 measured seeds < 3, inconclusive
+    assert build((1.3, 1.29, math.nan)).verdict == "inconclusive"  # two seeds alone would be above 1
