@@ -221,3 +221,47 @@ def test_difficulty_rule_reads_the_edge_ratio_interval_over_seeds():
     assert build((1.3, 0.7, 1.0)).verdict == "inconclusive"
     # a seed without edge groups is not measured: 2 measured seeds < 3, inconclusive
     assert build((1.3, 1.29, math.nan)).verdict == "inconclusive"  # two seeds alone would be above 1
+
+
+# ---------------------------------------------------------------- chain of thought (issue 51)
+def cot_rows(grpo_inc, dr_inc, signal=(3, 3)):
+    row = lambda inc, informative: {"reward first": 0.1, "reward last": 0.2,  # noqa: E731
+                                    "informative groups": float(informative), "d length_correct": 0.0,
+                                    "d length_incorrect": inc}
+    return {"grpo": row(grpo_inc, signal[0]), "dr_grpo": row(dr_inc, signal[1])}
+
+
+def cot(module, diffs, signals=((3, 3),) * 3):
+    per_seed = {301 + i: cot_rows(10.0 + d, 10.0, sig) for i, (d, sig) in enumerate(zip(diffs, signals))}
+    return module.deciding_result(per_seed, max_tokens=64, setting="s", command="c", wall_s=1.0)
+
+
+def test_chain_of_thought_informative_groups_by_hand():
+    module = experiment_module("chain_of_thought")
+    groups = [{"rewards": [[0, 0, 0, 0], [1, 0, 0, 0]], "lengths": [[5, 6, 7, 8], [1, 2, 3, 4]]},
+              {"rewards": [[1, 1, 1, 1], [0, 0.5, 0, 0]], "lengths": [[5, 6, 7, 8], [1, 2, 3, 4]]}]
+    assert module.informative_groups(groups) == 2
+    row = module.seed_row(groups)  # incorrect lengths: step 1 (5+6+7+8+2+3+4)/7 = 5, step 2 (1+2+3+4)/4 = 2.5
+    assert row["d length_incorrect"] == pytest.approx(2.5 - 5.0) and row["reward first"] == pytest.approx(1 / 8)
+
+
+def test_chain_of_thought_rule_tells_no_effect_from_not_measured():
+    module = experiment_module("chain_of_thought")
+    result = cot(module, (2.0, 3.0, 4.0))  # mean 3, sd 1: [3 -+ 4.303 / sqrt 3]
+    diff = result.numbers[module.DIFF_KEY]
+    half = T_975_2 / math.sqrt(3)
+    assert (diff["mean"], diff["low"], diff["high"]) == pytest.approx((3.0, 3.0 - half, 3.0 + half))
+    assert result.numbers[module.MARGIN_KEY]["mean"] == pytest.approx(3.2)  # 5% of 64 tokens
+    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    # no effect, measured: [-1.24, +1.24] inside +-3.2 -> not reproduced
+    assert cot(module, (-0.5, 0.0, 0.5)).verdict == "not reproduced"
+    # the same numbers without a learning signal (every reward equal in one recipe's runs): not measured
+    unmeasured = cot(module, (-0.5, 0.0, 0.5), signals=((0, 3),) * 3)
+    assert unmeasured.verdict == "inconclusive" and unmeasured.seeds == () and unmeasured.headline == module.SIGNAL_KEY
+    assert unmeasured.excluded == {s: "no learning signal: grpo saw no group with differing rewards"
+                                   for s in ("301", "302", "303")}
+    # one seed without a signal: 2 counted < 3
+    assert cot(module, (3.0, 3.0, 3.1), signals=((3, 3), (3, 0), (3, 3))).verdict == "inconclusive"  # 2 alone: above 0
+    # shorter under GRPO: below 0; too wide to tell: inconclusive
+    assert cot(module, (-4.0, -5.0, -6.0)).verdict == "not reproduced"
+    assert cot(module, (-5.0, 0.0, 5.0)).verdict == "inconclusive"
