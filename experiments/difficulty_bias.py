@@ -9,10 +9,15 @@ group's success rate p, analytically and in the groups of a real run?
     python experiments/difficulty_bias.py --runs RUN_DIR ...    # measure existing runs (each one replicate)
     jaxrl train --config experiments/difficulty_bias.py:gpu    # GPU-scale run to measure
 
-Without --runs it trains one GRPO run per seed (--quick: 6 steps x 4 prompts x 8 samples) and
-measures each seed's logged groups on their own: a seed is one replicate, VERDICT_RULE reads the
-interval over seeds. Writes to runs/experiments/difficulty_bias/<quick|full>/: grpo_s<seed>/ (runs),
-difficulty_bias.png (all seeds' groups), summary.md / .json, run_info.json.
+Without --runs it samples, per seed, BATCHES batches of 8 prompts x 8 samples (32 tokens, temperature 1,
+JAX engine) from the base SmolLM2-135M-Instruct, grades them with the task's reward and logs them as
+<out>/base_s<seed>/groups.jsonl: the groups a GRPO step would train on at its start. The measured
+weights are the recipes' real losses differentiated on those groups; no parameter update is needed
+for them (a first launch trained a GRPO run per seed instead: 200 s per step at load 11-15 and killed
+by the kernel's OOM killer at 7.7 GB, so the groups come from the sampler alone). A seed is one
+replicate; VERDICT_RULE reads the interval over seeds. Writes to
+runs/experiments/difficulty_bias/<quick|full>/: base_s<seed>/groups.jsonl, difficulty_bias.png (all
+seeds' groups), summary.md / .json, run_info.json.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from jaxrl_llm.train.config import Config
 
 NAME = "difficulty_bias"
 QUICK = ("total_steps=6", "rollout.prompts_per_step=4")
+BATCHES, QUICK_BATCHES = 6, 3  # sampled batches of 8 prompts x 8 samples per seed
 # Fresh seeds (issue 51): the recorded result pooled experiment 1's seed-0 groups and the old default was 1.
 SEEDS = QUICK_SEEDS = (201, 202, 203)
 
@@ -45,7 +51,7 @@ MIN_SEEDS = 3
 EDGE_KEY = "gradient share with / without std, p in {1/8, 7/8}"
 IDENTITY_KEY = "max |measured - closed form| E|A|"
 VERDICT_RULE = (
-    f"per seed (one GRPO run, its logged groups): the mean over its groups at p = 1/8 or 7/8 of the group's "
+    f"per seed (its sampled groups of G = 8 from the base policy): the mean over its groups at p = 1/8 or 7/8 of the group's "
     f"gradient share with the std normaliser / without it (same step, same loss otherwise); a seed without such a "
     f"group is not measured. Not reproduced if the measured E|A| of some group differs from the closed form by "
     f">= {IDENTITY_TOL:g} (the measurement is wrong). Else, over the measured seeds (95% Student-t): reproduced if "
@@ -108,13 +114,52 @@ def build_result(per_seed: Mapping[int, Mapping[str, float]], *, command: str, s
         per_seed=stored, wall_s=wall_s, notes=tuple(notes))
 
 
+def sample_groups(cfg: Config, policy, batches: int, path: Path) -> Path:
+    """`batches` batches of cfg.rollout.prompts_per_step training prompts x samples_per_prompt samples
+    from `policy`'s own weights (cfg's sampling settings, seeded by cfg.seed and the batch), graded by
+    the task's reward; written as `path`/groups.jsonl (the training loop's GroupLog format) and kept
+    when it already holds them all."""
+    import contextlib
+    import json
+
+    import numpy as np
+
+    from jaxrl_llm.rewards import GraderPool
+    from jaxrl_llm.train.policy import decode_completions, encode_prompts
+    from jaxrl_llm.train.sample.engines import engine_spec, make_engine, sampling_params
+    from jaxrl_llm.train.sample.grading import grade
+    from jaxrl_llm.train.sample.prompts import task_from_config
+
+    out = path / "groups.jsonl"
+    if out.exists() and len(out.read_text().splitlines()) == batches:
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    task, groups = task_from_config(cfg), cfg.rollout.samples_per_prompt
+    lines = []
+    with contextlib.ExitStack() as stack:
+        engine = make_engine(engine_spec(cfg), policy, policy.params, stack=stack)
+        pool = stack.enter_context(GraderPool(num_workers=1, timeout_s=cfg.task.reward_timeout_s))
+        for batch in range(batches):
+            seed = cfg.seed * 1000 + batch
+            examples = task.examples("train", cfg.rollout.prompts_per_step, seed=seed)
+            rollouts = engine.generate(encode_prompts(policy, examples), n=groups,
+                                       params=sampling_params(cfg.rollout, seed))
+            rewards = grade(pool, task, decode_completions(policy, rollouts), examples, groups).rewards
+            lengths = np.array([len(r.completion_token_ids) for r in rollouts.records]).reshape(-1, groups)
+            lines.append(json.dumps({"step": batch + 1, "rewards": rewards.tolist(), "lengths": lengths.tolist()}))
+            print(f"[experiment] {path.name}: batch {batch + 1}/{batches}, reward {float(rewards.mean()):.3f}",
+                  flush=True)
+    out.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import json
     import os
 
     from jaxrl_llm.reports import difficulty
     from jaxrl_llm.reports.results import write_result
-    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, write_summary
+    from jaxrl_llm.reports.runs import chosen_seeds, experiment_parser, output_dir, variant_config, write_summary
     from jaxrl_llm.train.run.metrics import read_groups
 
     start, load_start = time.perf_counter(), os.getloadavg()
@@ -125,8 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs:
         runs = {i: Path(r) for i, r in enumerate(args.runs)}
     else:
-        done = run_seeded_experiment(args, out, ("grpo",), lambda v, s: get_config("", seed=s), QUICK)
-        runs = {s: done.runs[("grpo", s)] for s in done.seeds}
+        from jaxrl_llm.train.policy import load_policy
+
+        configs = {s: variant_config(get_config("", seed=s), out, f"base_s{s}", (), args.overrides, quick_on=False)
+                   for s in chosen_seeds(args)}
+        policy = load_policy(next(iter(configs.values())).model.source)
+        batches = QUICK_BATCHES if args.quick else BATCHES
+        runs = {s: sample_groups(cfg, policy, batches, cfg.run_path) for s, cfg in configs.items()}
     records = {s: read_groups(run) for s, run in runs.items()}
     sizes = {len(r["rewards"][0]) for recs in records.values() for r in recs}
     if len(sizes) != 1:

@@ -142,8 +142,13 @@ def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
 
     with pytest.raises(ConfigError, match="valid: one of"):
         exp.get_config("dapo")
-    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
+    results = tmp_path / "result.json"
+    assert exp.main(["--quick", "--out", str(tmp_path), "--results", str(results), f"model.source={tiny_model_dir}",
+                     *TINY]) == 0
     rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
     assert [r["recipe"] for r in rows] == ["grpo", "dr_grpo"] and rows[0]["reward last interval"]["n"] == 1
-    info = read_run_info(tmp_path / "dr_grpo_s0")
+    stored = json.loads(results.read_text())  # one seed (--quick): below the rule's 3, so never decided
+    assert stored["source"] == "run" and stored["verdict"] == "inconclusive" and stored["wall_s"] > 0
+    assert stored["numbers"][exp.SIGNAL_KEY]["n"] == 1 and "load_average" in stored["machine"]
+    info = read_run_info(tmp_path / "dr_grpo_s301")
     assert info["config"]["task"]["name"] == "cot_chain_sum"
