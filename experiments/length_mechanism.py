@@ -450,16 +450,22 @@ def report(out: Path, study: MechanismStudy, logs: dict[str, list[dict]], seeds:
     return per_seed, notes
 
 
+def same_study(a: dict, b: dict) -> bool:
+    """Two studies' settings agree but for their seed count (a seed's log depends on its own seed only)."""
+    return {k: v for k, v in a.items() if k != "seeds"} == {k: v for k, v in b.items() if k != "seeds"}
+
+
 def finished_seeds(out: Path, study: MechanismStudy, seeds: Sequence[int]) -> dict[int, dict]:
-    """The seeds whose every arm finished in an earlier invocation (seeds/<seed>.json of the same study)."""
+    """The seeds whose every arm finished in an earlier invocation (seeds/<seed>.json of the same study,
+    whatever its seed count): {seed: {"logs": ..., "wall_s": its seconds or 0 where not recorded}}."""
     done = {}
     for seed in seeds:
         path = out / "seeds" / f"{seed}.json"
         if path.exists():
             data = json.loads(path.read_text())
-            if data["study"] != dataclasses.asdict(study):
+            if not same_study(data["study"], dataclasses.asdict(study)):
                 raise SystemExit(f"{path} holds another study ({data['study']}); use --out elsewhere or --fresh")
-            done[seed] = data["logs"]
+            done[seed] = {"logs": data["logs"], "wall_s": float(data.get("wall_s", 0.0))}
     return done
 
 
@@ -485,22 +491,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     provenance = {"commit": git_commit(), "dirty": git_dirty()}  # the code that runs, before any later edit
     start = time.time()
     done = finished_seeds(out, study, seeds)
+    earlier = sum(d["wall_s"] for d in done.values())  # seeds finished by an earlier invocation
     (out / "seeds").mkdir(exist_ok=True)
+    last = [start]
 
     def keep(seed: int, seed_logs: dict) -> None:
+        now = time.time()
         (out / "seeds" / f"{seed}.json").write_text(json.dumps({"study": dataclasses.asdict(study),
-                                                               "logs": seed_logs}) + "\n")
-        done[seed] = seed_logs
+                                                               "logs": seed_logs, "wall_s": now - last[0]}) + "\n")
+        done[seed] = {"logs": seed_logs, "wall_s": now - last[0]}
+        last[0] = now
 
     run_study(study, name=NAME, seeds=[s for s in seeds if s not in done], on_seed=keep)
-    logs = {arm: [done[s][arm] for s in seeds] for arm in study.arm_names()}
-    wall_s = time.time() - start
+    logs = {arm: [done[s]["logs"][arm] for s in seeds] for arm in study.arm_names()}
+    wall_s = time.time() - start + earlier
     per_seed, notes = report(out, study, logs, seeds, quick=args.quick, wall_s=wall_s)
     print(f"wrote {out}/summary.md, drift.png, per_seed.json")
     if args.results:
         command = "python experiments/length_mechanism.py " + shlex.join(argv)
         result = deciding_result(per_seed, seeds, study, command=command, wall_s=wall_s,
-                                 notes=[n for n in notes if n.startswith(("closed-form", "token-mean onset"))])
+                                 notes=[n for n in notes if n.startswith(("closed-form", "token-mean onset"))]
+                                 + ([f"wall time: this invocation plus {earlier:.0f} s of seeds finished by an "
+                                     f"earlier one"] if earlier else []))
         path = write_result(result, args.results, provenance={
             **provenance, "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())})
