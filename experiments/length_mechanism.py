@@ -33,7 +33,7 @@ jaxrl_llm/reports/length_mechanism.py; this file sizes the study, fixes its verd
 reports it.
 
     python experiments/length_mechanism.py --quick     # 5 seeds x 4 arms x 40 steps, <= 48 tokens
-    python experiments/length_mechanism.py --seeds 110,111,112,113,114,115,116,117,118,119 \
+    python experiments/length_mechanism.py --seeds 120,121,122,123,124,125,126,127,128,129 \
         --results experiments/results/length_mechanism.json    # the deciding run: 10 fresh seeds x 4 arms x 300 steps
 
 Writes to runs/experiments/length_mechanism/<quick|full>/: seeds/<seed>.json (every arm's
@@ -50,7 +50,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -61,11 +61,13 @@ from jaxrl_llm.reports.runs import experiment_parser, output_dir, write_summary
 NAME = "length_mechanism"
 QUICK = dataclasses.replace(MechanismStudy(), seeds=5, steps=40)
 SIZES = {"": MechanismStudy(), "quick": QUICK}
-DECIDING_SEEDS = tuple(range(110, 120))
+DECIDING_SEEDS = tuple(range(120, 130))
 # 0 sized the run (time per step) and chose sft_steps = 200 from its q0; 100 showed, in the first launch
 # (commit 3dc7373), that the policy's own answers drift to all-wrong and the fixed-filler q leaves the
 # policy's contexts, which changed the task (answers drawn by the task) and the statistic (on-policy q).
-TUNING_SEEDS = (0, 100)
+# 110-119 decided the rule of issue 36 (commit 541db40); the equivalence margins below were written after
+# seeing them (issue 51), so they may not count under this rule either.
+TUNING_SEEDS = (0, 100, *range(110, 120))
 BASELINE = "dr_grpo"  # the constant normaliser every arm is paired with
 
 
@@ -77,29 +79,86 @@ def get_config(arg: str = "") -> MechanismStudy:
     return SIZES[arg]
 
 
-# ------------------------------------------------------------- the verdict rule (issue 36), fixed before the run
+# ------------------------------------------------------------- the verdict rule (issue 51), fixed before the run
 CLAIM = ("GRPO: wrong answers lengthen relative to right ones on a length-neutral task; constant normaliser "
          "(Dr. GRPO): no drift; token-mean (DAPO) in between; stop decision blind to the answer: no split in any "
          "mode (Liu et al. 2025, arXiv 2503.20783)")
 WINDOW = 25  # steps: a change is the mean of the last 25 steps minus the mean of the first 25
+MARGIN_FRACTION = 0.5
+MARGIN_KEYS = {"d split": "equivalence margin d split", "d length split": "equivalence margin d length split"}
+
+
+class Margins(NamedTuple):
+    """The equivalence margins of the arms that predict no effect: d split (a probability) and
+    d length split (tokens)."""
+    split: float
+    length: float
+    push_ratio: float  # closed-form token-mean / GRPO push at the design q0
+
+
+def equivalence_margins(study: MechanismStudy) -> Margins:
+    """MARGIN_FRACTION x the smallest non-zero drift the closed form predicts in `study`: token-mean's
+    push is R = relative_push(token_mean) / relative_push(seq_mean_token_mean) of GRPO's at the design
+    stop probability (reports/length_drift.py; answer_tokens 0, max_tokens - 1 free positions, N =
+    NUM_PROMPTS x samples responses), and GRPO can move a split by at most its full range: 1 for
+    q_wrong - q_right (a difference of probabilities), max_tokens - 1 free tokens for the length split.
+    Depends on the study's settings only, never on a measurement."""
+    free = study.max_tokens - 1
+    kwargs = dict(answer_tokens=0, max_tokens=free, num_responses=NUM_PROMPTS * study.samples,
+                  constant_length=study.max_tokens)
+    ratio = (length_drift.relative_push("token_mean", study.stop_prob, **kwargs)
+             / length_drift.relative_push("seq_mean_token_mean", study.stop_prob, **kwargs))
+    return Margins(MARGIN_FRACTION * ratio, MARGIN_FRACTION * ratio * free, ratio)
+
+
+_M = equivalence_margins(MechanismStudy())
 VERDICT_RULE = (
-    "Seeds 110-119, fresh (seeds 0 and 100 chose settings: tuning seeds); a seed counts when all its arms "
-    "finished (a run cut short counts its finished seeds); fewer than 2 seeds: inconclusive. Per seed, d split = "
-    "change of q_wrong - q_right, the on-policy stop probability (mean EOS probability at the free decision "
-    "points of the step's sampled responses) after a wrong minus after a right answer, mean of the last "
-    f"{WINDOW} steps minus the first {WINDOW}; paired = an arm's d split minus Dr. GRPO's on the same seed; "
-    "95% Student-t over seeds. "
+    "Seeds 120-129, fresh (seeds 0 and 100 chose settings and 110-119 were seen before this rule was written: "
+    "none counts); a seed counts when all its arms finished (a run cut short counts its finished seeds); fewer "
+    "than 2 seeds: inconclusive. Per seed, d split = change of q_wrong - q_right, the on-policy stop probability "
+    "(mean EOS probability at the free decision points of the step's sampled responses) after a wrong minus "
+    f"after a right answer, mean of the last {WINDOW} steps minus the first {WINDOW}; d length split = the same "
+    "change of the sampled length of wrong minus right responses; paired = an arm's d split minus Dr. GRPO's on "
+    "the same seed; 95% Student-t over seeds. "
     "(a) GRPO: reproduced if the paired GRPO - Dr. GRPO interval lies below 0, not reproduced if above 0, else "
     "inconclusive. (b) token-mean in between: reproduced if the paired DAPO - Dr. GRPO interval lies below 0 and "
     "its mean is above GRPO's paired mean; not reproduced if it lies above 0 or its upper end lies below GRPO's "
-    "paired mean; else inconclusive. (c) shared-stop control, every *_shared arm: reproduced (no split) if its "
-    "own d split interval and its d length split interval (sampled length of wrong minus right responses, mean "
-    f"of the last {WINDOW} steps minus the first {WINDOW}) both cover 0; not reproduced if either "
-    "excludes 0. Overall: not reproduced if any of (a)-(c) is, reproduced if all three are, else inconclusive.")
+    "paired mean; else inconclusive. Arms that predict no effect, (c) every *_shared arm (stop decision blind to "
+    "the answer) and (d) Dr. GRPO (constant normaliser), by equivalence margins fixed before the run from the "
+    f"closed-form force: m = {MARGIN_FRACTION:g} x R x full range, R = token-mean's closed-form push / GRPO's at "
+    f"the design q0 (reports/length_drift.py relative_push; {_M.push_ratio:.4f} at the full size), full range 1 "
+    f"for d split and max_tokens - 1 for d length split ({_M.split:.4f} and {_M.length:.3f} tokens at the full "
+    "size): reproduced (no effect) if the arm's own d split and d length split intervals both lie inside +-m; "
+    "not reproduced if either lies wholly outside +-m; else inconclusive (not measured precisely enough). "
+    "Overall: not reproduced if any of (a)-(d) is, reproduced if all four are, else inconclusive.")
+
+
+def equivalence(iv, margin: float) -> str:
+    """An arm that predicts no effect, on one interval: "reproduced" inside +-margin, "not reproduced"
+    wholly outside it, else "inconclusive" (also with < 2 seeds)."""
+    if iv.n < 2 or not np.isfinite(margin):
+        return "inconclusive"
+    if -margin < iv.low and iv.high < margin:
+        return "reproduced"
+    return "not reproduced" if iv.low >= margin or iv.high <= -margin else "inconclusive"
+
+
+def no_effect_reading(numbers: dict, arms: Sequence[str]) -> str:
+    """(c)/(d): every arm's d split and d length split by `equivalence` against the stored margins."""
+    from jaxrl_llm.reports.results import number
+
+    if not arms or not all(k in numbers for k in MARGIN_KEYS.values()):
+        return "inconclusive"
+    readings = [equivalence(number(numbers, f"{arm} {key}"), number(numbers, MARGIN_KEYS[key]).mean)
+                for arm in arms for key in MARGIN_KEYS]
+    if "not reproduced" in readings:
+        return "not reproduced"
+    return "reproduced" if set(readings) == {"reproduced"} else "inconclusive"
 
 
 def rule_readings(numbers: dict) -> dict[str, str]:
-    """VERDICT_RULE's readings (a) GRPO, (b) token-mean, (c) shared-stop control, on stored intervals."""
+    """VERDICT_RULE's readings (a) GRPO, (b) token-mean, (c) shared-stop control, (d) Dr. GRPO, on stored
+    intervals."""
     from jaxrl_llm.reports.results import number, side
 
     def enough(*ivs):
@@ -115,16 +174,13 @@ def rule_readings(numbers: dict) -> dict[str, str]:
     else:
         b = "reproduced" if side(dapo) == "below 0" and dapo.mean > grpo.mean else "inconclusive"
     shared = sorted({k.split(" ")[0] for k in numbers if k.split(" ")[0].endswith("_shared")})
-    controls = [number(numbers, f"{arm} {key}") for arm in shared for key in ("d split", "d length split")]
-    if not controls or not enough(*controls):
-        c = "inconclusive"
-    else:
-        c = "not reproduced" if any(side(i) != "covers 0" for i in controls) else "reproduced"
-    return {"grpo": a, "token-mean": b, "shared-stop": c}
+    dr_present = f"{BASELINE} d split" in numbers
+    return {"grpo": a, "token-mean": b, "shared-stop": no_effect_reading(numbers, shared),
+            "constant normaliser": no_effect_reading(numbers, [BASELINE] if dr_present else [])}
 
 
 def rule_verdict(numbers: dict) -> str:
-    """VERDICT_RULE's overall verdict from its three readings."""
+    """VERDICT_RULE's overall verdict from its four readings."""
     readings = set(rule_readings(numbers).values())
     if "not reproduced" in readings:
         return "not reproduced"
@@ -224,12 +280,17 @@ def pushes(study: MechanismStudy, q0: float) -> dict[str, float]:
             for a in ("grpo", "dapo") if a in recipes}
 
 
-def numbers_of(per_seed: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
-    """The stored intervals: paired d split of every arm, and each arm's own d split and d length split."""
+def numbers_of(per_seed: dict[str, list[dict]], study: MechanismStudy | None = None) -> dict[str, dict[str, float]]:
+    """The stored intervals: paired d split of every arm, and each arm's own d split and d length split;
+    with `study` also its equivalence margins (n = 1: fixed numbers, no interval)."""
     numbers = {k: stats.interval(v).to_dict() for k, v in paired_split(per_seed).items()}
     for arm, rows in per_seed.items():
         for key in ("d split", "d length split"):
             numbers[f"{arm} {key}"] = stats.interval([r[key] for r in rows]).to_dict()
+    if study is not None:
+        margins = equivalence_margins(study)
+        for key, value in ((MARGIN_KEYS["d split"], margins.split), (MARGIN_KEYS["d length split"], margins.length)):
+            numbers[key] = {"mean": value, "low": float("nan"), "high": float("nan"), "n": 1}
     return numbers
 
 
@@ -238,7 +299,7 @@ def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], study
     """The stored result (reports/results.py): VERDICT_RULE on the paired and control intervals."""
     from jaxrl_llm.reports.results import ExperimentResult, keyed
 
-    numbers = numbers_of(per_seed)
+    numbers = numbers_of(per_seed, study)
     readings = rule_readings(numbers)
     values = {**{k: v for k, v in paired_split(per_seed).items()},
               **{f"{arm} {key}": [r[key] for r in rows] for arm, rows in per_seed.items()
@@ -249,12 +310,13 @@ def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], study
                  f"<= {study.max_tokens} tokens, q0 {study.stop_prob}, lr {study.lr}"),
         command=command, seeds=tuple(seeds), tuning_seeds=TUNING_SEEDS,
         statistic=f"d split (on-policy q_wrong - q_right, mean of the last {WINDOW} steps minus the first "
-                  f"{WINDOW}), paired against Dr. GRPO by seed; shared-stop arms: own d split and d length split",
+                  f"{WINDOW}), paired against Dr. GRPO by seed; shared-stop arms and Dr. GRPO: own d split and d "
+                  "length split against equivalence margins from the closed-form force",
         interval_method="mean and 95% Student-t over seeds, paired by seed", verdict_rule=VERDICT_RULE,
         verdict=rule_verdict(numbers), headline=f"dapo - {BASELINE} d split", numbers=numbers,
         per_seed={k: keyed(dict(zip(seeds, v))) for k, v in values.items()}, wall_s=wall_s,
         notes=tuple(f"({part}) {claim}: {reading} (n = {len(seeds)})" for part, (claim, reading)
-                    in zip("abc", readings.items())) + tuple(notes))
+                    in zip("abcd", readings.items())) + tuple(notes))
 
 
 # ------------------------------------------------------------- figures
@@ -378,7 +440,7 @@ def report(out: Path, study: MechanismStudy, logs: dict[str, list[dict]], seeds:
                      f"{'none within ' + str(study.steps) + ' steps' if start is None else 'step ' + str(start)}; "
                      f"a response proportional to the push would be GRPO's paired mean x {ratio:.4f} = "
                      f"{grpo_mean * ratio:+.4f}")
-    readings = rule_readings(numbers_of(per_seed)) if BASELINE in per_seed and "dapo" in per_seed else {}
+    readings = rule_readings(numbers_of(per_seed, study)) if BASELINE in per_seed and "dapo" in per_seed else {}
     notes += [f"rule reading ({k}): {v} (n = {len(seeds)})" for k, v in readings.items()]
     columns = ["arm", *ROW_KEYS]
     write_summary(out, rows, columns, title=f"Length mechanism ({'quick' if quick else 'full'})", notes=notes,
@@ -388,16 +450,22 @@ def report(out: Path, study: MechanismStudy, logs: dict[str, list[dict]], seeds:
     return per_seed, notes
 
 
+def same_study(a: dict, b: dict) -> bool:
+    """Two studies' settings agree but for their seed count (a seed's log depends on its own seed only)."""
+    return {k: v for k, v in a.items() if k != "seeds"} == {k: v for k, v in b.items() if k != "seeds"}
+
+
 def finished_seeds(out: Path, study: MechanismStudy, seeds: Sequence[int]) -> dict[int, dict]:
-    """The seeds whose every arm finished in an earlier invocation (seeds/<seed>.json of the same study)."""
+    """The seeds whose every arm finished in an earlier invocation (seeds/<seed>.json of the same study,
+    whatever its seed count): {seed: {"logs": ..., "wall_s": its seconds or 0 where not recorded}}."""
     done = {}
     for seed in seeds:
         path = out / "seeds" / f"{seed}.json"
         if path.exists():
             data = json.loads(path.read_text())
-            if data["study"] != dataclasses.asdict(study):
+            if not same_study(data["study"], dataclasses.asdict(study)):
                 raise SystemExit(f"{path} holds another study ({data['study']}); use --out elsewhere or --fresh")
-            done[seed] = data["logs"]
+            done[seed] = {"logs": data["logs"], "wall_s": float(data.get("wall_s", 0.0))}
     return done
 
 
@@ -423,22 +491,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     provenance = {"commit": git_commit(), "dirty": git_dirty()}  # the code that runs, before any later edit
     start = time.time()
     done = finished_seeds(out, study, seeds)
+    earlier = sum(d["wall_s"] for d in done.values())  # seeds finished by an earlier invocation
     (out / "seeds").mkdir(exist_ok=True)
+    last = [start]
 
     def keep(seed: int, seed_logs: dict) -> None:
+        now = time.time()
         (out / "seeds" / f"{seed}.json").write_text(json.dumps({"study": dataclasses.asdict(study),
-                                                               "logs": seed_logs}) + "\n")
-        done[seed] = seed_logs
+                                                               "logs": seed_logs, "wall_s": now - last[0]}) + "\n")
+        done[seed] = {"logs": seed_logs, "wall_s": now - last[0]}
+        last[0] = now
 
     run_study(study, name=NAME, seeds=[s for s in seeds if s not in done], on_seed=keep)
-    logs = {arm: [done[s][arm] for s in seeds] for arm in study.arm_names()}
-    wall_s = time.time() - start
+    logs = {arm: [done[s]["logs"][arm] for s in seeds] for arm in study.arm_names()}
+    wall_s = time.time() - start + earlier
     per_seed, notes = report(out, study, logs, seeds, quick=args.quick, wall_s=wall_s)
     print(f"wrote {out}/summary.md, drift.png, per_seed.json")
     if args.results:
         command = "python experiments/length_mechanism.py " + shlex.join(argv)
         result = deciding_result(per_seed, seeds, study, command=command, wall_s=wall_s,
-                                 notes=[n for n in notes if n.startswith(("closed-form", "token-mean onset"))])
+                                 notes=[n for n in notes if n.startswith(("closed-form", "token-mean onset"))]
+                                 + ([f"wall time: this invocation plus {earlier:.0f} s of seeds finished by an "
+                                     f"earlier one"] if earlier else []))
         path = write_result(result, args.results, provenance={
             **provenance, "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())})

@@ -5,7 +5,9 @@
 
 Each README holds its table between the two marker comments START and END; everything
 outside them is left as it is. Both tables come from the same files through `table`, so the
-READMEs cannot disagree about a verdict or a number.
+READMEs cannot disagree about a verdict or a number. experiments/README.md also holds, between
+FINDINGS_START and FINDINGS_END, one line per claim saying what the project found (`findings`),
+from the same files.
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from jaxrl_llm.reports.results import RESULTS_DIR, read_results
 REPO = RESULTS_DIR.parents[1]
 START = "<!-- results-table: written by `make results-table` from experiments/results/*.json; do not edit -->"
 END = "<!-- /results-table -->"
+FINDINGS_START = ("<!-- findings: one line per claim, written by `make results-table` from experiments/results/*.json; "
+                  "do not edit -->")
+FINDINGS_END = "<!-- /findings -->"
 
 
 class Section(NamedTuple):
@@ -102,16 +107,35 @@ def table(results: Sequence[Mapping[str, Any]], link_prefix: str) -> str:
     return "\n".join(lines)
 
 
-def replace_between_markers(text: str, table_text: str, where: str) -> str:
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise ValueError(f"{where} needs exactly one {START!r} line followed by one {END!r} line around its "
-                         f"results table")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table_text}\n{END}{tail}"
+def finding(result: Mapping[str, Any]) -> str:
+    """One line: the claim of `result` and what the project found (the rule's verdict, the seeds that
+    count, the headline statistic, and whether the number comes from a run)."""
+    section = SECTIONS.get(result["name"])
+    label = f"{section.number}. " if section else ""
+    where = f"run, commit {str(result.get('commit') or 'not recorded')[:7]}" if result.get("source") == "run" \
+        else result.get("source", "")
+    numbers = headline_cell(result)
+    stat = f"; {numbers}" if numbers != "-" else ""
+    return f"- **{label}{result['title']}.** Claim: {result['claim']}. Found: {verdict_cell(result)}{stat} ({where})."
+
+
+def findings(results: Sequence[Mapping[str, Any]]) -> str:
+    """The findings list of `results` in experiment order."""
+    ordered = sorted(results, key=lambda r: (SECTIONS[r["name"]].number if r["name"] in SECTIONS else 99, r["name"]))
+    return "\n".join(finding(r).replace("\n", " ") for r in ordered)
+
+
+def replace_between_markers(text: str, table_text: str, where: str, start: str = START, end: str = END) -> str:
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"{where} needs exactly one {start!r} line followed by one {end!r} line around its "
+                         f"generated block")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table_text}\n{end}{tail}"
 
 
 READMES = {"README.md": "experiments/README.md", "experiments/README.md": ""}
+WITH_FINDINGS = ("experiments/README.md",)
 
 
 def rendered(repo: Path = REPO, results_dir: Path | None = None) -> dict[Path, str]:
@@ -120,7 +144,10 @@ def rendered(repo: Path = REPO, results_dir: Path | None = None) -> dict[Path, s
     out = {}
     for name, prefix in READMES.items():
         path = repo / name
-        out[path] = replace_between_markers(path.read_text(), table(results, prefix), name)
+        text = replace_between_markers(path.read_text(), table(results, prefix), name)
+        if name in WITH_FINDINGS:
+            text = replace_between_markers(text, findings(results), name, FINDINGS_START, FINDINGS_END)
+        out[path] = text
     return out
 
 

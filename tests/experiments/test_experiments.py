@@ -133,6 +133,25 @@ def test_difficulty_experiment_on_a_fake_logged_run(tmp_path):
     assert png_shape(out / "difficulty_bias.png")[1] > 500
 
 
+def test_difficulty_experiment_samples_groups_per_seed_and_writes_its_result(tiny_model_dir, tmp_path):
+    """The deciding command's path on the tiny random decoder: per seed 3 batches of 8 x 8 sampled and
+    graded into base_s<seed>/groups.jsonl (kept on a rerun), one replicate per seed in the result."""
+    exp = load_experiment("difficulty_bias")
+    out, results = tmp_path / "out", tmp_path / "result.json"
+    argv = ["--quick", "--out", str(out), "--seeds", "5,6", "--results", str(results), f"model.source={tiny_model_dir}",
+            "rollout.max_tokens=4"]
+    assert exp.main(argv) == 0
+    groups = read_groups(out / "base_s5")
+    assert [g["step"] for g in groups] == [1, 2, 3] and np.asarray(groups[0]["rewards"]).shape == (8, 8)
+    assert max(max(row) for g in groups for row in g["lengths"]) <= 4
+    stored = json.loads(results.read_text())
+    assert stored["source"] == "run" and stored["seeds"] == [5, 6] and stored["wall_s"] > 0
+    assert stored["numbers"]["groups"]["mean"] == 24  # 3 batches x 8 prompts per seed
+    assert stored["verdict"] == "inconclusive"  # 2 seeds, below the rule's 3: never decided
+    before = (out / "base_s5" / "groups.jsonl").read_text()
+    assert exp.main(argv) == 0 and (out / "base_s5" / "groups.jsonl").read_text() == before
+
+
 # ----------------------------------------------------------- precision mismatch
 def test_precision_reduced_with_the_jax_sampler(tiny_model_dir, tmp_path):
     """fp32 sampler vs fp32 learner differ by float32 kernel noise only; every pair

@@ -142,8 +142,31 @@ def test_chain_of_thought_configs_and_reduced_run(tiny_model_dir, tmp_path):
 
     with pytest.raises(ConfigError, match="valid: one of"):
         exp.get_config("dapo")
-    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
+    results = tmp_path / "result.json"
+    assert exp.main(["--quick", "--out", str(tmp_path), "--results", str(results), f"model.source={tiny_model_dir}",
+                     *TINY]) == 0
     rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
     assert [r["recipe"] for r in rows] == ["grpo", "dr_grpo"] and rows[0]["reward last interval"]["n"] == 1
-    info = read_run_info(tmp_path / "dr_grpo_s0")
+    stored = json.loads(results.read_text())  # one seed (--quick): below the rule's 3, so never decided
+    assert stored["source"] == "run" and stored["verdict"] == "inconclusive" and stored["wall_s"] > 0
+    assert stored["numbers"][exp.SIGNAL_KEY]["n"] == 1 and "load_average" in stored["machine"]
+    info = read_run_info(tmp_path / "dr_grpo_s301")
     assert info["config"]["task"]["name"] == "cot_chain_sum"
+
+
+def test_length_mechanism_keeps_finished_seeds_of_the_same_study_whatever_its_seed_count(tmp_path):
+    """A seed's log depends on its own seed only: a run of 1 seed is kept by a later run of 3 seeds (with
+    its wall time), a run of another study is refused."""
+    import dataclasses
+
+    exp = load_experiment("length_mechanism")
+    from jaxrl_llm.reports.length_mechanism import MechanismStudy
+
+    one = dataclasses.replace(MechanismStudy(), seeds=1)
+    (tmp_path / "seeds").mkdir()
+    (tmp_path / "seeds" / "120.json").write_text(json.dumps({"study": dataclasses.asdict(one), "logs": {"x": 1},
+                                                             "wall_s": 12.5}))
+    three = dataclasses.replace(one, seeds=3)
+    assert exp.finished_seeds(tmp_path, three, [120, 121, 122]) == {120: {"logs": {"x": 1}, "wall_s": 12.5}}
+    with pytest.raises(SystemExit, match="holds another study"):
+        exp.finished_seeds(tmp_path, dataclasses.replace(three, steps=40), [120])

@@ -3,6 +3,8 @@ numbers: the stored verdict of experiments/results/*.json is these functions' ou
 import json
 import math
 
+import numpy as np
+
 import pytest
 
 from jaxrl_llm.reports.results import experiment_module
@@ -49,29 +51,82 @@ def test_diversity_excludes_diverged_pairs_and_needs_eight_kept_seeds():
     assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "inconclusive"
 
 
-def test_length_mechanism_pairs_against_dr_grpo_and_needs_the_shared_stop_control():
+M_SPLIT, M_LENGTH = 0.0247, 1.16  # the full size's margins (pinned in the margin test below)
+
+
+def mechanism_numbers(**changes):
+    zero = iv(0.0, -0.001, 0.001, 10)  # a no-effect arm's own d split, well inside +-0.0247
+    base = {"grpo - dr_grpo d split": iv(-0.6, -0.8, -0.5, 10), "dapo - dr_grpo d split": iv(-0.02, -0.03, -0.01, 10),
+            "grpo_shared d split": zero, "grpo_shared d length split": iv(0.1, -0.4, 0.6, 10),
+            "dr_grpo d split": zero, "dr_grpo d length split": iv(-0.2, -0.5, 0.1, 10),
+            "equivalence margin d split": iv(M_SPLIT), "equivalence margin d length split": iv(M_LENGTH)}
+    return {**base, **changes}
+
+
+def test_length_mechanism_pairs_against_dr_grpo_and_judges_no_effect_arms_by_margins():
     module = experiment_module("length_mechanism")
     rule, readings = module.rule_verdict, module.rule_readings
-    zero = iv(0.0, 0.0, 0.0, 10)  # the shared-stop arm's own d split: 0 by construction
-    base = {"grpo - dr_grpo d split": iv(-0.6, -0.8, -0.5, 10), "dapo - dr_grpo d split": iv(-0.02, -0.03, -0.01, 10),
-            "grpo_shared d split": zero, "grpo_shared d length split": iv(0.1, -0.4, 0.6, 10)}
-    assert readings(base) == {"grpo": "reproduced", "token-mean": "reproduced", "shared-stop": "reproduced"}
+    base = mechanism_numbers()
+    assert readings(base) == {"grpo": "reproduced", "token-mean": "reproduced", "shared-stop": "reproduced",
+                              "constant normaliser": "reproduced"}
     assert rule(base) == "reproduced"
+    # the stored run of issue 36: the shared-stop length split -0.38 [-0.68, -0.07] excludes 0 but lies inside
+    # +-1.16 tokens: no effect, where "the interval covers 0" called it a refutation
+    issue36 = mechanism_numbers(**{"grpo_shared d length split": iv(-0.376, -0.684, -0.068, 10)})
+    assert readings(issue36)["shared-stop"] == "reproduced"
     # token-mean covering 0: inconclusive, not "not reproduced"
-    assert rule({**base, "dapo - dr_grpo d split": iv(0.007, -0.009, 0.023, 10)}) == "inconclusive"
+    assert rule(mechanism_numbers(**{"dapo - dr_grpo d split": iv(0.007, -0.009, 0.023, 10)})) == "inconclusive"
     # token-mean as large as GRPO (its upper end below GRPO's mean -0.6): not in between
-    assert readings({**base, "dapo - dr_grpo d split": iv(-0.9, -1.0, -0.8, 10)})["token-mean"] == "not reproduced"
+    assert readings(mechanism_numbers(**{"dapo - dr_grpo d split": iv(-0.9, -1.0, -0.8, 10)}))["token-mean"] == \
+        "not reproduced"
     # below 0 but its mean under GRPO's, interval reaching above it: inconclusive
-    assert readings({**base, "dapo - dr_grpo d split": iv(-0.7, -0.9, -0.1, 10)})["token-mean"] == "inconclusive"
-    # a split in the shared-stop arm's sampled lengths refutes the mechanism
-    split = {**base, "grpo_shared d length split": iv(2.0, 1.0, 3.0, 10)}
+    assert readings(mechanism_numbers(**{"dapo - dr_grpo d split": iv(-0.7, -0.9, -0.1, 10)}))["token-mean"] == \
+        "inconclusive"
+    # a split in the shared-stop arm's sampled lengths wholly beyond the margin refutes the mechanism
+    split = mechanism_numbers(**{"grpo_shared d length split": iv(2.0, 1.5, 3.0, 10)})
     assert readings(split)["shared-stop"] == "not reproduced" and rule(split) == "not reproduced"
-    # no shared-stop arm run: the control is missing, so the whole claim stays inconclusive
+    # an interval that crosses the margin: not measured precisely enough, inconclusive (not "no effect")
+    wide = mechanism_numbers(**{"grpo_shared d length split": iv(0.0, -2.0, 2.0, 10)})
+    assert readings(wide)["shared-stop"] == "inconclusive" and rule(wide) == "inconclusive"
+    # Dr. GRPO drifting: its own d split wholly below -0.0247 refutes "no drift"
+    drift = mechanism_numbers(**{"dr_grpo d split": iv(-0.05, -0.07, -0.03, 10)})
+    assert readings(drift)["constant normaliser"] == "not reproduced" and rule(drift) == "not reproduced"
+    # Dr. GRPO's length split crossing the margin: inconclusive
+    assert readings(mechanism_numbers(**{"dr_grpo d length split": iv(-1.0, -2.0, 0.0, 10)}))[
+        "constant normaliser"] == "inconclusive"
+    # no shared-stop arm run, or no margins stored: the no-effect readings stay inconclusive
     assert rule({k: v for k, v in base.items() if "shared" not in k}) == "inconclusive"
+    assert set(readings({k: v for k, v in base.items() if "margin" not in k}).values()) >= {"inconclusive"}
     # GRPO above 0: not reproduced; one seed: no interval, inconclusive
-    assert rule({**base, "grpo - dr_grpo d split": iv(0.3, 0.1, 0.5, 10)}) == "not reproduced"
+    assert rule(mechanism_numbers(**{"grpo - dr_grpo d split": iv(0.3, 0.1, 0.5, 10)})) == "not reproduced"
     one = {k: iv(v["mean"]) for k, v in base.items()}
     assert set(readings(one).values()) == {"inconclusive"}
+
+
+def test_length_mechanism_margins_come_from_the_closed_form_force_and_a_monte_carlo_check():
+    """R = token-mean's push / GRPO's, each D / E[w] (reports/length_drift.py), checked by simulation:
+    32 responses of j ~ truncated geometric(q = 0.2) free tokens, K = 47, score s = 1 - q j (stopped) or
+    -q K (truncated); GRPO's weight 1/L, token-mean's 1/(sum of the 32 lengths)."""
+    module = experiment_module("length_mechanism")
+    from jaxrl_llm.reports.length_mechanism import MechanismStudy
+
+    margins = module.equivalence_margins(MechanismStudy())
+    assert (margins.split, margins.length) == pytest.approx((M_SPLIT, M_LENGTH), abs=5e-4)
+    assert margins.length == pytest.approx(47 * margins.split)
+    rng = np.random.default_rng(0)
+    q, k, n, draws = 0.2, 47, 32, 40_000
+    j = np.minimum(rng.geometric(q, size=(draws, n)), k + 1)  # k + 1: did not stop within k
+    truncated = j > k
+    length = np.where(truncated, k, j).astype(float)
+    score = np.where(truncated, -q * k, 1 - q * j)
+    grpo = np.mean(score / length) / np.mean(1 / length)
+    total = length.sum(axis=1, keepdims=True)
+    token_mean = np.mean(score / total) / np.mean(1 / total)
+    assert margins.push_ratio == pytest.approx(token_mean / grpo, rel=0.1)
+    # a margin that moved with the measurement would differ between studies of other q0 or N: it does not
+    # depend on anything but the settings
+    import dataclasses
+    assert module.equivalence_margins(dataclasses.replace(MechanismStudy(), seeds=3)) == margins
 
 
 def test_length_mechanism_deciding_result_pairs_by_seed():
@@ -81,18 +136,21 @@ def test_length_mechanism_deciding_result_pairs_by_seed():
     def row(split, length_split=0.0):
         return {"d split": split, "d length split": length_split}
 
-    # GRPO -0.5, -0.7, -0.6 against Dr. GRPO +0.01, -0.01, 0.0: paired -0.51, -0.69, -0.6
-    per_seed = {"grpo": [row(-0.5), row(-0.7), row(-0.6)], "dr_grpo": [row(0.01), row(-0.01), row(0.0)],
-                "dapo": [row(-0.01), row(-0.04), row(-0.03)], "grpo_shared": [row(0.0, 1.0), row(0.0, -1.0), row(0.0, 0.5)]}
-    result = module.deciding_result(per_seed, (110, 111, 112), MechanismStudy(), command="c", wall_s=1.0)
+    # GRPO -0.5, -0.7, -0.6 against Dr. GRPO +0.001, -0.001, 0.0: paired -0.501, -0.699, -0.6
+    per_seed = {"grpo": [row(-0.5), row(-0.7), row(-0.6)], "dr_grpo": [row(0.001), row(-0.001), row(0.0)],
+                "dapo": [row(-0.021), row(-0.031), row(-0.03)],
+                "grpo_shared": [row(0.0, 0.1), row(0.0, -0.1), row(0.0, 0.05)]}
+    result = module.deciding_result(per_seed, (120, 121, 122), MechanismStudy(), command="c", wall_s=1.0)
     paired = result.numbers["grpo - dr_grpo d split"]
-    half = 4.302652729911275 * 0.09 / math.sqrt(3)  # t_{0.975, 2} sd / sqrt(n); sd of (-0.51, -0.69, -0.6) = 0.09
+    sd = np.std([-0.501, -0.699, -0.6], ddof=1)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # t_{0.975, 2} sd / sqrt(n)
     assert (paired["mean"], paired["low"], paired["high"]) == pytest.approx((-0.6, -0.6 - half, -0.6 + half))
-    assert result.per_seed["dapo - dr_grpo d split"] == pytest.approx({"110": -0.02, "111": -0.03, "112": -0.03})
+    assert result.per_seed["dapo - dr_grpo d split"] == pytest.approx({"120": -0.022, "121": -0.03, "122": -0.03})
+    assert result.numbers["equivalence margin d split"]["mean"] == pytest.approx(M_SPLIT, abs=5e-4)
     assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
-    assert result.tuning_seeds == (0, 100) and result.headline == "dapo - dr_grpo d split"
-    with pytest.raises(ValueError, match="tuning seeds"):  # seed 0 chose the setting: it may not count
-        module.deciding_result(per_seed, (100, 111, 112), MechanismStudy(), command="c", wall_s=1.0)
+    assert result.tuning_seeds == (0, 100, *range(110, 120)) and result.headline == "dapo - dr_grpo d split"
+    with pytest.raises(ValueError, match="tuning seeds"):  # seed 110 informed this rule: it may not count
+        module.deciding_result(per_seed, (110, 121, 122), MechanismStudy(), command="c", wall_s=1.0)
 
 
 def test_precision_rule_asks_for_an_order_of_magnitude_on_both_engines():
@@ -101,17 +159,6 @@ def test_precision_rule_asks_for_an_order_of_magnitude_on_both_engines():
     assert rule({"vllm k3 bf16/fp16": iv(66, 52, 81, 3), "jax k3 bf16/fp16": iv(6, 3, 9, 3)}) == "not reproduced"
     assert rule({"vllm k3 bf16/fp16": iv(66, 52, 81, 3), "jax k3 bf16/fp16": iv(20, 5, 40, 3)}) == "inconclusive"
     assert rule({"vllm k3 bf16/fp16": iv(66), "jax k3 bf16/fp16": iv(90)}) == "inconclusive"  # one seed
-
-
-def test_distill_addition_needs_half_the_gap_and_half_the_kl():
-    rule = experiment_module("distill_addition").rule_verdict
-    # base 0.2, teacher 0.9: half the gap is 0.35, so the student must reach 0.55; KL must fall below half
-    numbers = lambda student, kl_last: {"base pass@1": iv(0.2), "teacher pass@1": iv(0.9),  # noqa: E731
-                                        "student pass@1": iv(student), "teacher_reverse_kl first step": iv(1.0),
-                                        "teacher_reverse_kl last step": iv(kl_last)}
-    assert rule(numbers(0.56, 0.4)) == "reproduced"
-    assert rule(numbers(0.54, 0.4)) == "not reproduced"  # student short of half the gap
-    assert rule(numbers(0.9, 0.6)) == "not reproduced"  # KL fell, but not below half
 
 
 def _precision_rows(k3_bf16, k1_bf16=2e-3):
@@ -184,3 +231,95 @@ def test_precision_collect_refuses_runs_that_differ_beyond_the_seed(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # a single run cannot write the multi-seed result
         module.main(["--results", str(tmp_path / "r.json")])
     assert exit_info.value.code == 2 and not (tmp_path / "r.json").exists()
+
+
+# ---------------------------------------------------------------- difficulty bias (issue 51)
+T_975_2 = 4.302652729911275  # Student t, 0.975 quantile, 2 degrees of freedom (tables)
+
+
+def difficulty_seed(edge, gap=1e-6):
+    return {"max |measured - closed form| E|A|": gap, "gradient share with / without std, p in {1/8, 7/8}": edge,
+            "gradient share with / without std, p = 1/2": 0.9, "groups at p in {1/8, 7/8}": 2.0, "groups": 8.0}
+
+
+def test_difficulty_seed_numbers_from_hand_derived_groups():
+    """One step, G = 8, a p = 1/8 and a p = 1/2 group (hand values: tests/experiments/test_experiments.py):
+    shares without std 8*0.21875 / (8*0.21875 + 8*0.5) = 0.304348, with std 0.618718 / (0.618718 + 0.935414)
+    = 0.398112: the edge group's ratio 1.308083; the p = 1/2 group's 0.601888 / 0.695652 = 0.865214."""
+    from jaxrl_llm.reports import difficulty
+
+    module = experiment_module("difficulty_bias")
+    rewards = [[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]]
+    lengths = [[3, 5, 7, 9, 2, 4, 6, 8], [1, 2, 3, 4, 5, 6, 7, 8]]
+    numbers = module.seed_numbers(difficulty.measure([{"step": 1, "rewards": rewards, "lengths": lengths}]), 8)
+    assert numbers[module.EDGE_KEY] == pytest.approx(1.308083, rel=1e-4)
+    assert numbers["gradient share with / without std, p = 1/2"] == pytest.approx(0.865214, rel=1e-4)
+    assert numbers[module.IDENTITY_KEY] < 1e-4 and numbers["groups"] == 2 and numbers["groups at p in {1/8, 7/8}"] == 1
+    # a step without an edge group: that seed is not measured (nan), not "no effect"
+    mid_only = module.seed_numbers(difficulty.measure([{"step": 1, "rewards": [rewards[1], rewards[1]],
+                                                        "lengths": lengths}]), 8)
+    assert math.isnan(mid_only[module.EDGE_KEY])
+
+
+def test_difficulty_rule_reads_the_edge_ratio_interval_over_seeds():
+    module = experiment_module("difficulty_bias")
+    build = lambda edges, gap=1e-6: module.build_result(  # noqa: E731
+        {201 + i: difficulty_seed(e, gap) for i, e in enumerate(edges)}, command="c", setting="s", wall_s=1.0)
+    result = build((1.3, 1.2, 1.25))  # mean 1.25, sd 0.05
+    edge = result.numbers[module.EDGE_KEY]
+    half = T_975_2 * 0.05 / math.sqrt(3)
+    assert (edge["mean"], edge["low"], edge["high"], edge["n"]) == pytest.approx((1.25, 1.25 - half, 1.25 + half, 3))
+    assert result.numbers[module.IDENTITY_KEY]["n"] == 24  # every group of the three seeds
+    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    # broken on purpose: the measurement disagrees with the closed form on some group
+    assert build((1.3, 1.2, 1.25), gap=1e-3).verdict == "not reproduced"
+    # the std normaliser down-weights the edge groups: interval below 1
+    assert build((0.8, 0.85, 0.9)).verdict == "not reproduced"
+    # an interval covering 1: inconclusive
+    assert build((1.3, 0.7, 1.0)).verdict == "inconclusive"
+    # a seed without edge groups is not measured: 2 measured seeds < 3, inconclusive
+    assert build((1.3, 1.29, math.nan)).verdict == "inconclusive"  # two seeds alone would be above 1
+
+
+# ---------------------------------------------------------------- chain of thought (issue 51)
+def cot_rows(grpo_inc, dr_inc, signal=(3, 3)):
+    row = lambda inc, informative: {"reward first": 0.1, "reward last": 0.2,  # noqa: E731
+                                    "informative groups": float(informative), "d length_correct": 0.0,
+                                    "d length_incorrect": inc}
+    return {"grpo": row(grpo_inc, signal[0]), "dr_grpo": row(dr_inc, signal[1])}
+
+
+def cot(module, diffs, signals=((3, 3),) * 3):
+    per_seed = {301 + i: cot_rows(10.0 + d, 10.0, sig) for i, (d, sig) in enumerate(zip(diffs, signals))}
+    return module.deciding_result(per_seed, max_tokens=64, setting="s", command="c", wall_s=1.0)
+
+
+def test_chain_of_thought_informative_groups_by_hand():
+    module = experiment_module("chain_of_thought")
+    groups = [{"rewards": [[0, 0, 0, 0], [1, 0, 0, 0]], "lengths": [[5, 6, 7, 8], [1, 2, 3, 4]]},
+              {"rewards": [[1, 1, 1, 1], [0, 0.5, 0, 0]], "lengths": [[5, 6, 7, 8], [1, 2, 3, 4]]}]
+    assert module.informative_groups(groups) == 2
+    row = module.seed_row(groups)  # incorrect lengths: step 1 (5+6+7+8+2+3+4)/7 = 5, step 2 (1+2+3+4)/4 = 2.5
+    assert row["d length_incorrect"] == pytest.approx(2.5 - 5.0) and row["reward first"] == pytest.approx(1 / 8)
+
+
+def test_chain_of_thought_rule_tells_no_effect_from_not_measured():
+    module = experiment_module("chain_of_thought")
+    result = cot(module, (2.0, 3.0, 4.0))  # mean 3, sd 1: [3 -+ 4.303 / sqrt 3]
+    diff = result.numbers[module.DIFF_KEY]
+    half = T_975_2 / math.sqrt(3)
+    assert (diff["mean"], diff["low"], diff["high"]) == pytest.approx((3.0, 3.0 - half, 3.0 + half))
+    assert result.numbers[module.MARGIN_KEY]["mean"] == pytest.approx(3.2)  # 5% of 64 tokens
+    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    # no effect, measured: [-1.24, +1.24] inside +-3.2 -> not reproduced
+    assert cot(module, (-0.5, 0.0, 0.5)).verdict == "not reproduced"
+    # the same numbers without a learning signal (every reward equal in one recipe's runs): not measured
+    unmeasured = cot(module, (-0.5, 0.0, 0.5), signals=((0, 3),) * 3)
+    assert unmeasured.verdict == "inconclusive" and unmeasured.seeds == () and unmeasured.headline == module.SIGNAL_KEY
+    assert unmeasured.excluded == {s: "no learning signal: grpo saw no group with differing rewards"
+                                   for s in ("301", "302", "303")}
+    # one seed without a signal: 2 counted < 3
+    assert cot(module, (3.0, 3.0, 3.1), signals=((3, 3), (3, 0), (3, 3))).verdict == "inconclusive"  # 2 alone: above 0
+    # shorter under GRPO: below 0; too wide to tell: inconclusive
+    assert cot(module, (-4.0, -5.0, -6.0)).verdict == "not reproduced"
+    assert cot(module, (-5.0, 0.0, 5.0)).verdict == "inconclusive"

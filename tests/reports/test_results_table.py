@@ -1,5 +1,6 @@
 """Stored experiment results (experiments/results/*.json, reports/results.py) and the READMEs'
 results tables written from them (`make results-table`, reports/results_table.py)."""
+import dataclasses
 import json
 import math
 
@@ -73,3 +74,19 @@ def test_result_refuses_a_tuning_seed_that_counts_and_an_unknown_verdict():
 
 def test_results_dir_is_the_committed_folder():
     assert RESULTS_DIR.name == "results" and RESULTS_DIR.parent.name == "experiments"
+
+
+def test_findings_give_one_line_per_claim_from_the_results():
+    """experiments/README.md's findings: one line per results file, in experiment order, each naming the
+    claim, the verdict with its seeds, the headline statistic and the source."""
+    data = {**dataclasses.asdict(hand_result()), "seeds": [3, 4, 5], "tuning_seeds": [0], "commit": "abcdef0123"}
+    recorded = {**data, "name": "length_bias", "source": "recorded from the README at f035540; re-run pending"}
+    lines = results_table.findings([data, recorded]).splitlines()
+    assert lines == [
+        "- **1. T.** Claim: C. Found: **inconclusive** (n = 3; 1 excluded by the fixed rule; tuning seed(s) 0 not "
+        "counted); a - b x: +0.25 [-0.5, +1] (n = 3) (recorded from the README at f035540; re-run pending).",
+        "- **8. T.** Claim: C. Found: **inconclusive** (n = 3; 1 excluded by the fixed rule; tuning seed(s) 0 not "
+        "counted); a - b x: +0.25 [-0.5, +1] (n = 3) (run, commit abcdef0)."]
+    readme = results_table.rendered()[results_table.REPO / "experiments" / "README.md"]
+    block = readme.split(results_table.FINDINGS_START + "\n", 1)[1].split("\n" + results_table.FINDINGS_END, 1)[0]
+    assert len(block.splitlines()) == len(read_results()) == len(results_table.SECTIONS)
