@@ -103,6 +103,7 @@ class VLLMServer:
         self._log_file = None
         self._shm_files: set[str] = set()
         self._stopped = False
+        self._log_bytes_when_healthy = 0  # a traceback logged before the server last answered /health did not kill it
 
     @property
     def url(self) -> str:
@@ -175,12 +176,12 @@ class VLLMServer:
             headline += f"\ncause: {cause}"
         return error_type(f"{headline}\nLog {self.log_path}, last lines:\n{tail}")
 
-    def log_text(self, max_bytes: int = 16 << 20) -> str:
-        """The server log (its last max_bytes), or "" before there is one."""
+    def log_text(self, max_bytes: int = 16 << 20, since: int = 0) -> str:
+        """The log's last `max_bytes`, from byte `since` on at the earliest."""
         if self.log_path is None or not self.log_path.exists():
             return ""
         with open(self.log_path, "rb") as log:
-            log.seek(max(0, self.log_path.stat().st_size - max_bytes))
+            log.seek(max(since, self.log_path.stat().st_size - max_bytes))
             return log.read().decode(errors="replace")
 
     def log_tail(self, num_lines: int = 40) -> str:
@@ -190,18 +191,24 @@ class VLLMServer:
 
     def crash_cause(self) -> str | None:
         """The exception line that explains a crash (see last_exception_line),
-        followed by what to change when the cause is a known one."""
-        cause = last_exception_line(self.log_text())
+        followed by what to change when the cause is a known one. Only what was logged after the
+        server last answered /health counts: an earlier traceback (a request it refused, a failed
+        /collective_rpc) did not stop it."""
+        cause = last_exception_line(self.log_text(since=self._log_bytes_when_healthy))
         hint = crash_hint(cause)
         return f"{cause} ({hint})" if hint else cause
 
     def is_healthy(self, timeout_s: float = 5.0) -> bool:
         """Whether /health answers 200 (it answers 503 once the engine died)."""
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        logged = self.log_path.stat().st_size if self.log_path is not None and self.log_path.exists() else 0
         try:
-            return requests.get(self.url + "/health", timeout=timeout_s, headers=headers).status_code == 200
+            healthy = requests.get(self.url + "/health", timeout=timeout_s, headers=headers).status_code == 200
         except requests.RequestException:
             return False
+        if healthy:
+            self._log_bytes_when_healthy = logged
+        return healthy
 
     @property
     def shared_memory_files(self) -> frozenset[str]:

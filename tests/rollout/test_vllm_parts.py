@@ -345,6 +345,40 @@ def test_a_crashed_servers_log_is_read_for_the_cause(tmp_path):
                                            "prefill was split over scheduler steps")
 
 
+
+def test_a_traceback_logged_before_the_server_last_answered_health_is_not_its_crash_cause(tmp_path):
+    """A request the server refused (here a /collective_rpc method its workers lack) leaves a
+    traceback in the log while the server goes on serving; a later SIGKILL must not be blamed on it."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = VLLMServer(VLLMServerConfig(model_dir=tmp_path, log_path=tmp_path / "server.log"))
+        server.log_path, server.port = tmp_path / "server.log", httpd.server_address[1]  # as start() sets them
+        at = "(Worker pid=7) ERROR 11-28 15:20:01 [multiproc_executor.py:1063] "
+        refused = (f"{at}Traceback (most recent call last):\n{at}  File \"w.py\", line 1, in run\n"
+                   f"{at}AttributeError: 'CPUWorker' object has no attribute 'x'\n")
+        server.log_path.write_text(refused)
+        assert server.crash_cause().startswith("AttributeError")  # not yet seen healthy after it: it counts
+        assert server.is_healthy()
+        assert server.crash_cause() is None  # served after it: not the cause
+        with open(server.log_path, "a") as log:
+            log.write(CRASH_LOG)
+        assert server.crash_cause().startswith("RuntimeError: CPU Generator does not use offset")
+    finally:
+        httpd.shutdown()
+
+
 # -- the environment's cache key ----------------------------------------------
 
 def test_requirements_hash_matches_the_build_script_shell_formula():
