@@ -86,9 +86,9 @@ def test_prepare_step_batch_hands_the_toy_its_extra_per_prompt(registered):
 def test_the_loop_fills_the_toy_extra_and_the_learner_uses_it(tiny_model_dir, tmp_path, registered, monkeypatch):
     recorded, real_learn = [], loop.learn
 
-    def learn(learner, state, recipe, cfg, rollouts, sampled):
+    def learn(learner, state, rollouts, sampled, **kw):
         recorded.append((rollouts, sampled))
-        return real_learn(learner, state, recipe, cfg, rollouts, sampled)
+        return real_learn(learner, state, rollouts, sampled, **kw)
 
     monkeypatch.setattr(loop, "learn", learn)
     cfg = tiny_config(tiny_model_dir, tmp_path / "toy", "recipe.advantage=prompt_length_baseline", "total_steps=2",

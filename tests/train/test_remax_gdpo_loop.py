@@ -20,9 +20,9 @@ def recorded(monkeypatch):
     """The arguments of every `learn` call of the loop."""
     calls, real_learn = [], loop.learn
 
-    def learn(learner, state, recipe, cfg, rollouts, sampled):
+    def learn(learner, state, rollouts, sampled, **kw):
         calls.append(dict(rollouts=rollouts, rewards=np.asarray(sampled.rewards), **sampled.extras))
-        return real_learn(learner, state, recipe, cfg, rollouts, sampled)
+        return real_learn(learner, state, rollouts, sampled, **kw)
 
     monkeypatch.setattr(loop, "learn", learn)
     return calls

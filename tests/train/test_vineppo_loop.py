@@ -65,10 +65,10 @@ def vine_run(learning_model_dir, learning_policy, tmp_path_factory):
         rec.estimates.append((rollouts, np.asarray(rewards), out))
         return out
 
-    def learn(learner, state, recipe, cfg, rollouts, sampled):
+    def learn(learner, state, rollouts, sampled, **kw):
         rec.learn_advantages.append(sampled.extras["advantages"])
         rec.rewards.append(np.asarray(sampled.rewards))
-        return real_learn(learner, state, recipe, cfg, rollouts, sampled)
+        return real_learn(learner, state, rollouts, sampled, **kw)
 
     mp.setattr(vineppo_step, "estimate", estimate)
     mp.setattr(loop, "learn", learn)
