@@ -132,6 +132,7 @@ class VLLMServer:
             self.log_path = Path(config.log_path)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
+        self._log_bytes_when_healthy = self.log_path.stat().st_size  # an earlier server's lines in an appended log
         self._stopped = False
         self.process = launch_watched(
             server_command(config, python, self.port),

@@ -7,7 +7,6 @@ mlp.gate) must equal, token for token and in order, what the server recorded whi
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -71,15 +70,10 @@ def test_client_refuses_a_server_that_does_not_record_routing(vllm_server, chat_
     with pytest.raises(RoutedExpertsError, match="return_routed_experts"):
         client.sample(chat_prompts(1, 16), n=1, params=SamplingParams(max_tokens=2, seed=0))
     client.close()
-    server = vllm_server.get()
-    deadline = time.monotonic() + 60  # the worker logs the refused call's traceback after answering it
-    refused = "object has no attribute 'jaxrl_install_routing_capture'"
-    while refused not in server.log_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.0)  # the other processes' copies of that traceback (engine core, API server)
-    # the refused call left the shared server serving; answering /health after its traceback, the
-    # server will not blame its later death on it (VLLMServer.crash_cause; the SIGKILL test runs later)
-    assert server.is_healthy()
+    assert vllm_server.get().is_healthy()  # the refused call left the shared server serving
+    # Its worker logged the refused call's traceback; a later test that kills the shared server
+    # checks that a SIGKILL leaves no traceback. The next test gets a fresh server, with a clean log.
+    vllm_server.stop()
 
 
 def test_server_refuses_return_routed_experts_for_a_dense_model(tmp_path):
