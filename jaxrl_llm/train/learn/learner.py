@@ -33,6 +33,10 @@
   still forms each full dL/dW before projecting it onto A and B, so LoRA saves
   optimiser state and work, not backward FLOPs). `full_params` gives the
   merged weights that the rollout engines receive.
+* Routing replay (`train.routing_replay`, MoE policies; `train.learn.routing_replay`): the row
+  plan carries the sampler's routing records placed like the tokens (`DeviceRows.routing`, -1 where
+  none); with "sampler" the policy's forward in the pi_old pass and in every gradient micro-batch
+  replays them, and the pi_old pass measures where the policy's own top-k differs from them.
 * Side passes (`train.learn.side_passes.SidePasses`): the reference policy (a KL term), the
   distillation teacher and the critic. Their log-probs and values come from the same micro-batched
   pi_old program (`step_logprobs`); the critic's value head reads the policy's hidden states and is

@@ -20,6 +20,8 @@ gathered positions in both modes: the head and its log-softmax see completion po
 Micro-batches take R consecutive rows; the plan always has k = ceil(N / R) micro-batches (what
 one sequence per row needs), so the compiled program's shapes do not depend on the lengths;
 micro-batches that packing left empty are skipped by the learner (`RowPlan.used`).
+A MoE policy's routing records (`SequenceBatch.routing`) move with their tokens slot for slot
+(`RowPlan.routing`, -1 in every slot without a record; `train.learn.routing_replay`).
 """
 from __future__ import annotations
 
