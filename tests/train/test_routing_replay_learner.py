@@ -237,3 +237,21 @@ def test_a_dense_policy_is_refused_naming_its_architecture():
                                          r"LlamaForCausalLM \(dense\)"):
         Learner(dense, core.get_recipe("grpo"), dataclasses.replace(TrainConfig(), routing_replay="sampler"),
                 total_steps=1)
+
+
+def test_replay_on_a_mesh_equals_one_device(sampled):
+    """The routing rows split over the batch axes like the tokens (`Placement.rows`): on an 8-device
+    (data 2, fsdp 2, tensor 2) mesh the replayed pi_old and loss equal the single-device learner's."""
+    from jaxrl_llm.models import make_mesh
+
+    _, learner_params, rollouts = sampled
+    seq = build_sequences(rollouts, completion_width=COMPLETION_WIDTH, prompt_bucket=8)
+    one = make_learner("sampler")
+    train_cfg = dataclasses.replace(TrainConfig(), precision="fp32", lr=1e-3, routing_replay="sampler")
+    meshed = Learner(CFG, core.get_recipe("grpo"), train_cfg, total_steps=4, mesh=make_mesh(data=2, fsdp=2, tensor=2))
+    mask = seq.completion_mask > 0
+    want = np.asarray(one.logprobs(learner_params, seq)[0])
+    got = np.asarray(meshed.logprobs(meshed.init(learner_params).params, seq)[0])
+    np.testing.assert_allclose(got[mask], want[mask], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(want[mask], np.asarray(reference_logp(learner_params, rollouts.records, True))[mask],
+                               rtol=1e-5, atol=1e-5)
