@@ -157,3 +157,27 @@ def test_coefficients_are_refused_when_negative_or_with_a_dense_policy(setup):
                                          r"valid: 0.0"):
         _learner(dense, router_z_loss_coef=0.001)
     _learner(dense)  # zeros are fine
+
+
+@pytest.mark.slow
+def test_a_moe_run_writes_the_router_metrics_to_metrics_jsonl(tmp_path):
+    """One step of the demo run with a tiny random Qwen3-MoE policy (JAX engine): metrics.jsonl has
+    every router metric, within its range (entropy <= log E, load max / mean in [1, E / k])."""
+    from jaxrl_llm import bridge
+    from jaxrl_llm.models.config import tiny_decoder_config
+    from jaxrl_llm.train.run import loop
+    from jaxrl_llm.train.run.metrics import read_metrics
+    from tests.train.tiny_run import tiny_config
+
+    cfg = tiny_decoder_config(family="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                              norm_topk_prob=True, tie_word_embeddings=False)
+    bridge.save_hf_dir(cfg, init_params(cfg, jax.random.key(0)), tmp_path / "model",
+                       tokenizer_dir=bridge.smollm2_hf_dir())
+    run = tiny_config(str(tmp_path / "model"), tmp_path / "run", "total_steps=1", "checkpoint.every_steps=0",
+                      "train.router_aux_loss_coef=0.01", "train.router_z_loss_coef=0.001")
+    loop.train(run)
+    (row,) = read_metrics(run.run_path)
+    for layer in range(cfg.num_layers):
+        assert 0.0 < row[f"router/entropy/layer{layer}"] <= np.log(4) + 1e-6
+        assert 1.0 <= row[f"router/load_max_over_mean/layer{layer}"] <= 4 / 2
+    assert row["router/load_balancing_loss"] > 0 and row["router/z_loss"] > 0
