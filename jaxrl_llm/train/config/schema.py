@@ -140,6 +140,10 @@ class TrainConfig(Section):
     lora_rank: int = field(0, ge=0)
     lora_alpha: float = field(8.0, gt=0.0)
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    loss_scale_init: float = field(2.0**15, gt=0.0)
+    loss_scale_growth_interval: int = field(2000, ge=1)  # good steps before growing
+    loss_scale_factor: float = field(2.0, gt=1.0)  # grow/shrink factor
+    loss_scale_min: float = field(1.0, gt=0.0)
     # Router losses of a mixture-of-experts policy (train/learn/router_terms.py; a dense policy needs
     # both 0): coef x Switch Transformer's load-balancing loss and coef x ST-MoE's router z-loss are
     # added to the policy loss. Default 0, as RL post-training does: Qwen3-30B-A3B's config.json
@@ -150,10 +154,6 @@ class TrainConfig(Section):
     # values: 1e-3 (Qwen3-MoE, Megatron's Qwen3 recipes) and 1e-3 for the z-loss (ST-MoE).
     router_aux_loss_coef: float = field(0.0, ge=0.0)
     router_z_loss_coef: float = field(0.0, ge=0.0)
-    loss_scale_init: float = field(2.0**15, gt=0.0)
-    loss_scale_growth_interval: int = field(2000, ge=1)  # good steps before growing
-    loss_scale_factor: float = field(2.0, gt=1.0)  # grow/shrink factor
-    loss_scale_min: float = field(1.0, gt=0.0)
     _path_prefix = "train."
 
     def _check_consistency(self) -> None:
