@@ -141,7 +141,7 @@ def moe_lines(rows: list[dict[str, Any]]) -> list[str]:
              "| model | params | active | E / k | TFLOP/s active | MFU active | TFLOP/s dense work | MFU dense work |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in moe:
-        lines.append(f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['active_params'] / 1e9:.2f}B | "
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:,.1f}M | {r['active_params'] / 1e6:,.1f}M | "
                      f"{r['experts']} / {r['top_k']} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
                      f"{r['dense_work_tflops']:.1f} | {_pct(r['mfu_dense_work'])} |")
     return lines + [""]
