@@ -134,6 +134,24 @@ def test_metrics_equal_router_metrics_of_the_batch_whatever_the_padding(setup, l
         np.testing.assert_allclose(float(metrics["router/z_loss"]), float(z), rtol=1e-5)  # splits exactly
 
 
+@pytest.mark.slow  # 52 s at load 10 on 2 cores
+def test_an_eight_device_mesh_gives_the_one_device_router_terms(setup):
+    """Mesh data=2 x fsdp=2 x tensor=2 (experts over fsdp): the same loss, gradients and router metrics."""
+    from jaxrl_llm.models import make_mesh
+
+    cfg, params, seq, rewards = setup
+    one = _learner(cfg, micro_batch_size=4, **COEFS)
+    batch = _step_batch(one, params, seq, rewards)
+    loss1, grads1, metrics1 = one.loss_and_grads(params, seq, batch)
+    sharded = Learner(cfg, one.recipe, one.train_cfg, total_steps=10, mesh=make_mesh(data=2, fsdp=2, tensor=2))
+    loss2, grads2, metrics2 = sharded.loss_and_grads(sharded.init(params).params, seq, batch)
+    assert abs(float(loss2) - float(loss1)) <= 1e-6
+    assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), grads2, grads1))) <= 1e-6
+    for name in metrics1:
+        if name.startswith("router/"):
+            np.testing.assert_allclose(float(metrics2[name]), float(metrics1[name]), rtol=1e-6, err_msg=name)
+
+
 def test_update_reports_the_router_metrics_and_steps(setup):
     """`update` (what learn() averages into metrics.jsonl) carries the router metrics as floats."""
     cfg, params, seq, rewards = setup
