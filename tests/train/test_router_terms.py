@@ -81,7 +81,8 @@ def _reference_losses(params, cfg, seq, groups):
     return balancing, z
 
 
-@pytest.mark.parametrize("micro_batch_size", [8, 2])
+# one micro-batch (the mini-batch's own losses) is make test-all's; several micro-batches (token-weighted) make test's
+@pytest.mark.parametrize("micro_batch_size", [pytest.param(8, marks=pytest.mark.slow), 2])
 def test_loss_and_gradient_add_coef_times_the_router_losses(setup, micro_batch_size):
     """loss(coefs) - loss(0) = c_aux * LB + c_z * z and the same for the gradients (a plain jax.grad
     of the unpacked reference); with several micro-batches LB is each micro-batch's own, token-weighted."""
