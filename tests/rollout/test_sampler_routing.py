@@ -90,3 +90,24 @@ def test_sample_rows_and_dtype_by_hand():
     assert rows.dtype == np.int32
     np.testing.assert_array_equal(rows[:, 0], [[0, 1], [2, 3], [4, 5], [10, 11], [12, 13]])
     assert experts_dtype(128) == jnp.uint8 and experts_dtype(257) == jnp.int16 and experts_dtype(40000) == jnp.int32
+
+
+@pytest.mark.parametrize("decode", ["compact", "slots"])
+def test_batch_invariant_routed_experts_are_the_learners_exactly(moe, decode):
+    """rollout.batch_invariant: the recorded experts, in the router's order, are bitwise those of the
+    learner's forward(batch_invariant=True) over all samples in one right-padded batch."""
+    cfg, params = moe
+    sampler = JaxSampler(cfg, params, eos_token_ids=[63], decode=decode, batch_invariant=True,
+                         return_routed_experts=True, decode_slots=4)
+    batch = sampler.generate(PROMPTS, n=2, params=SamplingParams(max_tokens=MAX_TOKENS, seed=1,
+                                                                 stop_token_ids=STOPS))
+    sequences = [np.concatenate([r.prompt_token_ids, r.completion_token_ids]) for r in batch.records]
+    tokens = np.zeros((len(sequences), max(map(len, sequences))), np.int32)
+    mask = np.zeros(tokens.shape, np.int32)
+    for row, seq in enumerate(sequences):
+        tokens[row, :len(seq)], mask[row, :len(seq)] = seq, 1
+    learner = forward(params, cfg, jnp.asarray(tokens), attention_mask=jnp.asarray(mask), batch_invariant=True,
+                      return_routing=True)
+    experts = np.asarray(learner.routing.experts)
+    for row, record in enumerate(batch.records):
+        np.testing.assert_array_equal(record.routed_experts, experts[row, :len(sequences[row]) - 1])
