@@ -2,6 +2,8 @@
 ONE cache-free, unpadded forward over each sample's prompt + completion with return_routing=True.
 The sampler's rows come from a padded prefill, per-step decodes over a KV cache, finished rows compacted
 away or slots refilled, and a prompt's prefill shared by its n samples; the reference has none of that."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,7 @@ from jaxrl_llm.rollout.sampler_routing import experts_dtype, sample_routed_exper
 from jaxrl_llm.rollout.types import SamplingParams
 
 PROMPTS = [[5, 17, 3], [9, 2, 44, 61, 8, 30, 1, 12, 40, 7, 22], [50]]  # 3, 11 and 1 tokens
-STOPS = (3, 7, 11)  # ends some samples early (each step stops with probability ~3/64)
+STOPS = (3, 7, 11, 19, 23, 29)  # ends most samples early (each step stops with probability ~6/64)
 MAX_TOKENS = 12
 
 
@@ -37,11 +39,15 @@ def moe():
     return cfg, tiny_moe_params(cfg)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _full_forward_experts(params, cfg, tokens):
+    return forward(params, cfg, tokens, return_routing=True).routing.experts
+
+
 def reference_experts(params, cfg, record) -> np.ndarray:
     """Experts [P + L - 1, nL, k] of one full forward (no cache, no padding) over the sample's tokens."""
     tokens = np.concatenate([record.prompt_token_ids, record.completion_token_ids])[None]
-    routed = forward(params, cfg, jnp.asarray(tokens), return_routing=True)
-    return np.asarray(routed.routing.experts[0, :-1])
+    return np.asarray(_full_forward_experts(params, cfg, jnp.asarray(tokens))[0, :-1])
 
 
 def assert_records_match_reference(params, cfg, batch):
@@ -58,17 +64,19 @@ def assert_records_match_reference(params, cfg, batch):
 
 
 @pytest.mark.parametrize("decode,options", [
-    ("compact", dict(long_generation=1, compactions=2, cache_window=None)),  # finished rows compacted away: 16, 12, 9 rows
-    ("slots", dict(decode_slots=4)),  # 9 samples through 4 slots: refills
+    # finished rows compacted away mid-decode (16, 12, 9, 6 rows: the unfinished ones move to the front)
+    ("compact", dict(long_generation=1, compactions=3, cache_window=None)),
+    ("slots", dict(decode_slots=4)),  # 12 samples through 4 slots: refills
 ])
 def test_routed_experts_equal_one_full_forward(moe, decode, options):
     cfg, params = moe
     sampler = JaxSampler(cfg, params, eos_token_ids=[63], decode=decode, return_routed_experts=True, **options)
-    batch = sampler.generate(PROMPTS, n=3, params=SamplingParams(max_tokens=MAX_TOKENS, seed=4,
+    batch = sampler.generate(PROMPTS, n=4, params=SamplingParams(max_tokens=MAX_TOKENS, seed=4,
                                                                  stop_token_ids=STOPS))
     assert_records_match_reference(params, cfg, batch)
+    assert sum(r.finish_reason == "stop" for r in batch.records) > 6  # some finish while 6 or fewer run on
     # the n samples of a prompt share its prefill: the prompt rows are the same, the completions differ
-    first, second = batch.records[3], batch.records[4]
+    first, second = batch.records[4], batch.records[5]
     np.testing.assert_array_equal(first.routed_experts[:11], second.routed_experts[:11])
     assert not np.array_equal(first.completion_token_ids, second.completion_token_ids)
 
@@ -111,3 +119,16 @@ def test_batch_invariant_routed_experts_are_the_learners_exactly(moe, decode):
     experts = np.asarray(learner.routing.experts)
     for row, record in enumerate(batch.records):
         np.testing.assert_array_equal(record.routed_experts, experts[row, :len(sequences[row]) - 1])
+
+
+def test_batch_invariant_forward_replays_its_own_routing_bitwise(moe):
+    """The invariant block takes replay too (models.batch_invariant.block): replaying a record under
+    forward(batch_invariant=True) gives the same log-probs bit for bit; other experts change them."""
+    cfg, params = moe
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, 64, size=(3, 9)))
+    step = jax.jit(lambda p, t, r: forward(p, cfg, t, batch_invariant=True, routing=r, return_routing=True))
+    recorded = step(params, tokens, None)
+    replayed = step(params, tokens, recorded.routing.experts)
+    np.testing.assert_array_equal(np.asarray(replayed.out), np.asarray(recorded.out))
+    other = (recorded.routing.experts + 1) % cfg.num_experts
+    assert not np.array_equal(np.asarray(step(params, tokens, other).out), np.asarray(recorded.out))
