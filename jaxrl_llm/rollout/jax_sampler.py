@@ -33,6 +33,10 @@ so a step costs what the sequence so far needs, not what max_tokens reserves. Th
 tuned for a 2-core CPU; on accelerators its 12 loops x cache-window branches take minutes to
 compile per batch size, and ``decode="auto"`` takes `rollout.decode_slots` instead (fixed slots
 refilled from the call's queue, one loop; same samples: the draw is `rollout.sampling`'s).
+
+Routing (``return_routed_experts``, MoE policies): both paths run the prefill and each decode step with
+``forward(..., return_routing=True)`` and keep the experts of every forwarded token, by output row (so
+compaction and refills move nothing), for `RolloutRecord.routed_experts` (`rollout.sampler_routing`).
 """
 from __future__ import annotations
 
