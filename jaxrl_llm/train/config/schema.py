@@ -77,10 +77,11 @@ class RolloutConfig(Section):
     # next batch is sampled; that batch is held back until the probe passes (a failed probe
     # stops the run as an in-line one does). False: the probe runs inside the push.
     overlap_verify: bool = True
-    # vLLM: record the experts each MoE layer routed every sampled sequence's tokens to, into
-    # RolloutRecord.routed_experts (routing replay; rollout/routed_experts.py). Needs a
-    # mixture-of-experts policy; a server the launcher starts gets return_routed_experts=True
-    # and runs eager (the capture hook is not in vLLM's compiled graph).
+    # Record the experts each MoE layer routed every sampled sequence's tokens to, into
+    # RolloutRecord.routed_experts (routing replay), with either engine. Needs a mixture-of-experts
+    # policy. jax: JaxSampler(return_routed_experts=True) (rollout/sampler_routing.py). vllm:
+    # rollout/routed_experts.py; a server the launcher starts gets return_routed_experts=True and
+    # runs eager (the capture hook is not in vLLM's compiled graph).
     return_routed_experts: bool = False
     # Asynchronous rollouts: the batch of step k may be sampled by weights up to max_lag
     # versions old while the learner trains (0: synchronous). Staleness is corrected with
