@@ -61,6 +61,8 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
      ["train.routing_replay = 'on'", "valid: one of 'off', 'sampler'"]),
     (["train", "--config", "experiments/demo.py", "train.routing_replay=sampler", "rollout.engine=vllm"],
      ["train.routing_replay = 'sampler'", "rollout.engine = 'vllm'", "rollout.return_routed_experts=true"]),
+    (["train", "--config", "experiments/demo.py", "train.routing_replay=sampler", "rollout.engine=jax"],
+     ["train.routing_replay = 'sampler'", "rollout.engine = 'jax'", "rollout.return_routed_experts=true"]),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names):
     done = jaxrl(*args)
@@ -100,7 +102,7 @@ def _half_environment(tmp_path: Path) -> list[str]:
     (lambda tmp_path: ["rollout.server_urls=http://127.0.0.1:1"], {},
      ["rollout.server_urls", "http://127.0.0.1:1", "does not answer", "valid:"]),
     (_half_environment, {}, ["task.env = 'half_env:NoStep'", "no step() method", "valid:"]),
-    (lambda tmp_path: ["train.routing_replay=sampler", "rollout.engine=jax"], {},
+    (lambda tmp_path: ["train.routing_replay=sampler", "rollout.engine=jax", "rollout.return_routed_experts=true"], {},
      ["train.routing_replay='sampler' needs a mixture-of-experts policy", "LlamaForCausalLM (dense)",
       "valid: train.routing_replay='off'"]),
 ], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step", "replay-dense-policy"])

@@ -90,12 +90,14 @@ def _check_batch_invariant(cfg: Config) -> None:
 
 
 def _check_routing_replay(cfg: Config) -> None:
-    """train.routing_replay='sampler' needs the engine's routing records (a dense policy is refused when
-    the learner is built: `train.learn.routing_replay.check_routing_replay` names its architecture)."""
+    """train.routing_replay='sampler' needs the engine's routing records, which either engine returns only
+    with rollout.return_routed_experts (a dense policy is refused when the learner is built:
+    `train.learn.routing_replay.check_routing_replay` names its architecture)."""
     r = cfg.rollout
-    if cfg.train.routing_replay == "sampler" and r.engine == "vllm" and not r.return_routed_experts:
-        raise ConfigError("train.routing_replay = 'sampler' with rollout.engine = 'vllm' needs the servers' routing "
-                          "records; valid: rollout.return_routed_experts=true, or train.routing_replay=off")
+    if cfg.train.routing_replay == "sampler" and not r.return_routed_experts:
+        raise ConfigError(f"train.routing_replay = 'sampler' with rollout.engine = {r.engine!r} needs the sampler's "
+                          "routing records, and rollout.return_routed_experts = false; valid: "
+                          "rollout.return_routed_experts=true, or train.routing_replay=off")
 
 
 def _check(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:

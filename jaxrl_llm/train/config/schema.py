@@ -77,10 +77,11 @@ class RolloutConfig(Section):
     # next batch is sampled; that batch is held back until the probe passes (a failed probe
     # stops the run as an in-line one does). False: the probe runs inside the push.
     overlap_verify: bool = True
-    # vLLM: record the experts each MoE layer routed every sampled sequence's tokens to, into
-    # RolloutRecord.routed_experts (routing replay; rollout/routed_experts.py). Needs a
-    # mixture-of-experts policy; a server the launcher starts gets return_routed_experts=True
-    # and runs eager (the capture hook is not in vLLM's compiled graph).
+    # Record the experts each MoE layer routed every sampled sequence's tokens to, into
+    # RolloutRecord.routed_experts (routing replay), with either engine. Needs a mixture-of-experts
+    # policy. jax: JaxSampler(return_routed_experts=True) (rollout/sampler_routing.py). vllm:
+    # rollout/routed_experts.py; a server the launcher starts gets return_routed_experts=True and
+    # runs eager (the capture hook is not in vLLM's compiled graph).
     return_routed_experts: bool = False
     # Asynchronous rollouts: the batch of step k may be sampled by weights up to max_lag
     # versions old while the learner trains (0: synchronous). Staleness is corrected with
@@ -128,7 +129,7 @@ class TrainConfig(Section):
     reuse_sampler_logprobs: bool = False
     # Routing replay of a mixture-of-experts policy (R3, arXiv 2510.11370; train/learn/routing_replay.py):
     # "sampler": the pi_old and gradient passes route each token to the experts the sampler chose
-    # (RolloutRecord.routed_experts; vLLM needs rollout.return_routed_experts=true); "off": the learner's router.
+    # (RolloutRecord.routed_experts; needs rollout.return_routed_experts=true); "off": the learner's router.
     routing_replay: Literal["off", "sampler"] = "off"
     epochs_per_batch: int = field(1, ge=1)  # passes over one rollout batch
     minibatches_per_batch: int = field(1, ge=1)  # optimiser steps per epoch

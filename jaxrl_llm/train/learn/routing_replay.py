@@ -63,8 +63,7 @@ def check_records(records: Sequence, model_cfg: DecoderConfig, *, required: bool
         if r.routed_experts is None:
             if required:
                 raise ValueError(f"train.routing_replay='sampler', but {name} has no routed_experts record; valid: "
-                                 "an engine that records routing (rollout.engine=jax, or vllm with "
-                                 "rollout.return_routed_experts=true)")
+                                 "an engine that records routing (rollout.return_routed_experts=true)")
             continue
         if want is None:
             raise ValueError(f"{name} has routed_experts, but the policy {model_cfg.architecture} is dense")
