@@ -27,7 +27,8 @@ Routing replay (R3: Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by A
 and Inference Routers", arXiv 2510.11370): given the experts S' another engine chose for a token,
 the block uses S' instead of its own top-k, and the gates are the CURRENT router's probabilities at
 S' (renormalised over S' when ``norm_topk_prob``), so the router still receives gradients through
-the gates. This is what Megatron-LM's ``RouterReplay.get_replay_topk``
+the gates. A token whose replay row holds a negative entry (-1: the sampler has no record of it,
+e.g. padding or the last sampled token) is routed by the router's own top-k instead. This is what Megatron-LM's ``RouterReplay.get_replay_topk``
 (megatron/core/transformer/moe/router_replay.py: ``probs = scores.gather(1, top_indices)``) does,
 which verl's router replay (verl/utils/megatron/router_replay_patch.py) and slime's routing replay
 (slime/utils/routing_replay.py) build on. Recording and replaying share one code path
@@ -107,13 +108,24 @@ def experts_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax
     return out.astype(dtype)
 
 
+def replayed_or_own(replay: jax.Array, own: jax.Array) -> jax.Array:
+    """replay [..., k] where its token row is a record, the router's own top-k ``own`` [..., k] where
+    it is not: a row with any entry < 0 (the learner writes -1 on padding and on the last sampled
+    token, which the sampler never forwarded) takes the router's own top-k as a whole."""
+    missing = jnp.any(replay < 0, axis=-1, keepdims=True)
+    return jnp.where(missing, own, replay.astype(jnp.int32))
+
+
 def moe_mlp(x: jax.Array, weights: Mapping[str, jax.Array], top_k: int, normalize: bool,
             replay: jax.Array | None = None) -> tuple[jax.Array, LayerRouting]:
     """The MoE block on x [B, T, D] -> (y [B, T, D], LayerRouting). ``replay`` [B, T, k] int32:
-    use these experts instead of the router's top-k; gates from the current router (module docstring)."""
+    use these experts instead of the router's top-k; gates from the current router (module docstring).
+    A replay row with an entry < 0 (-1: no record) routes that token by the router's own top-k."""
     logits = router_logits(x, weights["router"])
     probs = jax.nn.softmax(logits, axis=-1)
-    experts = top_k_experts(probs, top_k) if replay is None else replay.astype(jnp.int32)
+    experts = top_k_experts(probs, top_k)
+    if replay is not None:
+        experts = replayed_or_own(replay, experts)
     combine = combine_weights(gate_weights(probs, experts, normalize), experts, logits.shape[-1])
     y = experts_swiglu(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], combine)
     return y, LayerRouting(experts, logits)

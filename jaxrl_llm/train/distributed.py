@@ -260,20 +260,38 @@ def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, pro
     """Every process's (RolloutBatch, rewards [P_i, G], counts [k]) as one step batch on
     every process, in process order: the rollouts and rewards concatenated, the counts
     summed (collective: all processes call it). The records travel as fixed-width arrays,
-    prompts right-padded to `prompt_width`, completions to `completion_width`."""
+    prompts right-padded to `prompt_width`, completions to `completion_width`, the routing
+    records (MoE; routing replay) to prompt_width + completion_width - 1 rows, -1 after their end."""
     from jax.experimental import multihost_utils
 
-    from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord
+    from jaxrl_llm.rollout.types import RolloutBatch
 
     barrier("allgather_rollouts")
-    records = rollouts.records
+    mine = np.array([_routing_shape(rollouts.records)], np.int64)  # every process must build the same arrays
+    shape = tuple(int(x) for x in np.asarray(multihost_utils.process_allgather(mine, tiled=True)).max(axis=0))
+    arrays = _record_arrays(rollouts.records, prompt_width, completion_width, shape if shape[0] else None)
+    arrays.update(rewards=np.asarray(rewards, np.float32), counts=np.asarray(counts, np.int64)[None])
+    full = jax.tree.map(np.asarray, multihost_utils.process_allgather(arrays, tiled=True))
+    merged = _records_from_arrays(full, rollouts.samples_per_prompt)
+    n = rollouts.samples_per_prompt
+    return RolloutBatch(merged, len(merged) // n, n), full["rewards"], full["counts"].sum(axis=0)
+
+
+def _routing_shape(records) -> tuple[int, int]:
+    """(num_layers, top_k) of the records' routed_experts; (0, 0) when none has one."""
+    return next((tuple(r.routed_experts.shape[1:]) for r in records if r.routed_experts is not None), (0, 0))
+
+
+def _record_arrays(records, prompt_width: int, completion_width: int, routing_shape) -> dict[str, np.ndarray]:
+    """The records as fixed-width arrays (`allgather_rollouts`); ``routing_shape`` (nL, k) or None."""
     rows = len(records)
     arrays = {"prompt": np.zeros((rows, prompt_width), np.int32), "prompt_len": np.zeros(rows, np.int32),
               "completion": np.zeros((rows, completion_width), np.int32), "length": np.zeros(rows, np.int32),
               "logp": np.zeros((rows, completion_width), np.float32), "stop": np.zeros(rows, bool),
-              "loss_mask": np.zeros((rows, completion_width), np.float32),
-              "version": np.zeros(rows, np.int32), "rewards": np.asarray(rewards, np.float32),
-              "counts": np.asarray(counts, np.int64)[None]}
+              "loss_mask": np.zeros((rows, completion_width), np.float32), "version": np.zeros(rows, np.int32)}
+    if routing_shape is not None:
+        arrays["routing"] = np.full((rows, prompt_width + completion_width - 1, *routing_shape), -1, np.int32)
+        arrays["has_routing"] = np.zeros(rows, bool)
     for i, r in enumerate(records):
         p, c = r.prompt_token_ids.size, r.num_completion_tokens
         arrays["prompt"][i, :p], arrays["prompt_len"][i] = r.prompt_token_ids, p
@@ -281,12 +299,28 @@ def allgather_rollouts(rollouts, rewards: np.ndarray, counts: np.ndarray, *, pro
             r.completion_token_ids, r.sampler_logprobs, c)
         arrays["loss_mask"][i, :c] = r.policy_mask  # multi-turn episodes: 0 on observation tokens
         arrays["stop"][i], arrays["version"][i] = r.finish_reason == "stop", r.weight_version
-    full = jax.tree.map(np.asarray, multihost_utils.process_allgather(arrays, tiled=True))
-    n = rollouts.samples_per_prompt
-    merged = tuple(RolloutRecord(
-        prompt_index=i // n, sample_index=i % n, prompt_token_ids=full["prompt"][i, :full["prompt_len"][i]],
-        completion_token_ids=full["completion"][i, :full["length"][i]],
-        sampler_logprobs=full["logp"][i, :full["length"][i]], finish_reason="stop" if full["stop"][i] else "length",
-        weight_version=int(full["version"][i]), loss_mask=full["loss_mask"][i, :full["length"][i]])
-        for i in range(full["prompt"].shape[0]))
-    return RolloutBatch(merged, len(merged) // n, n), full["rewards"], full["counts"].sum(axis=0)
+        if r.routed_experts is not None:
+            arrays["routing"][i, :len(r.routed_experts)], arrays["has_routing"][i] = r.routed_experts, True
+    return arrays
+
+
+def _records_from_arrays(full: Mapping[str, np.ndarray], samples_per_prompt: int) -> tuple:
+    """The RolloutRecords of `_record_arrays`' (gathered) arrays, prompt-major with ``samples_per_prompt`` per prompt."""
+    from jaxrl_llm.rollout.types import RolloutRecord
+
+    n = samples_per_prompt
+
+    def routing(i, length):
+        if "routing" not in full or not full["has_routing"][i]:
+            return None
+        return full["routing"][i, :full["prompt_len"][i] + length - 1]
+
+    def record(i):
+        length = full["length"][i]
+        return RolloutRecord(
+            prompt_index=i // n, sample_index=i % n, prompt_token_ids=full["prompt"][i, :full["prompt_len"][i]],
+            completion_token_ids=full["completion"][i, :length], sampler_logprobs=full["logp"][i, :length],
+            finish_reason="stop" if full["stop"][i] else "length", weight_version=int(full["version"][i]),
+            loss_mask=full["loss_mask"][i, :length], routed_experts=routing(i, length))
+
+    return tuple(record(i) for i in range(full["prompt"].shape[0]))

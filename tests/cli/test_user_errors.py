@@ -56,6 +56,13 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
      ["recipe.correction = 'geometric_sequence_rejection'", "recipe.correction_low and recipe.correction_high"]),
     (["train", "--config", "experiments/demo.py", "recipe.advantage=grpo_passk", "rollout.samples_per_prompt=1"],
      ["recipe.advantage = 'grpo_passk'", "rollout.samples_per_prompt = 1", "samples_per_prompt >= 2"]),
+    # issue 49: routing replay
+    (["train", "--config", "experiments/demo.py", "train.routing_replay=on"],
+     ["train.routing_replay = 'on'", "valid: one of 'off', 'sampler'"]),
+    (["train", "--config", "experiments/demo.py", "train.routing_replay=sampler", "rollout.engine=vllm"],
+     ["train.routing_replay = 'sampler'", "rollout.engine = 'vllm'", "rollout.return_routed_experts=true"]),
+    (["train", "--config", "experiments/demo.py", "train.routing_replay=sampler", "rollout.engine=jax"],
+     ["train.routing_replay = 'sampler'", "rollout.engine = 'jax'", "rollout.return_routed_experts=true"]),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names):
     done = jaxrl(*args)
@@ -95,7 +102,10 @@ def _half_environment(tmp_path: Path) -> list[str]:
     (lambda tmp_path: ["rollout.server_urls=http://127.0.0.1:1"], {},
      ["rollout.server_urls", "http://127.0.0.1:1", "does not answer", "valid:"]),
     (_half_environment, {}, ["task.env = 'half_env:NoStep'", "no step() method", "valid:"]),
-], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step"])
+    (lambda tmp_path: ["train.routing_replay=sampler", "rollout.engine=jax", "rollout.return_routed_experts=true"], {},
+     ["train.routing_replay='sampler' needs a mixture-of-experts policy", "LlamaForCausalLM (dense)",
+      "valid: train.routing_replay='off'"]),
+], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step", "replay-dense-policy"])
 def test_refused_runs_are_one_line_with_exit_status_2(tmp_path, learning_model_dir, setup, env, names):
     """Four refusals that were tracebacks (exit 1) or a silently different run (issue 35); each
     before any training step, with the tiny model so it costs seconds."""

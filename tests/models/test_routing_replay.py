@@ -134,3 +134,27 @@ def test_bad_routing_is_named(moe):
         forward(dense, dense_cfg, jnp.asarray(TOKENS), routing=jnp.zeros((2, 16, 2, 2), jnp.int32))
     with pytest.raises(ValueError, match="return_routing=True needs a mixture-of-experts config"):
         forward(dense, dense_cfg, jnp.asarray(TOKENS), return_routing=True)
+
+
+def test_a_row_of_minus_one_routes_by_the_routers_own_top_k(moe):
+    """-1 rows (no record: padding, the last sampled token) against a second formulation: the same
+    forward replaying a record with the router's own top-k written into those rows, bitwise."""
+    _, cfg, params = moe
+    recorded = np.asarray(forward(params, cfg, jnp.asarray(TOKENS), return_routing=True).routing.experts)
+    other = _perturbed(params)  # its own top-k differs from the record
+    record = recorded.copy()
+    record[0, 5:9] = -1  # whole token rows (every layer) without a record
+    record[1, -1] = -1   # the last token of a row, as the sampler leaves it
+    record[1, 3, 1, 0] = -1  # one negative entry marks the whole token row (this layer's k entries)
+    step = jax.jit(lambda p, t, r: forward(p, cfg, t, routing=r, return_routing=True))
+    mixed = step(other, jnp.asarray(TOKENS), jnp.asarray(record))
+    used = np.asarray(mixed.routing.experts)
+    assert np.all(used >= 0) and np.all(np.isfinite(np.asarray(mixed.out)))  # no -1 reached the gates
+    keep = np.all(record >= 0, axis=-1)  # [B, T, nL]: rows replayed as recorded
+    np.testing.assert_array_equal(used[keep], record[keep])
+    free_first_layer = np.asarray(forward(other, cfg, jnp.asarray(TOKENS), return_routing=True).routing.experts)[:, :, 0]
+    np.testing.assert_array_equal(used[:, :, 0][~keep[:, :, 0]], free_first_layer[~keep[:, :, 0]])  # own top-k
+    assert not np.array_equal(used[~keep], recorded[~keep])  # the fallback is not the record there
+    written = step(other, jnp.asarray(TOKENS), jnp.asarray(used))  # own top-k written into those rows
+    np.testing.assert_array_equal(np.asarray(written.out), np.asarray(mixed.out))
+    np.testing.assert_array_equal(np.asarray(written.routing.experts), used)

@@ -66,3 +66,15 @@ def test_moe_run_logs_zero_mismatch_with_batch_invariance(tiny_moe_model_dir, tm
                       "rollout.return_routed_experts=true", steps=4)
     assert [r["mismatch_tokens_differing"] for r in records] == [0.0] * 4
     assert [r["mismatch_k3"] for r in records] == [0.0] * 4
+
+
+@pytest.mark.slow  # one 2-step run of the tiny MoE model
+def test_moe_run_with_routing_replay_routes_as_the_sampler(tiny_moe_model_dir, tmp_path, monkeypatch):
+    """Issue 49, routing replay end to end: the JAX sampler's records reach the learner, which replays
+    them in both passes (train.routing_replay=sampler). With batch_invariant the learner's own top-k is
+    bitwise the sampler's, so routing/differs_frac is exactly 0 and so is the replayed pi_old's mismatch k3."""
+    records, _ = _run(tiny_moe_model_dir, tmp_path / "replay", monkeypatch, "rollout.batch_invariant=true",
+                      "rollout.return_routed_experts=true", "train.routing_replay=sampler", steps=2)
+    assert [r["routing/differs_frac"] for r in records] == [0.0] * 2
+    assert [r["routing/mismatch_k3_replay_sampler"] for r in records] == [0.0] * 2
+    assert [r["mismatch_tokens_differing"] for r in records] == [0.0] * 2

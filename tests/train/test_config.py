@@ -26,7 +26,8 @@ from jaxrl_llm.train.config import (
 
 TRAIN_KEYS = [
     "lr", "warmup_steps", "schedule", "weight_decay", "grad_clip", "adam_b1", "adam_b2", "adam_eps",
-    "micro_batch_size", "micro_batch_tokens", "pack", "reuse_sampler_logprobs", "epochs_per_batch", "minibatches_per_batch",
+    "micro_batch_size", "micro_batch_tokens", "pack", "reuse_sampler_logprobs", "routing_replay", "epochs_per_batch",
+    "minibatches_per_batch",
     "precision", "remat", "lora_rank",
     "lora_alpha", "lora_targets", "loss_scale_init", "loss_scale_growth_interval", "loss_scale_factor",
     "loss_scale_min", "router_aux_loss_coef", "router_z_loss_coef",

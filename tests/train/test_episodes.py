@@ -351,3 +351,41 @@ def test_environment_config_errors_name_the_field(tmp_path):
     task = task_from_config(cfg("task.env=tests.train.episode_envs:ParityEnv", 'task.env_kwargs={"turns": 3}'))
     assert isinstance(task, PluginEnvTask) and task.make_env().turns == 3 and task.name == "addition"
     assert task_from_config(cfg("task.name=guess_number", 'task.kwargs={"max_number": 7}')).max_number == 7
+
+
+class FakeRoutingEngine(FakeScriptedEngine):
+    """The scripted policy, with routed_experts as the sampler returns them (one row per forwarded
+    token: prompt + completion - 1) from a made-up rule of (position, token): `fake_routing`."""
+
+    def generate(self, prompts, n, params):
+        out = super().generate(prompts, n, params)
+        return RolloutBatch(tuple(dataclasses.replace(r, routed_experts=fake_routing(
+            np.concatenate([r.prompt_token_ids, r.completion_token_ids])[:-1])) for r in out.records), len(prompts), 1)
+
+
+def fake_routing(tokens):
+    """[T, 2 layers, top-2] experts of 4 for tokens [T]: a function of position and token."""
+    t = np.arange(len(tokens))[:, None, None]
+    return ((tokens[:, None, None] + t + np.arange(2)[None, :, None] + np.arange(2)[None, None, :]) % 4).astype(np.int32)
+
+
+def test_an_episode_record_carries_the_turns_routing(policy):
+    """Routing replay: the episode's record holds routed_experts for all P + L - 1 tokens (the last
+    turn's call forwarded the whole history), equal to the rule at every position; a turn without
+    them leaves the record without."""
+    calc = make_task("calculator_tool")
+    examples = calc.examples("train", 2, seed=1)
+    batch = run_episodes(FakeRoutingEngine(policy, calculator_script), policy, calc, examples, 1,
+                         SamplingParams(seed=0), limits())
+    for r in batch.rollouts.records:
+        full = np.concatenate([r.prompt_token_ids, r.completion_token_ids])
+        assert r.loss_mask.min() == 0  # a two-turn episode with an observation between the turns
+        np.testing.assert_array_equal(r.routed_experts, fake_routing(full[:-1]))
+    one_turn = run_episodes(FakeRoutingEngine(policy, calculator_script), policy, calc, examples, 1,
+                            SamplingParams(seed=0), limits(max_turns=1, turn_max_tokens=4))  # a turn cut at 4 tokens
+    for r in one_turn.rollouts.records:
+        full = np.concatenate([r.prompt_token_ids, r.completion_token_ids])
+        np.testing.assert_array_equal(r.routed_experts, fake_routing(full[:-1]))
+    plain = run_episodes(FakeScriptedEngine(policy, calculator_script), policy, calc, examples, 1,
+                         SamplingParams(seed=0), limits())
+    assert all(r.routed_experts is None for r in plain.rollouts.records)

@@ -89,9 +89,21 @@ def _check_batch_invariant(cfg: Config) -> None:
                           "valid: model.compute_dtype unset (it follows train.precision)")
 
 
+def _check_routing_replay(cfg: Config) -> None:
+    """train.routing_replay='sampler' needs the engine's routing records, which either engine returns only
+    with rollout.return_routed_experts (a dense policy is refused when the learner is built:
+    `train.learn.routing_replay.check_routing_replay` names its architecture)."""
+    r = cfg.rollout
+    if cfg.train.routing_replay == "sampler" and not r.return_routed_experts:
+        raise ConfigError(f"train.routing_replay = 'sampler' with rollout.engine = {r.engine!r} needs the sampler's "
+                          "routing records, and rollout.return_routed_experts = false; valid: "
+                          "rollout.return_routed_experts=true, or train.routing_replay=off")
+
+
 def _check(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
     """`plan_run`'s refusals; `recipe` is the config's, before any staleness correction."""
     _check_batch_invariant(cfg)
+    _check_routing_replay(cfg)
     rc = cfg.recipe
     if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:
         critic_recipes = [n for n, r in core.RECIPES.items() if r.value_coef > 0]

@@ -127,6 +127,10 @@ class TrainConfig(Section):
     pack: bool = True
     # pi_old := the sampler's log-probs (no recompute pass); only with rollout.batch_invariant (the same numbers).
     reuse_sampler_logprobs: bool = False
+    # Routing replay of a mixture-of-experts policy (R3, arXiv 2510.11370; train/learn/routing_replay.py):
+    # "sampler": the pi_old and gradient passes route each token to the experts the sampler chose
+    # (RolloutRecord.routed_experts; needs rollout.return_routed_experts=true); "off": the learner's router.
+    routing_replay: Literal["off", "sampler"] = "off"
     epochs_per_batch: int = field(1, ge=1)  # passes over one rollout batch
     minibatches_per_batch: int = field(1, ge=1)  # optimiser steps per epoch
     # Learner compute precision. fp16 turns on dynamic loss scaling.

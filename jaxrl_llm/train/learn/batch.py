@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxrl_llm.rollout.types import RolloutBatch
+from jaxrl_llm.train.learn.routing_replay import sequence_routing
 
 
 class SequenceBatch(NamedTuple):
@@ -29,6 +30,9 @@ class SequenceBatch(NamedTuple):
     sampler_logp: np.ndarray  # float32 [N, T_c], 0 on padding
     truncated: np.ndarray  # bool [N]: finish_reason != "stop"
     prompt_width: int
+    # int32 [N, W_p + T_c, nL, k]: the sampler's routing record of each token, in the tokens' columns,
+    # -1 where none (train/learn/routing_replay.py); None: no record has routed_experts
+    routing: np.ndarray | None = None
 
 
 def build_sequences(rollouts: RolloutBatch, *, completion_width: int, pad_id: int = 0,
@@ -55,4 +59,5 @@ def build_sequences(rollouts: RolloutBatch, *, completion_width: int, pad_id: in
         sampler_logp[i, :c] = rec.sampler_logprobs
     positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
     truncated = np.array([r.finish_reason != "stop" for r in records])
-    return SequenceBatch(tokens, attention, positions, completion_mask, sampler_logp, truncated, prompt_width)
+    return SequenceBatch(tokens, attention, positions, completion_mask, sampler_logp, truncated, prompt_width,
+                         sequence_routing(records, prompt_width, width))

@@ -33,6 +33,10 @@
   still forms each full dL/dW before projecting it onto A and B, so LoRA saves
   optimiser state and work, not backward FLOPs). `full_params` gives the
   merged weights that the rollout engines receive.
+* Routing replay (`train.routing_replay`, MoE policies; `train.learn.routing_replay`): the row
+  plan carries the sampler's routing records placed like the tokens (`DeviceRows.routing`, -1 where
+  none); with "sampler" the policy's forward in the pi_old pass and in every gradient micro-batch
+  replays them, and the pi_old pass measures where the policy's own top-k differs from them.
 * Side passes (`train.learn.side_passes.SidePasses`): the reference policy (a KL term), the
   distillation teacher and the critic. Their log-probs and values come from the same micro-batched
   pi_old program (`step_logprobs`); the critic's value head reads the policy's hidden states and is
@@ -47,12 +51,13 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.models import DecoderConfig, lora
+from jaxrl_llm.models import DecoderConfig, forward, lora
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_setting
 from jaxrl_llm.train.config import PRECISION_DTYPES
 from jaxrl_llm.train.learn import critic as critic_lib
 from jaxrl_llm.train.learn import packing
+from jaxrl_llm.train.learn import routing_replay as replay_lib
 from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.learn.micro_batch import DeviceRows, head_logprobs, to_step_layout
 from jaxrl_llm.train.learn.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
@@ -69,6 +74,7 @@ class StepLogprobs(NamedTuple):
     ref_logp: jax.Array | None  # the reference policy's; None without one
     values: jax.Array | None = None  # the critic's V_t; None without one
     teacher_logp: jax.Array | None = None  # the distillation teacher's; None without one
+    routing_differs: jax.Array | None = None  # 1 where the learner's own top-k set differs from the record
 
 
 class LearnerState(NamedTuple):
@@ -103,6 +109,8 @@ class Learner:
         self.remat_choice = None  # models.remat.RematChoice, once "auto" has chosen
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
+        # "sampler": pi_old and gradient passes route by the sampler's records (train/learn/routing_replay.py)
+        self.routing_replay = replay_lib.check_routing_replay(train_cfg.routing_replay, model_cfg)
         self.router_coefs = router_terms.router_coefs(model_cfg, train_cfg)  # None: a dense policy
         self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
@@ -165,8 +173,13 @@ class Learner:
         if budget is None:
             budget = min(self.train_cfg.micro_batch_size, seq.tokens.shape[0]) * width
         rows = packing.rows_per_micro_batch(budget, width, self.place.data_parallel)
+        if self.routing_replay == "sampler" and seq.routing is None:
+            raise ValueError("train.routing_replay='sampler' needs the sampler's routing records: SequenceBatch.routing "
+                             "is None (build_sequences fills it from RolloutRecord.routed_experts)")
+        routing = seq.routing if self.compute_cfg.is_moe else None
         return packing.plan_rows(tokens, attention_mask, seq.prompt_width, rows_per_micro=rows,
-                                 pack=self.train_cfg.pack if pack is None else pack)
+                                 pack=self.train_cfg.pack if pack is None else pack,
+                                 routing=None if routing is None else self.place.host(routing))
 
     def _unpartitioned(self, tree):
         """Batch-invariant pi_old on a mesh: inputs and outputs replicated, so every device runs the
@@ -205,33 +218,50 @@ class Learner:
         if with_reference and reference is None:  # LoRA: the frozen base, in the compute dtype
             reference = self.compute_params(frozen)
 
-        def run(weights, *micro, cfg=self.compute_cfg, **kwargs):
-            weights, micro = self._unpartitioned((weights, micro))
+        def run(weights, *micro, cfg=self.compute_cfg, routing=None, **kwargs):
+            weights, micro, routing = self._unpartitioned((weights, micro, routing))
             return self._unpartitioned(head_logprobs(
-                weights, cfg, *micro, temperature=self.temperature, remat="off",
-                max_segments=max_segments, batch_invariant=self.batch_invariant, **kwargs))
+                weights, cfg, *micro, temperature=self.temperature, remat="off", max_segments=max_segments,
+                batch_invariant=self.batch_invariant, routing=routing, **kwargs))
 
         n, completion_width = rows.completion_index.shape
         zeros = jnp.zeros((n, completion_width), jnp.float32)
+        measure = rows.routing is not None  # a MoE policy with the sampler's records: routing/differs_frac
         empty = StepLogprobs(zeros, zeros, zeros if with_reference else None,
-                             zeros if critic_params is not None else None, zeros if teacher is not None else None)
+                             zeros if critic_params is not None else None, zeros if teacher is not None else None,
+                             zeros if measure else None)
 
-        def one(m, micro):
-            (logp, entropy), values = run(params, *micro, return_entropy=True, critic_params=critic_params)
+        def one(m, micro, record):
+            replay = record if self.routing_replay == "sampler" else None
+            heads = run(params, *micro, return_entropy=True, critic_params=critic_params, routing=replay,
+                        return_routing=measure and replay is None)
+            (logp, entropy), values = heads[:2]
             ref_logp = run(reference, *micro, return_entropy=False)[0] if with_reference else None
             teacher_logp = (None if teacher is None else
                             run(teacher, *micro, cfg=self.side.teacher_cfg, return_entropy=False)[0])
-            flat = StepLogprobs(logp, entropy, ref_logp, values, teacher_logp)
+            differs = None
+            if measure:  # the learner's own routing, without replay: this pass's, or a forward of its own
+                own = heads[2].experts if replay is None else self._own_experts(params, micro, max_segments)
+                differs = replay_lib.differs_at_heads(own, record, micro[3])
+            flat = StepLogprobs(logp, entropy, ref_logp, values, teacher_logp, differs)
             return jax.tree.map(lambda x: to_step_layout(x, rows, m, 0.0), flat)
 
         def accumulate(total, xs):
-            m, used, micro = xs
-            part = jax.lax.cond(used, lambda: one(m, micro), lambda: empty)
+            m, used, micro, record = xs
+            part = jax.lax.cond(used, lambda: one(m, micro, record), lambda: empty)
             return jax.tree.map(jnp.add, total, part), None
 
         micro = (rows.tokens, rows.segment_ids, rows.positions, rows.head_slots)
-        total, _ = jax.lax.scan(accumulate, empty, (jnp.arange(rows.used.shape[0]), rows.used, micro))
+        xs = (jnp.arange(rows.used.shape[0]), rows.used, micro, rows.routing)
+        total, _ = jax.lax.scan(accumulate, empty, xs)
         return total
+
+    def _own_experts(self, params, micro, max_segments: int) -> jax.Array:
+        """[R, W, nL, k]: the experts the policy's own router picks for a micro-batch's rows (no replay)."""
+        tokens, segment_ids, positions, _ = self._unpartitioned(micro)
+        return forward(params, self.compute_cfg, tokens, positions=positions, segment_ids=segment_ids,
+                       return_hidden=True, max_segments=max_segments, batch_invariant=self.batch_invariant,
+                       return_routing=True).routing.experts
 
     # ---------------------------------------------------------------- update
     def update(self, state: LearnerState, seq: SequenceBatch, step_batch: core.StepBatch):
@@ -283,12 +313,12 @@ class Learner:
         moe = self.router_coefs is not None
         real_tokens = router_terms.real_token_count(rows.segment_ids)  # the mini-batch's, all micro-batches
 
-        def micro_loss(trainable, m, micro):
+        def micro_loss(trainable, m, micro, replay):
             params, critic_params = trainable
             heads = head_logprobs(
                 self.compute_params(params, frozen), self.compute_cfg, *micro, temperature=self.temperature,
                 return_entropy=False, remat=remat, max_segments=max_segments, critic_params=critic_params,
-                return_routing=moe)
+                return_routing=moe, routing=replay)
             logp_flat, values_flat = heads[:2]
             logp = to_step_layout(logp_flat, rows, m, step_batch.old_logp)
             values = None if values_flat is None else to_step_layout(values_flat, rows, m, step_batch.old_values)
@@ -302,15 +332,17 @@ class Learner:
         grad_fn = jax.grad(micro_loss, has_aux=True)
         trainable = (params, critic_params)
         micro = (rows.tokens, rows.segment_ids, rows.positions, rows.head_slots)
-        first = jax.tree.map(lambda x: x[0], micro)
-        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, trainable, 0, first))
+        replay = rows.routing if self.routing_replay == "sampler" else None  # train.routing_replay
+        first = jax.tree.map(lambda x: x[0], (micro, replay))
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, trainable, 0, *first))
 
         def accumulate(carry, xs):
-            m, used, micro = xs
-            part = jax.lax.cond(used, lambda: grad_fn(trainable, m, micro), lambda: zeros)
+            m, used, micro, replay = xs
+            part = jax.lax.cond(used, lambda: grad_fn(trainable, m, micro, replay), lambda: zeros)
             return jax.tree.map(jnp.add, carry, part), None
 
-        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(rows.used.shape[0]), rows.used, micro))
+        xs = (jnp.arange(rows.used.shape[0]), rows.used, micro, replay)
+        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, xs)
         if moe:
             metrics = router_terms.router_step_metrics(metrics, real_tokens)
         return metrics["loss"], jax.tree.map(lambda g: g / scale, grads), metrics

@@ -22,20 +22,22 @@ class DeviceRows(NamedTuple):
     used: jax.Array  # bool [k]
     completion_index: jax.Array  # int32 [N, T_c]
     micro_batch: jax.Array  # int32 [N]
+    routing: jax.Array | None = None  # int32 [k, R, W, nL, top_k]: the sampler's routing records, -1 where none
 
 
 def head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, head_slots, *, temperature: float,
                    return_entropy: bool, remat: str, max_segments: int, critic_params=None,
-                   batch_invariant: bool = False, return_routing: bool = False):
+                   batch_invariant: bool = False, return_routing: bool = False, routing=None):
     """One micro-batch: the decoder over its rows [R, W], then the LM head and log-softmax on the
     R * T_c gathered positions that predict completion tokens only (the head is ~1/5 of SmolLM2's
     FLOPs per position, so skipping prompt and padding positions is not free). ``batch_invariant``:
     `models.batch_invariant`'s ops (rows must hold one sequence each, from slot 0). Returns the flat
     [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None);
-    ``return_routing`` (MoE configs): a third element, the rows' `models.moe.Routing` [R, W, ...]."""
+    ``return_routing`` (MoE configs): a third element, the rows' `models.moe.Routing` [R, W, ...].
+    ``routing`` [R, W, nL, k] (MoE configs): the experts to replay (-1 rows: the router's own top-k)."""
     result = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
                      remat=remat, max_segments=max_segments, batch_invariant=batch_invariant,
-                     return_routing=return_routing)
+                     return_routing=return_routing, routing=routing)
     hidden = result[0]
     rows, width, dim = hidden.shape
     predicting = jnp.take(hidden.reshape(rows * width, dim), head_slots, axis=0)[None]

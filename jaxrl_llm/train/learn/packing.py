@@ -20,6 +20,8 @@ gathered positions in both modes: the head and its log-softmax see completion po
 Micro-batches take R consecutive rows; the plan always has k = ceil(N / R) micro-batches (what
 one sequence per row needs), so the compiled program's shapes do not depend on the lengths;
 micro-batches that packing left empty are skipped by the learner (`RowPlan.used`).
+A MoE policy's routing records (`SequenceBatch.routing`) move with their tokens slot for slot
+(`RowPlan.routing`, -1 in every slot without a record; `train.learn.routing_replay`).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class RowPlan(NamedTuple):
     used: np.ndarray  # bool [k]: micro-batches holding at least one sequence
     max_segments: int  # most sequences in one row, rounded up to a power of two (a static shape: few programs)
     padding_fraction: float  # share of the used micro-batches' slots holding no token
+    routing: np.ndarray | None = None  # int32 [k, R, W, nL, top_k]: the tokens' routing records, -1 where none
 
 
 def sequence_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -83,9 +86,10 @@ def rows_per_micro_batch(micro_batch_tokens: int, width: int, multiple: int = 1)
 
 
 def plan_rows(tokens: np.ndarray, attention_mask: np.ndarray, prompt_width: int, *, rows_per_micro: int,
-              pack: bool) -> RowPlan:
+              pack: bool, routing: np.ndarray | None = None) -> RowPlan:
     """The RowPlan of a batch built by `train.batch.build_sequences` (row i: [left padding | prompt |
-    completion | right padding], the completion starting at column `prompt_width`)."""
+    completion | right padding], the completion starting at column `prompt_width`). ``routing``
+    [N, width, nL, k] (`SequenceBatch.routing`) moves with the tokens, -1 in every other slot."""
     tokens = np.asarray(tokens)
     n, width = tokens.shape
     completion_width = width - prompt_width
@@ -104,6 +108,7 @@ def plan_rows(tokens: np.ndarray, attention_mask: np.ndarray, prompt_width: int,
     completion_index = np.zeros((n, completion_width), np.int32)
     micro_batch = np.zeros(n, np.int32)
     filled_head = np.zeros(k, np.int64)
+    out_routing = None if routing is None else np.full(shape + np.shape(routing)[2:], -1, np.int32)
     max_segments = 1
     for r, members in enumerate(rows):
         m, row = divmod(r, rows_per_micro)
@@ -112,6 +117,8 @@ def plan_rows(tokens: np.ndarray, attention_mask: np.ndarray, prompt_width: int,
         for segment, i in enumerate(members, start=1):
             length, prompt, c = int(lengths[i]), int(prompt_lengths[i]), int(completions[i])
             out_tokens[m, row, at:at + length] = tokens[i, starts[i]:starts[i] + length]
+            if out_routing is not None:
+                out_routing[m, row, at:at + length] = routing[i, starts[i]:starts[i] + length]
             segments[m, row, at:at + length] = segment
             positions[m, row, at:at + length] = np.arange(length)
             # completion token j sits at slot at + prompt + j and is predicted from the slot before it
@@ -126,4 +133,4 @@ def plan_rows(tokens: np.ndarray, attention_mask: np.ndarray, prompt_width: int,
     slots = int(used.sum()) * rows_per_micro * width
     padding = 1.0 - float(lengths.sum()) / slots
     return RowPlan(out_tokens, segments, positions, head_slots, completion_index, micro_batch, used,
-                   1 << (max_segments - 1).bit_length(), padding)
+                   1 << (max_segments - 1).bit_length(), padding, out_routing)

@@ -66,14 +66,15 @@ class Placement:
         return params, opt_state, put_global(others, self._replicated)
 
     def rows(self, plan: RowPlan) -> DeviceRows:
-        """A row plan on the devices: its per-micro-batch rows [k, R, W] split over the batch axes,
-        the head slots, flags and read-back indices replicated."""
+        """A row plan on the devices: its per-micro-batch rows [k, R, W] (and routing records
+        [k, R, W, nL, top_k]) split over the batch axes, the head slots, flags and read-back indices replicated."""
         per_micro = (plan.tokens, plan.segment_ids, plan.positions)
         rest = (plan.head_slots, plan.used, plan.completion_index, plan.micro_batch)
         if self.mesh is None:
-            return DeviceRows(*map(jnp.asarray, per_micro + rest))
+            return DeviceRows(*map(jnp.asarray, per_micro + rest), routing=jax.tree.map(jnp.asarray, plan.routing))
         split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, BATCH_AXES, None))
-        return DeviceRows(*put_global(per_micro, split), *put_global(rest, self._replicated))
+        return DeviceRows(*put_global(per_micro, split), *put_global(rest, self._replicated),
+                          routing=put_global(plan.routing, split))
 
     def batch(self, tree):
         """Every leaf's leading (row) axis split over the batch axes (a step batch)."""

@@ -18,6 +18,7 @@ from jaxrl_llm.rollout.types import RolloutBatch
 from jaxrl_llm.train.learn.batch import SequenceBatch, build_sequences
 from jaxrl_llm.train.learn.critic import critic_metrics
 from jaxrl_llm.train.learn.learner import Learner, LearnerState, StepLogprobs
+from jaxrl_llm.train.learn import routing_replay
 
 
 def learn(learner: Learner, state: LearnerState, rollouts: RolloutBatch, sampled: core.StepInputs, *,
@@ -31,8 +32,11 @@ def learn(learner: Learner, state: LearnerState, rollouts: RolloutBatch, sampled
     log-probs, truncation, reference / teacher log-probs, critic values) and hands each mini-batch
     of the one StepInputs to `core.prepare_step_batch`. The recipe and the train section (mini-batches,
     epochs, reuse of the sampler's log-probs) are the learner's; `completion_width` is rollout.max_tokens.
+    The records' routed_experts (MoE policies) go with the sequences (`SequenceBatch.routing`) to both passes
+    under train.routing_replay="sampler", and to the routing metrics (`train.learn.routing_replay`).
     """
     core.validate_rewards(sampled.rewards)  # on the host: a NaN reward is an error naming rewards[p, g]
+    routing_replay.check_records(rollouts.records, learner.compute_cfg, required=learner.routing_replay == "sampler")
     seq = build_sequences(rollouts, completion_width=completion_width, pad_id=0)
     put = learner.place.replicated
     before = _pi_old(learner, state, seq)
@@ -67,6 +71,8 @@ def learn(learner: Learner, state: LearnerState, rollouts: RolloutBatch, sampled
         out["reference_bytes"] = float(learner.reference_bytes)
     if teacher_logp is not None:
         out["teacher_bytes"] = float(learner.teacher_bytes)
+    if learner.compute_cfg.is_moe:
+        out.update(routing_replay.routing_metrics(learner.routing_replay, before.routing_differs, mask, out))
     return state, out
 
 
@@ -98,5 +104,5 @@ def _prepare(recipe: core.Recipe):
 
 def _rows(seq: SequenceBatch, rows: slice) -> SequenceBatch:
     """The rows `rows` of every per-sequence array of `seq`."""
-    return seq._replace(**{name: getattr(seq, name)[rows] for name in (
-        "tokens", "attention_mask", "positions", "completion_mask", "sampler_logp", "truncated")})
+    names = ("tokens", "attention_mask", "positions", "completion_mask", "sampler_logp", "truncated", "routing")
+    return seq._replace(**{name: getattr(seq, name)[rows] for name in names if getattr(seq, name) is not None})

@@ -28,6 +28,12 @@ episode after a policy turn that ended with its own end-of-turn token (as a sing
 sample is "stop" only when it ended with EOS). The episode's reward is the discounted sum of its step rewards,
 sum_t discount**t r_t (t counts policy turns from 0).
 
+Routing (MoE policies, routing replay): each turn's call forwards the whole history, so its record's
+routed_experts cover every position before its last sampled token; the episode keeps the latest
+turn's rows and its record gets them padded with -1 (no record: the learner's own top-k) to
+P + L - 1 rows, i.e. the observation after the last turn and the last token have none. A turn
+without routed_experts leaves the episode without them.
+
 Versions: an episode's record carries the weight version that sampled its turns; all its
 turns must come from one version (the training loop's producer holds the engine, and so
 its weights, for the whole batch), else `run_episodes` raises instead of mixing policies.
@@ -96,6 +102,24 @@ class _Episode:
     finish_reason: str = "length"
     truncated_by_limit: bool = False
     weight_version: int | None = None  # of the first turn; every later turn must match it
+    routing: np.ndarray | None = None  # [rows, nL, k]: the latest turn's routed_experts of the history's positions
+    routing_missing: bool = False  # a turn came without routed_experts
+
+    def take_routing(self, rec: RolloutRecord, history: int) -> None:
+        """Keeps ``rec``'s routed_experts of the first ``history`` positions (the tokens kept so far)."""
+        if rec.routed_experts is None:
+            self.routing_missing = True
+        else:
+            self.routing = rec.routed_experts[:history]
+
+    def record_routing(self) -> np.ndarray | None:
+        """routed_experts of the episode's record: [P + L - 1, nL, k], -1 where no turn forwarded the token."""
+        if self.routing_missing or self.routing is None:
+            return None
+        rows = len(self.prompt) + len(self.tokens) - 1
+        out = np.full((rows, *self.routing.shape[1:]), -1, np.int32)
+        out[:min(rows, len(self.routing))] = self.routing[:rows]
+        return out
 
     def append(self, ids, logprobs, policy: bool) -> None:
         self.tokens += [int(t) for t in ids]
@@ -163,6 +187,7 @@ def _play_turn(e: _Episode, rec: RolloutRecord, policy: Policy, eos: set[int], l
                            f"{rec.weight_version}; the engine's weights must not change during run_episodes "
                            "(the training loop holds the engine for the whole batch of episodes)")
     e.append(ids, logprobs, policy=True)
+    e.take_routing(rec, len(e.prompt) + len(e.tokens))
     e.weight_version = rec.weight_version
     closed = rec.finish_reason == "stop" and len(ids) == rec.num_completion_tokens
     text = policy.tokenizer.decode([t for t in ids.tolist() if t not in eos])
@@ -184,7 +209,7 @@ def _batch(episodes: list[_Episode], num_prompts: int, n: int, limits: EpisodeLi
     records = tuple(RolloutRecord(
         prompt_index=i // n, sample_index=i % n, prompt_token_ids=e.prompt, completion_token_ids=e.tokens,
         sampler_logprobs=e.logprobs, finish_reason=e.finish_reason, weight_version=e.weight_version,
-        loss_mask=e.mask) for i, e in enumerate(episodes))
+        loss_mask=e.mask, routed_experts=e.record_routing()) for i, e in enumerate(episodes))
     rewards = np.array([sum(e.rewards) for e in episodes], np.float32)
     returns = np.array([sum(r * limits.discount**t for t, r in enumerate(e.rewards)) for e in episodes], np.float32)
     mean = lambda values: float(np.mean(values))  # noqa: E731
