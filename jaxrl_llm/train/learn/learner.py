@@ -102,7 +102,7 @@ class Learner:
         self.remat_choice = None  # models.remat.RematChoice, once "auto" has chosen
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
-        self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
+        self.lora = lora.spec_from_train_config(train_cfg, model_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
         self.side = SidePasses(recipe, self.compute_dtype, self.place, critic_cfg=critic_cfg, teacher=teacher)
         self._merge = jax.jit(self._full_params_impl)
