@@ -115,6 +115,7 @@ def test_vllm_serves_our_exported_moe_with_our_logprobs(moe_server, exported):
     assert restored <= ATOL
 
 
+@pytest.mark.slow  # ~70 s beside the module's server (2 RL steps in a child process that compiles the learner)
 @pytest.mark.timeout(1200)
 def test_two_rl_steps_of_a_moe_policy_through_vllm_push_verified_moe_weights(moe_server, exported, tmp_path):
     cfg, params = exported[:2]
