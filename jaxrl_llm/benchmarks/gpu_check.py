@@ -24,7 +24,9 @@ Sections (described in the order of the pipeline, not of the run):
   learner       `Learner.update` (the real step: micro-batches, fp32 master weights, AdamW,
                 train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
                 an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
-                one sequence per row; tokens/s and MFU;
+                one sequence per row; tokens/s and MFU; and a mixture of experts: Qwen3-30B-A3B's
+                layer with 4 of its 48 layers (`learner_gpu.MOE_MODELS`), 16k tokens, packed
+                (--tiny: `tiny-moe`), MFU on its active parameters (below);
   learner_phases  one packed micro-batch's layers, LM head and optimiser timed alone
                 (`benchmarks.learner_phases`): where the learner's time goes; then each lever of
                 the head and the layers alone, and which one won by how much;
@@ -38,6 +40,11 @@ LM head charged only on completion tokens, which is all the learner computes it 
 6 * N_body * tokens + 6 * D * V * completion_tokens + 12 * L * H * hd * sum_i L_i (L_i + 1) / 2,
 N_body = the matmul weights of the layers, L_i the length of sequence i. MFU = FLOPs / time /
 datasheet dense bf16 peak (`learner_gpu.PEAK_TFLOPS`); also given against the measured matmul rate.
+A mixture of experts counts its ACTIVE parameters in N_body (router + the k experts a token routes
+to: `rl_batch.body_params`), so "mfu" is MFU on active parameters. The experts are computed densely
+today (every expert on every token, `models.moe.experts_swiglu`), so the device does E / k times the
+experts' needed FLOPs (16x at 128 experts, top-8): its row also gives "dense_work_tflops" and
+"mfu_dense_work", the same count with all E experts, which is the work the device really does.
 """
 from __future__ import annotations
 
@@ -57,7 +64,7 @@ from jaxrl_llm import core
 from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
 from jaxrl_llm.benchmarks.gpu_check_sections import (DEFAULT_BUDGET_S, batch_invariance_check, run_order,
                                                      section_estimates, torch_rates, torch_reference)
-from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
+from jaxrl_llm.benchmarks.learner_gpu import MOE_MODELS, datasheet_peak, matmul_ceiling, model_config
 from jaxrl_llm.benchmarks.learner_phases import learner_phases
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
 from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
@@ -110,7 +117,20 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
            "mfu": None if peak_tflops is None else achieved / (peak_tflops * 1e12),
            "fraction_of_matmul_ceiling": None if ceiling_flops is None else achieved / ceiling_flops,
            "loss": float(metrics["loss"]), "skipped": float(metrics["skipped"])}
+    if cfg.is_moe:
+        row.update(moe_fields(cfg, flops, seconds, peak_tflops))
     return row
+
+
+def moe_fields(cfg, flops: dict[str, float], seconds: float, peak_tflops: float | None) -> dict[str, Any]:
+    """A mixture-of-experts row's extra numbers: MFU is on active parameters (the row's "mfu"); the
+    experts run densely, so the dense-work rate (all E experts counted) is what the device achieved."""
+    dense = flops["dense_work_flops"] / seconds
+    return {"moe": True, "mfu_basis": "active parameters", "params": cfg.num_params(),
+            "active_params": cfg.num_active_params(), "experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
+            "expert_work_over_needed": cfg.num_experts / cfg.num_experts_per_tok,
+            "dense_work_flops_per_step": flops["dense_work_flops"], "dense_work_tflops": dense / 1e12,
+            "mfu_dense_work": None if peak_tflops is None else dense / (peak_tflops * 1e12)}
 
 
 # ----------------------------------------------------------- attention check
@@ -163,9 +183,9 @@ def attention_check(seed: int = 0) -> dict[str, Any]:
 def learner_plan(tiny: bool) -> list[tuple[str, int, bool]]:
     """(model, tokens per step, pack), the headline row first, then the one torch is compared with."""
     if tiny:
-        return [("tiny", 256, True), ("tiny", 256, False)]
+        return [("tiny", 256, True), ("tiny", 256, False), ("tiny-moe", 256, True)]
     return [("qwen2.5-1.5b", 65536, True), ("qwen2.5-1.5b", 16384, False), ("qwen2.5-1.5b", 16384, True),
-            ("qwen2.5-1.5b", 65536, False), ("qwen2.5-0.5b", 65536, True), ("qwen2.5-0.5b", 65536, False),
+            ("qwen2.5-1.5b", 65536, False), ("qwen3-30b-a3b-4l", 16384, True), ("qwen2.5-0.5b", 65536, True), ("qwen2.5-0.5b", 65536, False),
             ("qwen2.5-0.5b", 16384, True), ("qwen2.5-0.5b", 16384, False)]
 
 
@@ -286,11 +306,14 @@ def disable_segments(report: Report) -> None:
 def _learner_job(report: Report, model, tokens, pack, micro_tokens, steps, mix, peak, ceilings):
     def job():
         ceiling = ceilings.get("matmul_tflops")
-        row = learner_row(model, tokens, pack, micro_batch_tokens=micro_tokens, steps=steps, mix=mix,
+        micro = micro_tokens // 2 if model in MOE_MODELS and model != "tiny-moe" else micro_tokens
+        row = learner_row(model, tokens, pack, micro_batch_tokens=micro, steps=steps, mix=mix,
                           peak_tflops=peak, ceiling_flops=None if ceiling is None else ceiling * 1e12)
         report.data["learner"].append(row)
+        moe = (f" (active params; dense expert work {row['dense_work_tflops']:.1f} TFLOP/s, "
+               f"MFU {_pct(row['mfu_dense_work'])})") if row.get("moe") else ""
         print(f"[gpu-check]   {model} {row['tokens_per_step']} tok {'packed' if pack else 'rows'}: "
-              f"{row['seconds']:.3f} s/step, {row['tokens_per_s']:.0f} tok/s, MFU {_pct(row['mfu'])}, "
+              f"{row['seconds']:.3f} s/step, {row['tokens_per_s']:.0f} tok/s, MFU {_pct(row['mfu'])}{moe}, "
               f"padding {_pct(row['padding_fraction'])}, remat {row['remat']}", flush=True)
         return row
     return job

@@ -116,6 +116,7 @@ def markdown(data: dict[str, Any]) -> str:
                          f"{r['tokens_per_s']:.0f} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
                          f"{_pct(r['fraction_of_matmul_ceiling'])} |")
         lines.append("")
+    lines += moe_lines(data["learner"])
     lines += torch_lines(data)
     lines += lever_lines(data.get("learner_phases"))
     lines += invariance_lines(data.get("batch_invariance"))
@@ -127,6 +128,23 @@ def markdown(data: dict[str, Any]) -> str:
         note = s.get("error") or s.get("reason") or ""
         lines.append(f"| {name} | {s['status']} | {s.get('wall_s', 0):.1f} | {note[:200]} |")
     return "\n".join(lines) + "\n"
+
+
+def moe_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The mixture-of-experts rows again: MFU on active parameters next to the dense work the device did."""
+    moe = [r for r in rows if r.get("moe")]
+    if not moe:
+        return []
+    lines = ["### Mixture of experts: MFU on active parameters", "",
+             "The experts run densely (every expert on every token), so the device does E/k times the experts' "
+             "needed FLOPs; \"dense work\" counts all E experts, \"active\" the router + k experts a token uses.", "",
+             "| model | params | active | E / k | TFLOP/s active | MFU active | TFLOP/s dense work | MFU dense work |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in moe:
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:,.1f}M | {r['active_params'] / 1e6:,.1f}M | "
+                     f"{r['experts']} / {r['top_k']} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
+                     f"{r['dense_work_tflops']:.1f} | {_pct(r['mfu_dense_work'])} |")
+    return lines + [""]
 
 
 def torch_lines(data: dict[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_llm.benchmarks.gpu_check_report import device_slug
-from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.learner_gpu import MOE_MODELS, model_config
 from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +35,8 @@ GPU_ESTIMATES_S = {
     "learner:qwen2.5-1.5b:16384:rows": 17.0, "learner:qwen2.5-1.5b:16384:packed": 11.0,
     "learner:qwen2.5-0.5b:65536:packed": 17.0, "learner:qwen2.5-0.5b:65536:rows": 45.0,  # guess
     "learner:qwen2.5-0.5b:16384:packed": 17.0, "learner:qwen2.5-0.5b:16384:rows": 11.0,
+    # guess: train.remat=auto may compile the 4-layer, 128-expert step up to three times (off, dots, full)
+    "learner:qwen3-30b-a3b-4l:16384:packed": 120.0,
     "learner_phases": 120.0,  # guess: 22 s without levers + ~11 lever compiles
     "batch_invariance": 150.0,  # guess: 4 sampler + 12 learner compiles at 0.5B, + 2 samplers for the cost
     # The sampler sections and the RL step's sampling now take the slot decode on a GPU (one program per
@@ -54,11 +56,13 @@ TINY_LEARNER_S = 10.0
 def run_order(learner_jobs: list[str], sampler_jobs: list[str]) -> list[str]:
     """Every JAX section, most valuable first: the ceilings and the attention check (the learner rows
     depend on it), the headline learner row (the first of `learner_jobs`: 1.5B, ~64k tokens, packed),
-    where its time goes and which lever wins (`learner_phases`), batch invariance, the other 1.5B rows,
-    the sampler and the RL step and run (the slow compiles), the 0.5B rows last."""
-    big = [name for name in learner_jobs[1:] if "0.5b" not in name]
+    where its time goes and which lever wins (`learner_phases`), batch invariance, the mixture-of-experts
+    row (a shape no other section measures), the other 1.5B rows, the sampler and the RL step and run
+    (the slow compiles), the 0.5B rows last."""
+    moe = [name for name in learner_jobs[1:] if name.split(":")[1] in MOE_MODELS]
+    big = [name for name in learner_jobs[1:] if "0.5b" not in name and name not in moe]
     small = [name for name in learner_jobs[1:] if "0.5b" in name]
-    return (["ceilings", "attention", *learner_jobs[:1], "learner_phases", "batch_invariance", *big,
+    return (["ceilings", "attention", *learner_jobs[:1], "learner_phases", "batch_invariance", *moe, *big,
              *sampler_jobs[:1], "rl_step", *sampler_jobs[1:], "rl_run", *small])
 
 

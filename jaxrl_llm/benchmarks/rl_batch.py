@@ -55,15 +55,32 @@ def rl_length_mix(target_tokens: int, mix: LengthMix, vocab: int, seed: int = 0)
     return seq, rewards
 
 
-def learner_flops(cfg: DecoderConfig, seq: SequenceBatch) -> dict[str, float]:
-    """The module docstring's FLOP count of one update on `seq`, and its parts."""
+def body_params(cfg: DecoderConfig, experts: int | None = None) -> int:
+    """Matmul weights of the layers one token passes through: q, k, v, o and the MLP; a mixture of
+    experts' MLP is its router and `experts` experts' gate / up / down (default: the k it routes to,
+    the active parameters; E: what `models.moe.experts_swiglu` computes, every expert on every token)."""
     d, hd = cfg.hidden_size, cfg.head_dim
-    body = cfg.num_layers * (d * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * d
-                             + 3 * d * cfg.intermediate_size)
+    attention = d * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * d
+    if cfg.is_moe:
+        experts = cfg.num_experts_per_tok if experts is None else experts
+        mlp = d * cfg.num_experts + 3 * d * cfg.moe_intermediate_size * experts
+    else:
+        mlp = 3 * d * cfg.intermediate_size
+    return cfg.num_layers * (attention + mlp)
+
+
+def learner_flops(cfg: DecoderConfig, seq: SequenceBatch) -> dict[str, float]:
+    """The module docstring's FLOP count of one update on `seq`, and its parts. A mixture of experts
+    counts its active parameters (router + k experts); ``dense_work_flops`` is the same count with
+    all E experts, the work the dense expert computation really does (E / k times the experts')."""
     lengths = seq.attention_mask.sum(1).astype(np.float64)
     completion = float(seq.completion_mask.sum())
     tokens = float(lengths.sum())
-    attention = 12.0 * cfg.num_layers * cfg.num_heads * hd * float((lengths * (lengths + 1) / 2).sum())
-    total = 6.0 * body * tokens + 6.0 * d * cfg.vocab_size * completion + attention
-    return {"flops": total, "tokens": tokens, "completion_tokens": completion, "body_params": float(body),
-            "attention_flops": attention}
+    attention = 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * float((lengths * (lengths + 1) / 2).sum())
+    head = 6.0 * cfg.hidden_size * cfg.vocab_size * completion
+    body = float(body_params(cfg))
+    out = {"flops": 6.0 * body * tokens + head + attention, "tokens": tokens, "completion_tokens": completion,
+           "body_params": body, "attention_flops": attention}
+    if cfg.is_moe:
+        out["dense_work_flops"] = 6.0 * body_params(cfg, cfg.num_experts) * tokens + head + attention
+    return out

@@ -27,6 +27,11 @@ The fixes, one mechanism each:
   same numbers in the same order (a block past a row's last key changes nothing, exactly);
 * `log_softmax`: (z - max) - log(tree_sum(exp(z - max))), the one formula the sampler and the
   learner both use.
+* mixture-of-experts blocks (``models.moe.moe_mlp``: the router's matmul, softmax and top-k, the
+  experts' einsums) run in the same tiles as the dense MLP: every contraction is then a dot of one
+  fixed shape ([TILE, D] by [D, E], [TILE, D] by [E, D, F], ...), so a token's router logits, its
+  experts and the experts' output do not depend on its batch either (a token's experts, the one
+  discrete choice, are then the learner's too).
 
 Same idea as the batch-invariant kernels of He & Thinking Machines (2025, "Defeating
 Nondeterminism in LLM Inference") for GPUs: fix each reduction's order per row.
@@ -38,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models import matmul
+from jaxrl_llm.models.moe import LayerRouting, moe_mlp, moe_param_shapes
 
 TILE = 32  # rows per tile (`by_tiles`)
 # the ops `block` records (``record=True``), in the order they run
@@ -179,14 +185,15 @@ def _rotate(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
 
 
 def block(w: dict, cfg, hidden: jax.Array, kv: dict | None, layer_index, positions: jax.Array,
-          visible: jax.Array, slots: jax.Array | None, inv_freq, record: bool = False
-          ) -> tuple[jax.Array, dict | None, dict]:
+          visible: jax.Array, slots: jax.Array | None, inv_freq, record: bool = False,
+          replay: jax.Array | None = None) -> tuple[jax.Array, dict | None, dict, LayerRouting | None]:
     """One decoder block (``decoder.DecoderLayer``'s math) with every per-token part in `by_tiles`
     and the attention of `attention`. w: the layer's params by name; hidden [B, T, D];
     kv: the whole cache {"k", "v": [nL, B, S, Hkv, hd]} or None; slots [B, T]: the cache slot of
-    each token (= its position; S for padding, which is dropped). Returns (hidden, kv, ops):
+    each token (= its position; S for padding, which is dropped). Returns (hidden, kv, ops, routing):
     with ``record``, ops holds each op's output [B, T, ...] by name (`BLOCK_OPS`;
-    what ``reports.batch_invariance.first_differing_model_op`` compares), else {}."""
+    what ``reports.batch_invariance.first_differing_model_op`` compares), else {}; routing: a MoE
+    config's `LayerRouting` [B, T, ...] (``replay`` [B, T, k]: these experts, ``models.moe``), else None."""
     heads, kv_heads, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
     batch, length, _ = hidden.shape
 
@@ -215,14 +222,19 @@ def block(w: dict, cfg, hidden: jax.Array, kv: dict | None, layer_index, positio
                 for name in ("k", "v"))
     attended = attention(q, k, v, visible)
 
-    def after_attention(h, a):  # h [TILE, D], a [TILE, Hq, hd]
+    def after_attention(h, a, *chosen):  # h [TILE, D], a [TILE, Hq, hd]; chosen: the tile's replay [TILE, k]
         h = h + linear(a.reshape(TILE, heads * hd), "o_proj")
         x = rms_norm(h, w["post_norm"], eps)
-        out = h + linear(jax.nn.silu(linear(x, "gate_proj")) * linear(x, "up_proj"), "down_proj")
-        return out, ({"o_proj": h, "post_norm": x, "mlp": out} if record else {})
+        routing = None
+        if cfg.is_moe:
+            mlp, routing = moe_mlp(x, w, cfg.num_experts_per_tok, cfg.norm_topk_prob, *chosen)
+        else:
+            mlp = linear(jax.nn.silu(linear(x, "gate_proj")) * linear(x, "up_proj"), "down_proj")
+        out = h + mlp
+        return out, routing, ({"o_proj": h, "post_norm": x, "mlp": out} if record else {})
 
-    hidden, after = by_tiles(after_attention, hidden, attended)
-    return hidden, kv, (ops | {"attention": attended} | after if record else {})
+    hidden, routing, after = by_tiles(after_attention, hidden, attended, *(() if replay is None else (replay,)))
+    return hidden, kv, (ops | {"attention": attended} | after if record else {}), routing
 
 
 def final_norm(hidden: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -270,8 +282,11 @@ def layer_param_specs(cfg) -> list[tuple[str, tuple[int, ...], str]]:
     specs += [("q_bias", (q,), "zeros"), ("k_bias", (kvd,), "zeros"), ("v_bias", (kvd,), "zeros")] * cfg.qkv_bias
     specs += [("q_norm", (hd,), "ones"), ("k_norm", (hd,), "ones")] * cfg.qk_norm
     specs += [("o_proj", (q, d), "dense")] + [("o_bias", (d,), "zeros")] * cfg.o_bias
-    return specs + [("post_norm", (d,), "ones"), ("gate_proj", (d, f), "dense"), ("up_proj", (d, f), "dense"),
-                    ("down_proj", (f, d), "dense")]
+    specs += [("post_norm", (d,), "ones")]
+    if cfg.is_moe:
+        return specs + [(name, shape, "dense") for name, shape in
+                        moe_param_shapes(d, cfg.num_experts, cfg.moe_intermediate_size).items()]
+    return specs + [("gate_proj", (d, f), "dense"), ("up_proj", (d, f), "dense"), ("down_proj", (f, d), "dense")]
 
 
 def cache_slots(cache_mask: jax.Array, mask: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array,

@@ -116,20 +116,18 @@ class DecoderLayer(nn.Module):
     def __call__(self, carry, layer_index, replay, positions, visible, write_at):
         cfg = self.cfg
         dtype = jnp_dtype(cfg.compute_dtype)
-        if self.batch_invariant and cfg.is_moe:
-            raise ValueError(f"batch_invariant=True is not implemented for mixture-of-experts configs "
-                             f"({cfg.architecture}); valid: batch_invariant=False")
         if self.batch_invariant:
             inits = {"dense": nn.initializers.normal(0.02), "ones": nn.initializers.ones,
                      "zeros": nn.initializers.zeros}
             w = {name: self._param(name, shape, inits[init]).astype(dtype)
                  for name, shape, init in invariant.layer_param_specs(cfg)}
-            hidden, kv, ops = invariant.block(w, cfg, carry[0], carry[1], layer_index, positions, visible, write_at,
-                                              rope_inverse_frequencies(cfg),
-                                              record=self.is_mutable_collection("intermediates"))
+            hidden, kv, ops, routing = invariant.block(w, cfg, carry[0], carry[1], layer_index, positions, visible,
+                                                       write_at, rope_inverse_frequencies(cfg),
+                                                       record=self.is_mutable_collection("intermediates"),
+                                                       replay=replay)
             for name, value in ops.items():  # each op's output, when the caller asks (mutable "intermediates")
                 self.sow("intermediates", name, value)
-            return (hidden, kv), None
+            return (hidden, kv), routing
         dense_init = nn.initializers.normal(0.02)
         d, hd = cfg.hidden_size, cfg.head_dim
         hidden, kv = carry

@@ -35,16 +35,19 @@ import jax.numpy as jnp
 from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
 from jaxrl_llm.models.decode_attention import CACHE_MULTIPLE
 from jaxrl_llm.models.decoder import Decoder
+from jaxrl_llm.rollout.sampler_routing import SampledRouting, empty_completion_experts, record_step
 from jaxrl_llm.rollout.sampling import draw, row_uniforms
 
 
 class PromptCache(NamedTuple):
     """The distinct prompts after their prefill: k/v [nL, P, Lp, Hkv, hd] (a prompt's tokens at
-    slots 0..length-1), lengths [P], logits [P, V] (log-probs for the batch-invariant head)."""
+    slots 0..length-1), lengths [P], logits [P, V] (log-probs for the batch-invariant head);
+    ``experts`` [P, Lp, nL, k] the prefill's routed experts (``record_routing``; else None)."""
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
     logits: jax.Array
+    experts: jax.Array | None = None
 
 
 class Slots(NamedTuple):
@@ -61,6 +64,7 @@ class Slots(NamedTuple):
     out_logprobs: jax.Array
     out_lengths: jax.Array
     out_stopped: jax.Array
+    out_experts: jax.Array | None = None  # [N, max_tokens, nL, k] (record_routing; rollout.sampler_routing)
 
 
 def sampling_head(params, cfg: DecoderConfig, batch_invariant: bool, scale: jax.Array):
@@ -73,13 +77,15 @@ def sampling_head(params, cfg: DecoderConfig, batch_invariant: bool, scale: jax.
 
 
 def prefill_prompts(params, cfg: DecoderConfig, tokens: jax.Array, mask: jax.Array, head,
-                    batch_invariant: bool) -> PromptCache:
+                    batch_invariant: bool, record_routing: bool = False) -> PromptCache:
     """Right-padded prompts tokens/mask [P, Lp] -> their `PromptCache` (one forward with a fresh cache)."""
     count, width = tokens.shape
-    hidden, cache = forward(params, cfg, tokens, attention_mask=mask, cache=init_cache(cfg, count, width),
-                            return_hidden=True, batch_invariant=batch_invariant)
+    out = forward(params, cfg, tokens, attention_mask=mask, cache=init_cache(cfg, count, width),
+                  return_hidden=True, batch_invariant=batch_invariant, return_routing=record_routing)
+    hidden, cache = out[0], out[1]
     lengths = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    return PromptCache(cache["k"], cache["v"], lengths, head(hidden[jnp.arange(count), lengths - 1]))
+    return PromptCache(cache["k"], cache["v"], lengths, head(hidden[jnp.arange(count), lengths - 1]),
+                       out[2].experts if record_routing else None)
 
 
 def refill(state: Slots, prompts: PromptCache, source_rows: jax.Array, total: jax.Array,
@@ -106,10 +112,11 @@ def refill(state: Slots, prompts: PromptCache, source_rows: jax.Array, total: ja
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "slots", "top_k", "use_top_p", "first_row",
-                                             "kernel", "batch_invariant"))
+                                             "kernel", "batch_invariant", "record_routing"))
 def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids,
                    source_rows, total, *, max_tokens: int, slots: int, top_k: int | None, use_top_p: bool,
-                   first_row: int = 0, kernel: str = "dense", batch_invariant: bool = False):
+                   first_row: int = 0, kernel: str = "dense", batch_invariant: bool = False,
+                   record_routing: bool = False):
     """prompt_tokens/prompt_mask [P, Lp] RIGHT-padded distinct prompts -> (tokens [N, max_tokens],
     logprobs [N, max_tokens], lengths [N], stopped [N]) for output rows 0..total-1 (row i continues
     prompt ``source_rows[i]``; rows from ``total`` to N = len(source_rows) are batch filler, never
@@ -118,13 +125,14 @@ def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, 
     The uniform of row i's token t is element first_row + i of a [first_row + N] draw under
     fold_in(key, t), as in `jax_sampler._generate` called with the same N rows.
     ``kernel``: the decode attention (`models.decode_attention`; resolved, not "auto").
-    ``batch_invariant``: `models.batch_invariant`'s ops (the learner's numbers), the dense kernel."""
+    ``batch_invariant``: `models.batch_invariant`'s ops (the learner's numbers), the dense kernel.
+    ``record_routing`` (MoE configs): a fifth output, `sampler_routing.SampledRouting`."""
     rows, width = source_rows.shape[0], prompt_tokens.shape[1]
     capacity = -(-(width + max_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE  # slots past width + max_tokens: unused
     greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
     scale = jnp.where(greedy, 1.0, temperature)
     head = sampling_head(params, cfg, batch_invariant, scale)
-    prompts = prefill_prompts(params, cfg, prompt_tokens, prompt_mask, head, batch_invariant)
+    prompts = prefill_prompts(params, cfg, prompt_tokens, prompt_mask, head, batch_invariant, record_routing)
     decoder = Decoder(cfg, batch_invariant=batch_invariant, decode_kernel=None if batch_invariant else kernel)
     empty = init_cache(cfg, slots, capacity)
 
@@ -139,19 +147,24 @@ def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, 
         write = jnp.where(going, s.lengths, capacity)[:, None]  # [B, 1]; capacity: no write
         position = jnp.minimum(s.lengths, capacity - 1)[:, None]
         visible = jnp.arange(capacity)[None, None, :] <= position[:, :, None]
-        hidden, kv = decoder.apply({"params": params}, token[:, None], position, visible, s.kv, write,
-                                   return_hidden=True)
-        s = Slots(kv, s.lengths + going, s.sample, s.step + going, head(hidden[:, 0]), s.next_sample,
+        out = decoder.apply({"params": params}, token[:, None], position, visible, s.kv, write,
+                            return_hidden=True, return_routing=record_routing)
+        experts = record_step(s.out_experts, out_row, s.step, out[2].experts) if record_routing else None
+        s = Slots(out[1], s.lengths + going, s.sample, s.step + going, head(out[0][:, 0]), s.next_sample,
                   s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
                   s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
                   s.out_lengths.at[out_row].set(s.step + 1, mode="drop"),
-                  s.out_stopped.at[out_row].set(stopped, mode="drop"))
+                  s.out_stopped.at[out_row].set(stopped, mode="drop"), experts)
         return refill(s, prompts, source_rows, total, finished)
 
     start = Slots({"k": empty["k"], "v": empty["v"]}, jnp.ones((slots,), jnp.int32), jnp.full((slots,), -1, jnp.int32),
                   jnp.zeros((slots,), jnp.int32), jnp.zeros((slots, prompts.logits.shape[-1]), prompts.logits.dtype),
                   jnp.zeros((), jnp.int32), jnp.zeros((rows, max_tokens), jnp.int32),
-                  jnp.zeros((rows, max_tokens), jnp.float32), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
+                  jnp.zeros((rows, max_tokens), jnp.float32), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool),
+                  empty_completion_experts(cfg, rows, max_tokens) if record_routing else None)
     state = refill(start, prompts, source_rows, total, jnp.ones((slots,), bool))
     state = jax.lax.while_loop(lambda s: jnp.any(s.sample >= 0), body, state)
-    return state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
+    out = state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
+    if not record_routing:
+        return out
+    return out + (SampledRouting(prompts.experts.astype(state.out_experts.dtype), state.out_experts),)

@@ -33,6 +33,10 @@ so a step costs what the sequence so far needs, not what max_tokens reserves. Th
 tuned for a 2-core CPU; on accelerators its 12 loops x cache-window branches take minutes to
 compile per batch size, and ``decode="auto"`` takes `rollout.decode_slots` instead (fixed slots
 refilled from the call's queue, one loop; same samples: the draw is `rollout.sampling`'s).
+
+Routing (``return_routed_experts``, MoE policies): both paths run the prefill and each decode step with
+``forward(..., return_routing=True)`` and keep the experts of every forwarded token, by output row (so
+compaction and refills move nothing), for `RolloutRecord.routed_experts` (`rollout.sampler_routing`).
 """
 from __future__ import annotations
 
@@ -47,6 +51,8 @@ import numpy as np
 from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
 from jaxrl_llm.models.decode_attention import resolve_decode_kernel
 from jaxrl_llm.rollout.decode_slots import generate_slots
+from jaxrl_llm.rollout.sampler_routing import (SampledRouting, check_routing_option, empty_completion_experts,
+                                               record_step, sample_routed_experts)
 from jaxrl_llm.rollout.sampling import (draw, filtered_logprobs,  # noqa: F401  (importable from here)
                                         inverse_cdf_choice)
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
@@ -67,6 +73,7 @@ class _Decode(NamedTuple):
     out_logprobs: jax.Array
     out_lengths: jax.Array
     out_stopped: jax.Array
+    out_experts: jax.Array | None = None  # [B, max_tokens, nL, k] (record_routing; sampler_routing)
 
 
 def compaction_sizes(batch: int, smallest: int = 8, compactions: int = 12) -> tuple[int, ...]:
@@ -108,11 +115,11 @@ def _spread_prompt_cache(cache: dict, source_rows: jax.Array, max_tokens: int) -
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact",
                                              "min_rows", "compactions", "cache_window",
-                                             "batch_invariant"))
+                                             "batch_invariant", "record_routing"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids,
               source_rows=None, live=None, *, max_tokens: int, top_k: int | None, use_top_p: bool,
               first_row: int = 0, compact: bool = True, min_rows: int = 8, compactions: int = 12,
-              cache_window: int | None = None, batch_invariant: bool = False):
+              cache_window: int | None = None, batch_invariant: bool = False, record_routing: bool = False):
     """prompt_tokens/prompt_mask [P, Lp] left-padded distinct prompts -> (tokens [B, max_tokens],
     logprobs [B, max_tokens], lengths [B], stopped [B]) for B = len(source_rows) rows, row i
     continuing prompt ``source_rows[i]`` (default: one row per prompt). Each distinct prompt
@@ -130,7 +137,9 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     ``batch_invariant``: prompts are RIGHT-padded, the model runs `models.batch_invariant`'s ops
     (each token at cache slot = its position) and the loop carries log pi(. | row) from
     `models.batch_invariant.head_logprobs` instead of logits: every number of a row is then
-    independent of its batch and equal to the learner's (``forward(batch_invariant=True)``)."""
+    independent of its batch and equal to the learner's (``forward(batch_invariant=True)``).
+    ``record_routing`` (MoE configs): a fifth output, `sampler_routing.SampledRouting` (the experts of the
+    prefill and of every decode step's input token)."""
     unique, prompt_len = prompt_tokens.shape
     source_rows = jnp.arange(unique, dtype=jnp.int32) if source_rows is None else source_rows
     batch = source_rows.shape[0]
@@ -138,8 +147,9 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
     scale = jnp.where(greedy, 1.0, temperature)
     cache = init_cache(cfg, unique, prompt_len)
-    hidden, cache = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True,
-                            batch_invariant=batch_invariant)
+    prefilled = forward(params, cfg, prompt_tokens, attention_mask=prompt_mask, cache=cache, return_hidden=True,
+                        batch_invariant=batch_invariant, return_routing=record_routing)
+    hidden, cache = prefilled[0], prefilled[1]
     if batch_invariant:  # right-padded prompts: the last real token of each; the loop carries log-probs
         tied = cfg.tie_word_embeddings
         head = functools.partial(invariant.head_logprobs, weight=params["embed" if tied else "lm_head"], tied=tied,
@@ -162,17 +172,20 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
         active = ~s.done
         out_row = jnp.where(active, s.rows, batch)  # finished rows write nowhere (dropped)
         stopped = active & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        hidden, cache = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=s.cache,
-                                return_hidden=True, cache_window=cache_window, batch_invariant=batch_invariant)
-        return _Decode(s.step + 1, cache, head(hidden[:, 0]), s.rows, s.done | stopped,
+        stepped = forward(params, cfg, token[:, None], attention_mask=active[:, None], cache=s.cache,
+                          return_hidden=True, cache_window=cache_window, batch_invariant=batch_invariant,
+                          return_routing=record_routing)
+        experts = record_step(s.out_experts, out_row, s.step, stepped[2].experts) if record_routing else None
+        return _Decode(s.step + 1, stepped[1], head(stepped[0][:, 0]), s.rows, s.done | stopped,
                        s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
                        s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
                        s.out_lengths.at[out_row].add(1, mode="drop"),
-                       s.out_stopped.at[out_row].set(stopped, mode="drop"))
+                       s.out_stopped.at[out_row].set(stopped, mode="drop"), experts)
 
     state = _Decode(jnp.zeros((), jnp.int32), cache, last_logits, jnp.arange(batch, dtype=jnp.int32), ~live,
                     jnp.zeros((batch, max_tokens), jnp.int32), jnp.zeros((batch, max_tokens), jnp.float32),
-                    jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+                    jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
+                    empty_completion_experts(cfg, batch, max_tokens) if record_routing else None)
     sizes = compaction_sizes(batch, min_rows, compactions) if compact else (batch,)
     for size, next_size in zip(sizes, sizes[1:] + (0,)):
         if size != batch:
@@ -182,7 +195,10 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
             return (s.step < max_tokens) & (jnp.sum(~s.done) > next_size)
 
         state = jax.lax.while_loop(cond, body, state)
-    return state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
+    out = state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
+    if not record_routing:
+        return out
+    return out + (SampledRouting(prefilled[2].experts.astype(state.out_experts.dtype), state.out_experts),)
 
 
 DECODE_PATHS = ("auto", "compact", "slots")
@@ -222,13 +238,16 @@ class JaxSampler:
         Both draw the same samples.
       decode_slots: slots of the slot decode (None: one per row of the call, rounded to batch_bucket).
       decode_kernel: the slot decode's attention (`models.decode_attention.DECODE_KERNELS`).
+      return_routed_experts: fill each record's ``routed_experts`` (int32 [P + L - 1, nL, k], the experts
+        every MoE layer routed each forwarded token to; `rollout.sampler_routing`). MoE configs only;
+        off, nothing about routing is compiled.
     """
 
     def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
                  prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0,
                  cache_window: int | None = 32, long_generation: int = 128, compactions: int = 12,
                  batch_invariant: bool = False, decode: str = "auto", decode_slots: int | None = None,
-                 decode_kernel: str = "auto"):
+                 decode_kernel: str = "auto", return_routed_experts: bool = False):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one stop token id")
         if cache_window is not None and cache_window < 1:
@@ -245,6 +264,7 @@ class JaxSampler:
         self.long_generation = int(long_generation)
         self.compactions = int(compactions)
         self.cfg = cfg
+        self.return_routed_experts = check_routing_option(cfg, return_routed_experts)
         self.params = self._placed(params)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_id = int(pad_id)
@@ -305,19 +325,25 @@ class JaxSampler:
                 jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
                 jnp.asarray(source_rows))
         options = dict(max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0,
-                       first_row=int(params.first_row), batch_invariant=self.batch_invariant)
+                       first_row=int(params.first_row), batch_invariant=self.batch_invariant,
+                       record_routing=self.return_routed_experts)
         if self.decode == "slots":
             out = generate_slots(*args, jnp.int32(len(rows)), slots=min(batch, self.decode_slots or batch),
                                  kernel=self.decode_kernel, **options)
         else:
             out = _generate(*args, jnp.asarray(live), compactions=self.compactions, cache_window=self.cache_window,
                             min_rows=1 if params.max_tokens >= self.long_generation else 8, **options)
-        out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
+        out_tokens, out_logprobs, lengths, stopped, *routing = jax.device_get(out)
         records = []
         for i, prompt in enumerate(rows):
             length = int(lengths[i])
+            experts = None
+            if routing:  # the prompt's real rows (shared by its n samples), then the completion's
+                prompt_rows = routing[0].prompt[i // n, start(prompt):start(prompt) + prompt.size]
+                experts = sample_routed_experts(prompt_rows, routing[0].completion[i], length)
             records.append(RolloutRecord(
                 prompt_index=i // n, sample_index=i % n, prompt_token_ids=prompt,
                 completion_token_ids=out_tokens[i, :length], sampler_logprobs=out_logprobs[i, :length],
-                finish_reason="stop" if stopped[i] else "length", weight_version=self._version))
+                finish_reason="stop" if stopped[i] else "length", weight_version=self._version,
+                routed_experts=experts))
         return RolloutBatch(records=tuple(records), num_prompts=len(prompts), samples_per_prompt=n)

@@ -24,6 +24,26 @@ def test_learner_flops_by_hand():
     assert rl_batch.learner_flops(cfg, seq)["flops"] == expected
 
 
+def test_moe_learner_flops_count_active_parameters_by_hand():
+    """tiny-moe (D 64, 4 heads / 2 kv of 16, 4 experts of width 32, top-2, vocab 512, 2 layers) on the
+    same two sequences: MFU's count takes the router and k = 2 experts per token, the dense-work count
+    all 4; the active body also equals num_active_params() less the embedding, head and norms."""
+    cfg = model_config("tiny-moe", 64)
+    attention = np.array([[0, 1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 0, 0, 0]])
+    completion = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
+    seq = SequenceBatch(np.zeros_like(attention), attention, attention, completion, completion, np.zeros(2, bool), 3)
+    # per layer: attention 64*16*(4+2*2) + 4*16*64 = 12288; router 64*4 = 256; one expert 3*64*32 = 6144
+    active, dense = 2 * (12288 + 256 + 2 * 6144), 2 * (12288 + 256 + 4 * 6144)
+    rest = 6 * 64 * 512 * 4 + 12 * 2 * 4 * 16 * 18  # head on 4 completion tokens; causal contexts 18
+    flops = rl_batch.learner_flops(cfg, seq)
+    assert (flops["flops"], flops["dense_work_flops"]) == (6 * active * 7 + rest, 6 * dense * 7 + rest)
+    norms = 2 * (2 * 64 + 2 * 16) + 64  # input/post norms and q/k norms per layer, the final norm
+    assert rl_batch.body_params(cfg) == cfg.num_active_params() - 2 * 512 * 64 - norms
+    big = model_config("qwen3-30b-a3b-4l", 2048)  # Qwen3-30B-A3B's layer: 128 experts, top-8
+    assert rl_batch.body_params(big, 128) - rl_batch.body_params(big) == 4 * 3 * 2048 * 768 * 120
+    assert (big.num_experts, big.num_experts_per_tok, big.num_heads, big.num_kv_heads) == (128, 8, 32, 4)
+
+
 def test_rl_length_mix_reaches_its_target_in_whole_groups():
     seq, rewards = rl_batch.rl_length_mix(20000, rl_batch.LengthMix(), vocab=1000)
     n = seq.tokens.shape[0]
@@ -64,8 +84,11 @@ def test_tiny_run_writes_every_section(tmp_path):
     data = json.loads(path.read_text())
     failed = {k: v.get("error") for k, v in data["sections"].items() if v["status"] != "ok"}
     assert not failed, failed
-    rows = {r["pack"]: r for r in data["learner"]}
+    rows = {r["pack"]: r for r in data["learner"] if r["model"] == "tiny"}
     assert rows[True]["padding_fraction"] < rows[False]["padding_fraction"]
+    (moe,) = [r for r in data["learner"] if r["model"] == "tiny-moe"]  # MFU on active params, dense work beside it
+    assert moe["mfu_basis"] == "active parameters" and moe["expert_work_over_needed"] == 2.0
+    assert moe["dense_work_flops_per_step"] > moe["flops_per_step"] and moe["active_params"] < moe["params"]
     assert rows[True]["flops_per_step"] == rows[False]["flops_per_step"]  # the same work, laid out differently
     for name in ("sampler", "rl_step", "torch", "learner_phases"):
         assert data[name] is not None, name
@@ -78,6 +101,7 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert "not run: no CUDA device" in runs["packed eager"]["attention"]
     markdown = path.with_suffix(".md").read_text()
     assert "| tiny |" in markdown and "packed eager" in markdown and "Winner, head" in markdown
+    assert "MFU on active parameters" in markdown and "| tiny-moe |" in markdown
     phases = data["learner_phases"]
     assert set(phases["phases"]) == {"layers", "head", "micro_step", "optimizer"}
     assert set(phases["head_levers"]) == {"baseline", "chunk_32", "logits_bf16", "matmul_f32"}
@@ -125,6 +149,7 @@ def test_section_order_and_estimates_from_a_fake_result(tmp_path):
     order = plan.run_order(learner, samplers)
     assert order[:5] == ["ceilings", "attention", "learner:qwen2.5-1.5b:65536:packed", "learner_phases",
                          "batch_invariance"]
+    assert order[5] == "learner:qwen3-30b-a3b-4l:16384:packed"  # the MoE shape, measured nowhere else
     assert order.index("learner:qwen2.5-1.5b:16384:rows") < order.index("sampler:64") < order.index("rl_run")
     assert order[-1] == "learner:qwen2.5-0.5b:16384:rows" and sorted(order) == sorted(
         ["ceilings", "attention", "learner_phases", "batch_invariance", "rl_step", "rl_run", *learner, *samplers])

@@ -17,8 +17,8 @@ from tests.train.tiny_run import raises_or_hangs, tiny_config
 STEPS = 10
 
 
-def _run(model_dir, run_dir, monkeypatch, *extra):
-    cfg = tiny_config(model_dir, run_dir, f"total_steps={STEPS}", "checkpoint.every_steps=100", "rollout.max_tokens=8",
+def _run(model_dir, run_dir, monkeypatch, *extra, steps=STEPS):
+    cfg = tiny_config(model_dir, run_dir, f"total_steps={steps}", "checkpoint.every_steps=100", "rollout.max_tokens=8",
                       "rollout.temperature=0.7", *extra)
     policy = load_policy(cfg.model.source)
     task = task_from_config(cfg)
@@ -42,3 +42,27 @@ def test_ten_steps_log_zero_mismatch_only_with_batch_invariance(tiny_model_dir, 
         [(r["mismatch_tokens_differing"], r["mismatch_k3"]) for r in off]
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params_on), jax.tree.leaves(params_reused)))
     assert [r["loss"] for r in on] == [r["loss"] for r in reused]
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_model_dir(tmp_path_factory) -> str:
+    """The tiny decoder as a random Qwen3-MoE (4 experts of width 32, top-2) with SmolLM2's tokenizer."""
+    from jaxrl_llm import bridge
+    from jaxrl_llm.models import init_params
+    from jaxrl_llm.models.config import tiny_decoder_config
+
+    cfg = tiny_decoder_config(family="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                              norm_topk_prob=True, tie_word_embeddings=False)
+    out = tmp_path_factory.mktemp("tiny_moe") / "model"
+    bridge.save_hf_dir(cfg, init_params(cfg, jax.random.key(0)), out, tokenizer_dir=bridge.smollm2_hf_dir())
+    return str(out)
+
+
+@pytest.mark.slow  # one 4-step run of the tiny MoE model
+def test_moe_run_logs_zero_mismatch_with_batch_invariance(tiny_moe_model_dir, tmp_path, monkeypatch):
+    """Issue 49: a mixture-of-experts policy sampled by the JAX engine with batch_invariant (and its routed
+    experts recorded): every step's sampler log-probs equal the learner's pi_old bit for bit."""
+    records, _ = _run(tiny_moe_model_dir, tmp_path / "moe", monkeypatch, "rollout.batch_invariant=true",
+                      "rollout.return_routed_experts=true", steps=4)
+    assert [r["mismatch_tokens_differing"] for r in records] == [0.0] * 4
+    assert [r["mismatch_k3"] for r in records] == [0.0] * 4

@@ -29,7 +29,7 @@ TRAIN_KEYS = [
     "micro_batch_size", "micro_batch_tokens", "pack", "reuse_sampler_logprobs", "epochs_per_batch", "minibatches_per_batch",
     "precision", "remat", "lora_rank",
     "lora_alpha", "lora_targets", "loss_scale_init", "loss_scale_growth_interval", "loss_scale_factor",
-    "loss_scale_min",
+    "loss_scale_min", "router_aux_loss_coef", "router_z_loss_coef",
 ]
 TOP_KEYS = ["name", "seed", "run_dir", "total_steps", "model", "rollout", "recipe", "train", "critic", "vineppo",
             "task", "shaping", "checkpoint", "metrics", "mesh", "distill"]

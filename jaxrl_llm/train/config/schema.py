@@ -77,10 +77,11 @@ class RolloutConfig(Section):
     # next batch is sampled; that batch is held back until the probe passes (a failed probe
     # stops the run as an in-line one does). False: the probe runs inside the push.
     overlap_verify: bool = True
-    # vLLM: record the experts each MoE layer routed every sampled sequence's tokens to, into
-    # RolloutRecord.routed_experts (routing replay; rollout/routed_experts.py). Needs a
-    # mixture-of-experts policy; a server the launcher starts gets return_routed_experts=True
-    # and runs eager (the capture hook is not in vLLM's compiled graph).
+    # Record the experts each MoE layer routed every sampled sequence's tokens to, into
+    # RolloutRecord.routed_experts (routing replay), with either engine. Needs a mixture-of-experts
+    # policy. jax: JaxSampler(return_routed_experts=True) (rollout/sampler_routing.py). vllm:
+    # rollout/routed_experts.py; a server the launcher starts gets return_routed_experts=True and
+    # runs eager (the capture hook is not in vLLM's compiled graph).
     return_routed_experts: bool = False
     # Asynchronous rollouts: the batch of step k may be sampled by weights up to max_lag
     # versions old while the learner trains (0: synchronous). Staleness is corrected with
@@ -144,6 +145,16 @@ class TrainConfig(Section):
     loss_scale_growth_interval: int = field(2000, ge=1)  # good steps before growing
     loss_scale_factor: float = field(2.0, gt=1.0)  # grow/shrink factor
     loss_scale_min: float = field(1.0, gt=0.0)
+    # Router losses of a mixture-of-experts policy (train/learn/router_terms.py; a dense policy needs
+    # both 0): coef x Switch Transformer's load-balancing loss and coef x ST-MoE's router z-loss are
+    # added to the policy loss. Default 0, as RL post-training does: Qwen3-30B-A3B's config.json
+    # carries router_aux_loss_coef 0.001 but output_router_logits false (transformers adds no aux
+    # loss), verl's Megatron converter sets moe_router_load_balancing_type "none" ("hurts perf in
+    # RL"), slime's Qwen3-30B-A3B script --moe-aux-loss-coeff 0, MaxText's load_balance_loss_weight
+    # defaults to 0 and its qwen3-30b-a3b.yml leaves it; none of them sets a z-loss. Pre-training
+    # values: 1e-3 (Qwen3-MoE, Megatron's Qwen3 recipes) and 1e-3 for the z-loss (ST-MoE).
+    router_aux_loss_coef: float = field(0.0, ge=0.0)
+    router_z_loss_coef: float = field(0.0, ge=0.0)
     _path_prefix = "train."
 
     def _check_consistency(self) -> None:

@@ -57,6 +57,7 @@ from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.learn.micro_batch import DeviceRows, head_logprobs, to_step_layout
 from jaxrl_llm.train.learn.optimizer import LossScale, make_optimizer, masked_update, next_loss_scale
 from jaxrl_llm.train.learn.placement import Placement
+from jaxrl_llm.train.learn import router_terms
 from jaxrl_llm.train.learn.side_passes import SidePasses
 
 
@@ -102,6 +103,7 @@ class Learner:
         self.remat_choice = None  # models.remat.RematChoice, once "auto" has chosen
         self.dynamic_loss_scale = train_cfg.precision == "fp16"
         self.optimizer = make_optimizer(train_cfg, total_steps)
+        self.router_coefs = router_terms.router_coefs(model_cfg, train_cfg)  # None: a dense policy
         self.lora = lora.spec_from_train_config(train_cfg, model_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
         self.side = SidePasses(recipe, self.compute_dtype, self.place, critic_cfg=critic_cfg, teacher=teacher)
@@ -276,16 +278,25 @@ class Learner:
         Returns (loss, (policy grads, critic grads or None), metrics). Each micro-batch's loss is
         `core.recipe_loss` on the whole step batch's [N, T_c] arrays with the rows of the sequences
         it does not hold taken out (`core.restrict_rows`), so the micro-batch sums equal the
-        unpacked batch's loss, gradients and metrics."""
+        unpacked batch's loss, gradients and metrics. A MoE policy adds its router losses and
+        metrics over the mini-batch's real tokens (`train.learn.router_terms`)."""
+        moe = self.router_coefs is not None
+        real_tokens = router_terms.real_token_count(rows.segment_ids)  # the mini-batch's, all micro-batches
+
         def micro_loss(trainable, m, micro):
             params, critic_params = trainable
-            logp_flat, values_flat = head_logprobs(
+            heads = head_logprobs(
                 self.compute_params(params, frozen), self.compute_cfg, *micro, temperature=self.temperature,
-                return_entropy=False, remat=remat, max_segments=max_segments, critic_params=critic_params)
+                return_entropy=False, remat=remat, max_segments=max_segments, critic_params=critic_params,
+                return_routing=moe)
+            logp_flat, values_flat = heads[:2]
             logp = to_step_layout(logp_flat, rows, m, step_batch.old_logp)
             values = None if values_flat is None else to_step_layout(values_flat, rows, m, step_batch.old_values)
             batch = core.restrict_rows(step_batch, rows.micro_batch == m)
             loss, metrics = core.recipe_loss(self.recipe, logp, batch, values=values)
+            if moe:  # micro[1]: the rows' segment ids
+                sums = router_terms.micro_router_sums(heads[2], micro[1], real_tokens)
+                loss, metrics = router_terms.add_router_loss(loss, metrics, sums, self.router_coefs)
             return loss * scale, metrics
 
         grad_fn = jax.grad(micro_loss, has_aux=True)
@@ -300,6 +311,8 @@ class Learner:
             return jax.tree.map(jnp.add, carry, part), None
 
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(rows.used.shape[0]), rows.used, micro))
+        if moe:
+            metrics = router_terms.router_step_metrics(metrics, real_tokens)
         return metrics["loss"], jax.tree.map(lambda g: g / scale, grads), metrics
 
     def _update_impl(self, state: LearnerState, frozen, rows: DeviceRows, step_batch, *, max_segments, remat: str):

@@ -26,14 +26,17 @@ class DeviceRows(NamedTuple):
 
 def head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, head_slots, *, temperature: float,
                    return_entropy: bool, remat: str, max_segments: int, critic_params=None,
-                   batch_invariant: bool = False):
+                   batch_invariant: bool = False, return_routing: bool = False):
     """One micro-batch: the decoder over its rows [R, W], then the LM head and log-softmax on the
     R * T_c gathered positions that predict completion tokens only (the head is ~1/5 of SmolLM2's
     FLOPs per position, so skipping prompt and padding positions is not free). ``batch_invariant``:
     `models.batch_invariant`'s ops (rows must hold one sequence each, from slot 0). Returns the flat
-    [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None)."""
-    hidden, _ = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
-                        remat=remat, max_segments=max_segments, batch_invariant=batch_invariant)
+    [R * T_c] logprob output and, with `critic_params`, the value head's V_t there (else None);
+    ``return_routing`` (MoE configs): a third element, the rows' `models.moe.Routing` [R, W, ...]."""
+    result = forward(params, cfg, tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
+                     remat=remat, max_segments=max_segments, batch_invariant=batch_invariant,
+                     return_routing=return_routing)
+    hidden = result[0]
     rows, width, dim = hidden.shape
     predicting = jnp.take(hidden.reshape(rows * width, dim), head_slots, axis=0)[None]
     targets = jnp.take(tokens.reshape(-1), head_slots + 1)[None]
@@ -41,7 +44,7 @@ def head_logprobs(params, cfg: DecoderConfig, tokens, segment_ids, positions, he
                                        return_entropy=return_entropy, batch_invariant=batch_invariant)
     out = jax.tree.map(lambda x: x[0], out)
     values = None if critic_params is None else critic_lib.head_values(critic_params, predicting)[0]
-    return out, values
+    return (out, values, result[2]) if return_routing else (out, values)
 
 
 def to_step_layout(flat, rows: DeviceRows, m, fill):
