@@ -47,15 +47,22 @@ class E2ESetting:
     minus_fraction: float = 0.5  # SFT targets written "-8" (graded 0), see supervised_addition_start
     eval_samples: int = 16  # per held-out question (29 of them)
     recipe: str = "dr_grpo"
+    # Mixture of experts (0 = dense): experts per layer and per token (Qwen3-MoE family, renormalised
+    # top-k gates, each expert ``hidden`` wide: the k = 2 active experts match the dense MLP's width)
+    num_experts: int = 0
+    experts_per_token: int = 0
 
 
 E2E_TINY = E2ESetting()
 E2E_FULL = dataclasses.replace(E2ESetting(), prompts_per_step=16, samples_per_prompt=16, eval_samples=64)
 
 
-def policy_from_scratch(tokenizer_dir: str, init_dir: str, hidden: int, layers: int, seed: int):
+def policy_from_scratch(tokenizer_dir: str, init_dir: str, hidden: int, layers: int, seed: int, *,
+                        num_experts: int = 0, experts_per_token: int = 0):
     """A random decoder over `tokenizer_dir`'s vocabulary, saved at `init_dir` with the tokenizer
-    files and loaded back as the loop loads a policy (`train.policy.load_policy`)."""
+    files and loaded back as the loop loads a policy (`train.policy.load_policy`). With
+    ``num_experts`` > 0 a Qwen3-MoE (every MLP ``num_experts`` experts of width ``hidden``, top
+    ``experts_per_token``, renormalised gates)."""
     from tokenizers import Tokenizer
 
     from jaxrl_llm import bridge
@@ -65,9 +72,11 @@ def policy_from_scratch(tokenizer_dir: str, init_dir: str, hidden: int, layers: 
     vocab = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     if hidden % 16:
         raise ValueError(f"hidden {hidden} must be a multiple of 16 (4 heads of hidden / 4)")
+    moe = dict(family="qwen3_moe", num_experts=num_experts, num_experts_per_tok=experts_per_token,
+               moe_intermediate_size=hidden, norm_topk_prob=True) if num_experts else {}
     cfg = DecoderConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
                         num_heads=4, num_kv_heads=2, head_dim=hidden // 4, tie_word_embeddings=True,
-                        rms_norm_eps=1e-5, max_position_embeddings=256)
+                        rms_norm_eps=1e-5, max_position_embeddings=256, **moe)
     params = init_params(cfg, jax.random.key(seed), dtype="float32")
     return load_policy(bridge.save_hf_dir(cfg, jax.device_get(params), init_dir, tokenizer_dir=tokenizer_dir))
 
@@ -116,7 +125,8 @@ def supervised_addition_start(tokenizer_dir: str, out_dir: str, setting: E2ESett
     from jaxrl_llm.models import forward, lm_head_logits
     from jaxrl_llm.train.policy import encode_prompts
 
-    policy = policy_from_scratch(tokenizer_dir, f"{out_dir}_init", setting.hidden, setting.layers, seed)
+    policy = policy_from_scratch(tokenizer_dir, f"{out_dir}_init", setting.hidden, setting.layers, seed,
+                                 num_experts=setting.num_experts, experts_per_token=setting.experts_per_token)
     cfg = policy.cfg
     examples = make_task("addition", digits=1).all_examples(TRAIN)
     prompts = encode_prompts(policy, examples)

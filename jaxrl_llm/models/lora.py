@@ -147,13 +147,36 @@ def base_fingerprint(model_dir: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def spec_from_train_config(train_cfg: Any) -> LoraSpec | None:
-    """LoraSpec from TrainConfig's lora_* fields; None when lora_rank is 0 (full fine-tuning)."""
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")  # a dense layer's MLP; a MoE layer has experts instead
+
+
+def targets_for_model(targets: Sequence[str], model_cfg: Any = None) -> tuple[str, ...]:
+    """The LoRA targets for ``model_cfg``: as given for a dense model; for a mixture of experts
+    (``model_cfg.is_moe``) the default (every projection) keeps only the attention projections
+    (the experts and the router stay frozen), and explicitly named MLP projections are refused."""
+    targets = tuple(targets)
+    if not getattr(model_cfg, "is_moe", False):
+        return targets
+    if targets == LORA_TARGETS:
+        return tuple(t for t in targets if t not in MLP_TARGETS)
+    mlp = [t for t in targets if t in MLP_TARGETS]
+    if mlp:
+        attention = tuple(t for t in LORA_TARGETS if t not in MLP_TARGETS)
+        raise ValueError(f"train.lora_targets names {mlp}, but the policy is a mixture of experts (its MLPs are "
+                         f"experts, which LoRA does not adapt); valid: {attention}")
+    return targets
+
+
+def spec_from_train_config(train_cfg: Any, model_cfg: Any = None) -> LoraSpec | None:
+    """LoraSpec from TrainConfig's lora_* fields (targets fitted to ``model_cfg`` by
+    `targets_for_model`); None when lora_rank is 0 (full fine-tuning)."""
     rank = int(getattr(train_cfg, "lora_rank", 0) or 0)
     if rank == 0:
         return None
-    return LoraSpec(rank=rank, alpha=float(train_cfg.lora_alpha), targets=tuple(train_cfg.lora_targets))
+    return LoraSpec(rank=rank, alpha=float(train_cfg.lora_alpha),
+                    targets=targets_for_model(train_cfg.lora_targets, model_cfg))
 
 
-__all__: Sequence[str] = ("LORA_TARGETS", "LoraSpec", "init_adapters", "adapter_shapes", "check_adapters", "delta",
+__all__: Sequence[str] = ("LORA_TARGETS", "MLP_TARGETS", "LoraSpec", "targets_for_model",
+                          "init_adapters", "adapter_shapes", "check_adapters", "delta",
                           "merge", "tree_bytes", "base_fingerprint", "spec_from_train_config")

@@ -12,10 +12,12 @@ Flags that matter for RL:
   --no-enable-chunked-prefill  every prompt is prefilled in one scheduler
       step (see VLLMServerConfig.chunked_prefill): on a CPU server a seeded
       request whose prefill is split kills the engine.
-  --worker-extension-cls jaxrl_routing_capture.RoutingCaptureExtension
+  --worker-extension-cls jaxrl_worker.JaxrlWorkerExtension  for a mixture-of-experts model
+      (vllm_worker/, on PYTHONPATH): the routed-experts capture (jaxrl_routing_capture.py) and the
+      weight reload that repacks vLLM's CPU experts (jaxrl_moe_reload.py, used by weight sync).
   --no-enable-prefix-caching  only with return_routed_experts: the worker records the experts
-      every token was routed to (vllm_worker/jaxrl_routing_capture.py, on PYTHONPATH); a prompt
-      token served from the prefix cache is not forwarded, so it would have no routing.
+      every token was routed to; a prompt token served from the prefix cache is not forwarded,
+      so it would have no routing.
   VLLM_SERVER_DEV_MODE=1  enables /collective_rpc (reload_weights) and
       /reset_prefix_cache. These let any caller run worker methods, which is
       why a non-loopback host requires an API key.
@@ -29,10 +31,10 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-# The folder holding the worker extension that records routed experts; it is put on the server's
-# PYTHONPATH alone (the vLLM environment has no jaxrl_llm).
+# The folder holding the worker extension of MoE servers (routed experts capture, MoE weight reload);
+# it is put on the server's PYTHONPATH alone (the vLLM environment has no jaxrl_llm).
 ROUTING_CAPTURE_DIR = Path(__file__).with_name("vllm_worker")
-ROUTING_CAPTURE_EXTENSION = "jaxrl_routing_capture.RoutingCaptureExtension"
+ROUTING_CAPTURE_EXTENSION = "jaxrl_worker.JaxrlWorkerExtension"
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
@@ -213,13 +215,24 @@ def check_model_limits(config: VLLMServerConfig) -> None:
 MOE_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
+def names_experts(model_config: Mapping) -> bool:
+    """An HF config.json (as a dict) of a mixture-of-experts model: one of MOE_EXPERT_COUNT_KEYS > 0."""
+    return any(isinstance(model_config.get(k), int) and model_config[k] > 0 for k in MOE_EXPERT_COUNT_KEYS)
+
+
+def is_moe_dir(model_dir: str | os.PathLike) -> bool:
+    """The HF directory's config.json names experts (`names_experts`); False without a config.json."""
+    path = Path(model_dir) / "config.json"
+    return path.is_file() and names_experts(json.loads(path.read_text()))
+
+
 def check_routing_model(config: VLLMServerConfig) -> None:
     """Refuse return_routed_experts for a model whose config.json names no experts (a dense model
     has no routing to return)."""
     if not config.return_routed_experts:
         return
     model_config = json.loads((Path(config.model_dir) / "config.json").read_text())
-    if not any(isinstance(model_config.get(k), int) and model_config[k] > 0 for k in MOE_EXPERT_COUNT_KEYS):
+    if not names_experts(model_config):
         raise ValueError(f"return_routed_experts=True needs a mixture-of-experts model, but {config.model_dir}/"
                          f"config.json (model_type {model_config.get('model_type')!r}) has none of "
                          f"{MOE_EXPERT_COUNT_KEYS} > 0; use return_routed_experts=False for a dense model")
@@ -247,8 +260,10 @@ def server_command(config: VLLMServerConfig, python: Path, port: int) -> list[st
         cmd.append("--enforce-eager")
     if config.api_key:
         cmd += ["--api-key", config.api_key]
+    if config.return_routed_experts or is_moe_dir(config.model_dir):
+        cmd += ["--worker-extension-cls", ROUTING_CAPTURE_EXTENSION]
     if config.return_routed_experts:
-        cmd += ["--worker-extension-cls", ROUTING_CAPTURE_EXTENSION, "--no-enable-prefix-caching"]
+        cmd.append("--no-enable-prefix-caching")
     return cmd + list(config.extra_args)
 
 
@@ -262,7 +277,7 @@ def server_env(config: VLLMServerConfig) -> dict[str, str]:
         "VLLM_SERVER_DEV_MODE": "1" if config.dev_mode else "0",
         **QUIET_OFFLINE_ENV,
     })
-    if config.return_routed_experts:
+    if config.return_routed_experts or is_moe_dir(config.model_dir):
         env["PYTHONPATH"] = str(ROUTING_CAPTURE_DIR)
     env.update(config.extra_env)
     return env

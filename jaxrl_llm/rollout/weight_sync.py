@@ -12,7 +12,11 @@ shared filesystem):
   2. reload: POST /collective_rpc {"method": "reload_weights",
      "kwargs": {"weights_path": DIR}} to every server. vLLM loads the
      checkpoint-format tensors in place (fusing q/k/v and gate/up itself).
-     Needs the server started with VLLM_SERVER_DEV_MODE=1.
+     Needs the server started with VLLM_SERVER_DEV_MODE=1. A mixture-of-experts
+     export (its config.json names experts) is reloaded with the worker
+     extension's "jaxrl_reload_weights" instead, which also repacks vLLM's CPU
+     experts (vllm_worker/jaxrl_moe_reload.py: without it vLLM 0.32 CPU serves
+     garbage after a MoE reload); VLLMServer loads that extension for MoE models.
   3. POST /reset_prefix_cache: cached KV blocks were computed by the old
      weights and must not be reused.
   4. POST /update_weight_version {"new_version": "<v>"}: vLLM's own label,
@@ -59,6 +63,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxrl_llm.rollout.vllm_client import VLLMClient
+from jaxrl_llm.rollout.vllm_server_config import is_moe_dir
 
 
 class WeightSyncError(RuntimeError):
@@ -149,6 +154,12 @@ class LogprobProbe:
                 raise WeightSyncError(f"probe shapes differ: server {served.shape}, learner {expected.shape}")
             worst = max(worst, float(np.max(np.abs(served - expected))))
         return worst
+
+
+def reload_method(weights_dir: Path) -> str:
+    """The /collective_rpc method that reloads `weights_dir`: vLLM's "reload_weights", or for a
+    mixture-of-experts export the worker extension's "jaxrl_reload_weights" (see step 2 above)."""
+    return "jaxrl_reload_weights" if is_moe_dir(weights_dir) else "reload_weights"
 
 
 def bridge_export(cfg: Any, dtype: str = "float32", workers: int | None = None) -> Callable[[Any, Path], None]:
@@ -288,7 +299,7 @@ class DiskWeightSync(WeightSync):
         # (this process only waits then), not during the export, whose writer threads they
         # would slow down on a small CPU (JAX releases the GIL).
         expected = self._pool.submit(self.probe.expected, params) if self.probe is not None else None
-        self.client.post_all("/collective_rpc", {"method": "reload_weights",
+        self.client.post_all("/collective_rpc", {"method": reload_method(weights_dir),
                                                  "kwargs": {"weights_path": str(weights_dir)}},
                              timeout_s=self.rpc_timeout_s)
         self.client.post_all("/reset_prefix_cache")

@@ -112,7 +112,7 @@ class Learner:
         # "sampler": pi_old and gradient passes route by the sampler's records (train/learn/routing_replay.py)
         self.routing_replay = replay_lib.check_routing_replay(train_cfg.routing_replay, model_cfg)
         self.router_coefs = router_terms.router_coefs(model_cfg, train_cfg)  # None: a dense policy
-        self.lora = lora.spec_from_train_config(train_cfg)  # None: full fine-tuning
+        self.lora = lora.spec_from_train_config(train_cfg, model_cfg)  # None: full fine-tuning
         self.frozen = None  # LoRA: the float32 base params, set by init
         self.side = SidePasses(recipe, self.compute_dtype, self.place, critic_cfg=critic_cfg, teacher=teacher)
         self._merge = jax.jit(self._full_params_impl)
