@@ -86,6 +86,7 @@ def swap_experts(params, layer: int, a: int, b: int):
     return {**params, "layers": layers}
 
 
+@pytest.mark.slow  # a server of its own: ~100 s with the start on 2 cores (make test-all; make test's budget)
 def test_vllm_serves_our_exported_moe_with_our_logprobs(moe_server, exported):
     cfg, params, hf_model, _ = exported
     client = VLLMClient([moe_server.url])

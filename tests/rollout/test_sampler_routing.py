@@ -65,7 +65,8 @@ def assert_records_match_reference(params, cfg, batch):
 
 @pytest.mark.parametrize("decode,options", [
     # finished rows compacted away mid-decode (16, 12, 9, 6 rows: the unfinished ones move to the front)
-    ("compact", dict(long_generation=1, compactions=3, cache_window=None)),
+    pytest.param("compact", dict(long_generation=1, compactions=3, cache_window=None),
+                 marks=pytest.mark.slow),  # ~45 s on 2 cores; `make test` keeps the slots case (~8 s)
     ("slots", dict(decode_slots=4)),  # 12 samples through 4 slots: refills
 ])
 def test_routed_experts_equal_one_full_forward(moe, decode, options):
