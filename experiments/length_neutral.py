@@ -16,12 +16,13 @@ the zero-variance group filter; its soft overlong penalty is switched off
 (`recipe.overlong_buffer=0`, which keeps the reward length-neutral) and so is dynamic
 sampling (`rollout.dynamic_sampling=false`, CPU cost).
 
-    python experiments/length_neutral.py --quick     # 3 recipes x seed 0 x 3 steps of 2 x 8, max 96 tokens
+    python experiments/length_neutral.py --results experiments/results/length_neutral.json   # the deciding run
+    python experiments/length_neutral.py --quick     # 3 recipes x seed 401 x 3 steps of 2 x 8, max 96 tokens
     python experiments/length_neutral.py             # 3 recipes x 5 seeds, the same size
     python experiments/length_neutral.py total_steps=12 rollout.prompts_per_step=4 rollout.max_tokens=128
                                                      # the longer form (hours on a 2-core CPU)
 
---quick is the full size's seed 0: its three runs, copied into the full size's
+--quick is the full size's first seed: its three runs, copied into the full size's
 directory, are kept there. The same seed draws the same prompts at every step and the
 same first batch in every recipe, so the recipes are compared seed by seed (paired);
 the rollouts of steps 2 and 3 show the effect of one and two updates. The runs share a
@@ -34,7 +35,11 @@ and 95% band over seeds, seeds as points), summary.md / .json.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import math
+import shlex
+import sys
+import time
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -47,8 +52,8 @@ from jaxrl_llm.train.config import Config, replace_values
 
 NAME = "length_neutral"
 RECIPES = ("grpo", "dr_grpo", "dapo")
-SEEDS = (0, 1, 2, 3, 4)
-QUICK_SEEDS = (0,)
+SEEDS = (401, 402, 403, 404, 405)  # fresh (issue 51): seeds 0-4 ran before the rule was fixed
+QUICK_SEEDS = (401,)
 QUICK = ()  # --quick: the full size with seed 0 only
 # Temperature 0.7: at 1.0 SmolLM2 rambles (step 0, 8 prompts x 4 samples, 128 tokens: 4/32 right,
 # 56% truncated); at 0.7 9/32 right, 31% truncated, half the groups mixed (experiments/README.md).
@@ -104,35 +109,66 @@ def paired_rows(curves: dict[str, list[dict]], baseline: str = "dr_grpo") -> lis
     return rows
 
 
-def verdict(paired: dict) -> str:
-    """Against the derived direction (GRPO relative to Dr. GRPO: incorrect longer, correct shorter):
-    reproduced when both paired intervals exclude 0 in that direction, not reproduced when either
-    excludes 0 the other way, else inconclusive."""
-    wrong = stats.Interval(**paired["length_incorrect interval"])
-    right = stats.Interval(**paired["length_correct interval"])
-    if (wrong.excludes_zero() and wrong.high < 0) or (right.excludes_zero() and right.low > 0):
-        return "not reproduced"
-    if wrong.excludes_zero() and wrong.low > 0 and right.excludes_zero() and right.high < 0:
+# ------------------------------------------------------------- the verdict rule (issue 51, fixed before the run)
+CLAIM = ("under GRPO wrong answers grow relative to Dr. GRPO on a length-neutral format, and right ones do not "
+         "(Liu et al. 2025, arXiv 2503.20783)")
+MIN_SEEDS = 3
+MARGIN_SHARE = 0.05  # the equivalence margin: 5% of rollout.max_tokens (4.8 tokens at 96), fixed before the run
+WRONG_KEY, RIGHT_KEY = (f"grpo - dr_grpo {k}" for k in PAIRED)
+MARGIN_KEY = "equivalence margin (tokens)"
+EXCLUSION_RULE = ("a seed counts for a paired length when both recipes sampled at least one response of that kind "
+                  "(incorrect / correct) at some updated step: otherwise the difference is undefined (nan)")
+VERDICT_RULE = (
+    "per counted seed: paired GRPO - Dr. GRPO mean length over the updated steps (2..T), of incorrect and of "
+    f"correct responses; 95% Student-t over seeds. Not measured (inconclusive) with fewer than {MIN_SEEDS} counted "
+    "seeds of incorrect responses. reproduced if the incorrect interval lies above 0 and the correct one does not "
+    "lie above 0; not reproduced if the incorrect interval lies below 0 or inside +-margin (margin = "
+    f"{MARGIN_SHARE:g} x rollout.max_tokens, fixed before the run: no effect); inconclusive otherwise")
+
+
+def rule_verdict(numbers: Mapping) -> str:
+    """VERDICT_RULE on the stored numbers (reports.results.number)."""
+    from jaxrl_llm.reports.results import number
+
+    wrong, right, margin = number(numbers, WRONG_KEY), number(numbers, RIGHT_KEY), number(numbers, MARGIN_KEY).mean
+    if wrong.n < MIN_SEEDS:
+        return "inconclusive"
+    if wrong.low > 0 and not (right.n >= 2 and right.low > 0):
         return "reproduced"
+    if wrong.high < 0 or (-margin < wrong.low and wrong.high < margin):
+        return "not reproduced"
     return "inconclusive"
 
 
+def deciding_result(paired_per_seed: Mapping[str, Mapping[int, float]], *, max_tokens: int, setting: str,
+                    command: str, wall_s: float, seeds: Sequence[int], notes: Sequence[str] = ()):
+    """The stored result of {"length_incorrect" | "length_correct": {seed: paired_difference}}:
+    EXCLUSION_RULE (nan differences do not count), then VERDICT_RULE."""
+    from jaxrl_llm.reports.results import ExperimentResult, interval_of, keyed
 
-# ------------------------------------------------------------- the verdict rule (issue 36)
-CLAIM = ("under GRPO wrong answers grow and right ones shorten relative to Dr. GRPO, on a length-neutral format "
-         "(Liu et al. 2025, arXiv 2503.20783)")
-VERDICT_RULE = ("paired GRPO - Dr. GRPO length change per seed, 95% Student-t: reproduced if the incorrect interval "
-                "lies above 0 and the correct one below 0, not reproduced if either lies on the other side, "
-                "otherwise inconclusive (`verdict`)")
-
-
-def rule_verdict(numbers: dict) -> str:
-    """VERDICT_RULE (`verdict`) on the stored paired intervals."""
-    return verdict({f"{k} interval": numbers[f"grpo - dr_grpo {k}"] for k in ("length_incorrect", "length_correct")})
+    stored = {f"grpo - dr_grpo {k}": keyed({s: v for s, v in paired_per_seed[k].items() if math.isfinite(v)})
+              for k in PAIRED}
+    numbers = {k: interval_of(v).to_dict() for k, v in stored.items()}
+    numbers[MARGIN_KEY] = {"mean": MARGIN_SHARE * max_tokens, "low": math.nan, "high": math.nan, "n": 1}
+    excluded = {str(s): "no " + " and no ".join(k.split("_")[1] + " response" for k in PAIRED
+                                               if not math.isfinite(paired_per_seed[k][s]))
+                for s in seeds if not all(math.isfinite(paired_per_seed[k][s]) for k in PAIRED)}
+    counted = tuple(int(s) for s in stored[WRONG_KEY])
+    return ExperimentResult(
+        name=NAME, title="length bias on a length-neutral format (SmolLM2-135M, answer first then free text)",
+        claim=CLAIM, setting=setting, command=command, seeds=counted,
+        statistic="paired GRPO - Dr. GRPO mean length over the updated steps, incorrect and correct responses",
+        interval_method="mean and 95% Student-t over seeds, paired by seed (same prompts, same first batch)",
+        verdict_rule=VERDICT_RULE, exclusion_rule=EXCLUSION_RULE, excluded=excluded,
+        verdict=rule_verdict(numbers), headline=WRONG_KEY, numbers=numbers, per_seed=stored, wall_s=wall_s,
+        notes=tuple(notes))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS)).parse_args(argv)
+    import os
+
+    start, load_start = time.perf_counter(), os.getloadavg()
+    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True).parse_args(argv)
     out = output_dir(args, NAME)
     from jaxrl_llm.train.run.metrics import read_groups, read_metrics
 
@@ -146,7 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                       "reward last", "truncated"),
                          signed=lambda key: key.startswith("d ")) for r in RECIPES]
     paired = paired_rows(curves)
-    found = verdict(paired[0])
+    cfg = done.configs[(RECIPES[0], seeds[0])]
+    setting = (f"{'--quick: ' if args.quick else ''}{cfg.task.name}, {cfg.total_steps} steps x "
+               f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} samples, max "
+               f"{cfg.rollout.max_tokens} tokens, temperature {cfg.rollout.temperature}, lr {cfg.train.lr}, "
+               f"{cfg.train.precision}, {cfg.rollout.engine} sampler, SmolLM2-135M; recipes {', '.join(RECIPES)}")
+    per_pair = {k: {s: paired_difference(a[k], b[k]) for s, a, b in zip(seeds, curves["grpo"], curves["dr_grpo"])}
+                for k in PAIRED}
+    command = "python experiments/length_neutral.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    result = deciding_result(per_pair, max_tokens=cfg.rollout.max_tokens, setting=setting, command=command,
+                             wall_s=time.perf_counter() - start, seeds=seeds,
+                             notes=[f"load average at the start: {[round(x, 2) for x in load_start]}"])
+    found = result.verdict
     notes = [stats.seed_note(seeds, quick=args.quick, full_seeds=len(SEEDS)),
              "d length_*: last minus first step of the mean length (tokens) of correct / incorrect responses, "
              "per seed; truncated: mean fraction of responses without EOS.",
@@ -156,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              + markdown_table(paired, ["recipe", *PAIRED]),
              f"Derived (docs/objectives.md#length-drift-on-a-length-neutral-task): relative to Dr. GRPO, "
              f"incorrect responses longer and correct ones shorter under GRPO; token-mean in between. "
-             f"Verdict for GRPO (both paired intervals must exclude 0 in that direction): {found}.",
+             f"Verdict for GRPO (VERDICT_RULE: {VERDICT_RULE}): {found}.",
              "DAPO = the dapo recipe: clip-higher + token-mean + zero-variance filter, overlong penalty off."]
     write_summary(out, rows + paired, ["recipe", "d length_incorrect", "d length_correct", "reward first",
                                        "reward last", "truncated", *PAIRED],
@@ -168,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     title=f"SmolLM2, answer first then free text: {len(seeds)} seeds per recipe",
                     limits=reward_length_limits(next(iter(done.configs.values())).rollout.max_tokens))
     print(f"wrote {out}/lengths.png, {out}/summary.md")
+    if args.results:
+        from jaxrl_llm.reports.results import write_result
+
+        print(f"[experiment] wrote {write_result(result, args.results)}: {result.verdict}")
     return 0
 
 
