@@ -118,14 +118,30 @@ def test_length_neutral_paired_differences_and_verdict():
     assert (wrong["mean"], right["mean"], wrong["n"]) == (pytest.approx(17 / 3), pytest.approx(-20.0), 3)
     half = 4.302653 * np.std([5, 7, 5], ddof=1) / np.sqrt(3)  # t_{0.975, 2} s / sqrt(n)
     assert (wrong["low"], wrong["high"]) == (pytest.approx(17 / 3 - half), pytest.approx(17 / 3 + half))
-    assert exp.verdict(row) == "reproduced"
-    grpo[0] = curve((40, 40), (10, 10))  # seed 0 wrong -25: the interval spans 0
-    assert exp.verdict(exp.paired_rows({"grpo": grpo, "dr_grpo": dr})[0]) == "inconclusive"
-    grpo[0] = curve((74, 66), (70, 70))  # wrong answers fine, correct +40, -25, -20: spans 0
-    assert exp.verdict(exp.paired_rows({"grpo": grpo, "dr_grpo": dr})[0]) == "inconclusive"
-    flipped = [curve((2 * b - a for a, b in zip(g["length_incorrect"][1:], d["length_incorrect"][1:])),
-                     d["length_correct"][1:]) for g, d in zip(grpo, dr)]  # wrong answers shorter than Dr. GRPO's
-    assert exp.verdict(exp.paired_rows({"grpo": flipped, "dr_grpo": dr})[0]) == "not reproduced"
+
+
+def test_length_neutral_rule_tells_no_effect_from_not_measured():
+    """VERDICT_RULE on hand-made paired differences (tokens; max_tokens 96, so the margin is 4.8)."""
+    exp = load_experiment("length_neutral")
+    nan = float("nan")
+
+    def decide(wrong, right=(-15.0, -25.0, -20.0, -10.0)):
+        seeds = range(len(wrong))
+        return exp.deciding_result({"length_incorrect": dict(zip(seeds, wrong)),
+                                    "length_correct": dict(zip(seeds, right))},
+                                   max_tokens=96, setting="hand-made", command="-", wall_s=0.0, seeds=list(seeds))
+
+    got = decide((5.0, 7.0, 5.0, nan))  # seed 3 had no incorrect response: it does not count
+    assert got.verdict == "reproduced" and got.seeds == (0, 1, 2) and got.excluded == {"3": "no incorrect response"}
+    wrong = got.numbers["grpo - dr_grpo length_incorrect"]
+    half = 4.302653 * np.std([5, 7, 5], ddof=1) / np.sqrt(3)  # t_{0.975, 2} s / sqrt(n)
+    assert (wrong["mean"], wrong["low"], wrong["high"]) == pytest.approx((17 / 3, 17 / 3 - half, 17 / 3 + half))
+    assert got.numbers["equivalence margin (tokens)"]["mean"] == pytest.approx(4.8)
+    assert decide((5.0, 7.0, 5.0), right=(20.0, 25.0, 30.0)).verdict == "inconclusive"  # right ones grew too
+    assert decide((-5.0, -7.0, -5.0)).verdict == "not reproduced"  # wrong ones shorter under GRPO
+    assert decide((1.0, -1.0, 0.5, 0.0)).verdict == "not reproduced"  # inside +-4.8 tokens: no effect
+    assert decide((1.0, -1.0, 9.0, 0.0)).verdict == "inconclusive"  # neither side, not inside the margin
+    assert decide((5.0, 7.0, nan, nan)).verdict == "inconclusive"  # 2 counted seeds: not measured
 
 
 @pytest.mark.slow  # ~30 s; make test-all
