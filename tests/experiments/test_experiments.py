@@ -196,9 +196,13 @@ def test_precision_with_the_real_vllm_server_fp32_and_bf16(tiny_model_dir, tmp_p
 # ------------------------------------------------------------------ sanity check
 def test_sanity_check_reduced_runs_each_precision(tiny_model_dir, tmp_path):
     exp = load_experiment("sanity_check")
-    assert exp.main(["--quick", "--out", str(tmp_path), f"model.source={tiny_model_dir}", *TINY]) == 0
+    assert exp.main(["--quick", "--out", str(tmp_path), "--seeds", "0", "--results", str(tmp_path / "result.json"),
+                     f"model.source={tiny_model_dir}", *TINY]) == 0
     rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
     assert [r["precision"] for r in rows] == ["fp32", "bf16", "fp16"]
+    stored = json.loads((tmp_path / "result.json").read_text())
+    assert (stored["source"], stored["seeds"], stored["verdict"]) == ("run", [0], "inconclusive")  # 1 seed < 3
+    assert stored["numbers"][exp.SHARE_KEY]["n"] == 3 and stored["wall_s"] > 0
     for row in rows:
         records = read_metrics(tmp_path / f"{row['precision']}_s0")
         info = read_run_info(tmp_path / f"{row['precision']}_s0")

@@ -323,3 +323,29 @@ def test_chain_of_thought_rule_tells_no_effect_from_not_measured():
     # shorter under GRPO: below 0; too wide to tell: inconclusive
     assert cot(module, (-4.0, -5.0, -6.0)).verdict == "not reproduced"
     assert cot(module, (-5.0, 0.0, 5.0)).verdict == "inconclusive"
+
+
+def test_sanity_check_rule_on_hand_made_runs():
+    """Every run of 3 seeds x 3 precisions reaches 0.9 and fp16 never skips: reproduced; the numbers
+    (last-5 mean, first step at 0.9, share) are the hand-counted ones."""
+    module = experiment_module("sanity_check")
+
+    def records(rewards, skipped=0.0):
+        return [{"step": i + 1, "reward": r, "skipped": skipped} for i, r in enumerate(rewards)]
+
+    learned = [0.2, 0.5, 0.95, 0.97, 0.98, 1.0, 1.0]  # last 5: (0.95 + 0.97 + 0.98 + 1 + 1) / 5 = 0.98; first: step 3
+    runs = {(p, s): records(learned) for p in module.PRECISIONS for s in (7, 8, 9)}
+    result = module.deciding_result(runs, setting="hand-made", command="-", wall_s=0.0)
+    assert result.verdict == "reproduced" and result.seeds == (7, 8, 9)
+    assert result.numbers["bf16 reward, last 5 steps"]["mean"] == pytest.approx(0.98)
+    assert result.numbers["fp16 first step >= 0.9"]["mean"] == 3.0
+    assert (result.numbers[module.SHARE_KEY]["mean"], result.numbers[module.SHARE_KEY]["n"]) == (1.0, 9)
+    stuck = {**runs, ("bf16", 8): records([0.2, 0.5, 0.6, 0.7, 0.8, 0.85, 0.89])}  # 8 of 9 reach it
+    assert module.deciding_result(stuck, setting="", command="-", wall_s=0.0).verdict == "inconclusive"
+    skipping = {**runs, ("fp16", 9): records(learned, skipped=1.0)}  # one fp16 update skipped at each step
+    got = module.deciding_result(skipping, setting="", command="-", wall_s=0.0)
+    assert got.verdict == "inconclusive" and got.numbers[module.SKIPPED_KEY]["mean"] == 7.0
+    failing = {run: records([0.1] * 7) if run[1] != 7 else records(learned) for run in runs}  # 3 of 9
+    assert module.deciding_result(failing, setting="", command="-", wall_s=0.0).verdict == "not reproduced"
+    two_seeds = {run: r for run, r in runs.items() if run[1] != 9}
+    assert module.deciding_result(two_seeds, setting="", command="-", wall_s=0.0).verdict == "inconclusive"
