@@ -69,6 +69,12 @@ def _reference_routing(params, cfg, seq, rows=slice(None)):
     return out.routing, jnp.asarray(seq.attention_mask[rows])
 
 
+def _jitted(fn, cfg, seq, *args):
+    """fn(params, cfg, seq, *args) compiled once over params (the rest are constants): the eager
+    reference dispatches the tiny MoE op by op, several times slower than one program."""
+    return jax.jit(lambda params: fn(params, cfg, seq, *args))
+
+
 def _reference_losses(params, cfg, seq, groups):
     """(load-balancing, z) losses: each group of rows' own, weighted by its share of the real tokens."""
     total = seq.attention_mask.sum()
@@ -98,11 +104,10 @@ def test_loss_and_gradient_add_coef_times_the_router_losses(setup, micro_batch_s
 
     def router_loss(p):
         balancing, z = _reference_losses(p, cfg, seq, groups)
-        return COEFS["router_aux_loss_coef"] * balancing + COEFS["router_z_loss_coef"] * z
+        return COEFS["router_aux_loss_coef"] * balancing + COEFS["router_z_loss_coef"] * z, (balancing, z)
 
-    expected, expected_grads = jax.jit(jax.value_and_grad(router_loss))(params)
+    (expected, (balancing, z)), expected_grads = jax.jit(jax.value_and_grad(router_loss, has_aux=True))(params)
     np.testing.assert_allclose(float(loss1) - float(loss0), float(expected), rtol=1e-5, atol=1e-7)
-    balancing, z = _reference_losses(params, cfg, seq, groups)
     np.testing.assert_allclose(float(metrics["router/load_balancing_loss"]), float(balancing), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["router/z_loss"]), float(z), rtol=1e-5)
     diff = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), grads1, grads0)
@@ -112,15 +117,28 @@ def test_loss_and_gradient_add_coef_times_the_router_losses(setup, micro_batch_s
     assert np.abs(np.asarray(expected_grads["layers"]["router"])).max() > 0.01 * scale  # the router is reached
 
 
-@pytest.mark.parametrize("layout", [dict(micro_batch_size=8, pack=False), dict(micro_batch_size=2, pack=False),
-                                    dict(micro_batch_tokens=28, pack=True)])
-def test_metrics_equal_router_metrics_of_the_batch_whatever_the_padding(setup, layout):
+@pytest.fixture(scope="module")
+def reference_metrics(setup):
+    """(router_metrics, z-loss) of the whole unpacked batch's real tokens, one compiled program."""
+    cfg, params, seq, _ = setup
+
+    def metrics_and_z(p, cfg, seq):
+        routing, mask = _reference_routing(p, cfg, seq)
+        return router_metrics(routing, mask), _reference_losses(p, cfg, seq, [slice(None)])[1]
+
+    return _jitted(metrics_and_z, cfg, seq)(params)
+
+
+# one row per sequence (the gradient test's one micro-batch) is make test-all's; make test keeps the
+# layouts with other padding slots: several micro-batches and packed rows
+@pytest.mark.parametrize("layout", [pytest.param(dict(micro_batch_size=8, pack=False), marks=pytest.mark.slow),
+                                    dict(micro_batch_size=2, pack=False), dict(micro_batch_tokens=28, pack=True)])
+def test_metrics_equal_router_metrics_of_the_batch_whatever_the_padding(setup, reference_metrics, layout):
     """Per-layer load max/mean and entropy equal `router_metrics` over the unpacked batch's real
     tokens, for one row per sequence, several micro-batches and packed rows (each lays out other
     padding slots), and with another padding token id."""
     cfg, params, seq, rewards = setup
-    routing, mask = _reference_routing(params, cfg, seq)
-    want = router_metrics(routing, mask)
+    want, z = reference_metrics
     assert float(jnp.max(want.load_max_over_mean)) > 1.2  # uneven: a wrong token set shows
     learner = _learner(cfg, **layout)
     batch = _step_batch(learner, params, seq, rewards)
@@ -131,7 +149,6 @@ def test_metrics_equal_router_metrics_of_the_batch_whatever_the_padding(setup, l
                                        float(want.load_max_over_mean[layer]), rtol=1e-6)
             np.testing.assert_allclose(float(metrics[f"router/entropy/layer{layer}"]),
                                        float(want.entropy[layer]), rtol=1e-5)
-        _, z = _reference_losses(params, cfg, seq, [slice(None)])
         np.testing.assert_allclose(float(metrics["router/z_loss"]), float(z), rtol=1e-5)  # splits exactly
 
 
