@@ -35,7 +35,8 @@ def _loss_fn(cfg):
     return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
-@pytest.mark.parametrize("data, fsdp, tensor", [(1, 4, 2), (2, 2, 2)])
+# (2, 2, 2) shards every axis at once (make test); (1, 4, 2), 4 experts over 4 fsdp devices, is make test-all's
+@pytest.mark.parametrize("data, fsdp, tensor", [pytest.param(1, 4, 2, marks=pytest.mark.slow), (2, 2, 2)])
 def test_mesh_loss_and_gradients_equal_one_device(moe, data, fsdp, tensor):
     cfg, params = moe
     rng = np.random.RandomState(6)
