@@ -13,9 +13,8 @@ processes the tests start (a killed and resumed run, two `jax.distributed`
 processes, `jaxrl train`) inherit it through the environment (JAX_* variables)
 and share it: a resumed child loads what the killed one compiled. A size limit
 turns on JAX's cross-process file lock, so concurrent processes never read a
-half-written entry. No entry outlives the session, so every session starts cold;
-`make test` (tests/lanes.py) instead hands all its folders' processes one folder for the
-whole run (JAXRL_TEST_COMPILATION_CACHE_DIR), removed when the run ends.
+half-written entry. No entry outlives the session, so every session (and every
+`make test` folder, one process each) starts cold.
 It is ON unless JAXRL_TEST_COMPILATION_CACHE=0. On 2026-11-25 (jax 0.10.2) 2 of 3 runs of
 tests/train with it aborted the process (SIGABRT inside jax.device_get in
 test_async_equivalence.py while the async producer thread waited); on 2026-11-28 the same
@@ -77,11 +76,6 @@ def pytest_configure(config):
     if os.environ.get("JAXRL_TEST_COMPILATION_CACHE", "1") == "0":
         return
     if importlib.util.find_spec("filelock") is None:  # JAX's cross-process lock of the cache folder
-        return
-    shared = os.environ.get("JAXRL_TEST_COMPILATION_CACHE_DIR")
-    if shared:  # make test's run-wide folder (tests/lanes.py): every folder's process shares it; not removed here
-        os.makedirs(shared, exist_ok=True)
-        enable_session_compilation_cache(shared)
         return
     _SESSION_CACHE_DIR = tempfile.mkdtemp(prefix="jaxrl_test_jit_cache_")
     enable_session_compilation_cache(_SESSION_CACHE_DIR)

@@ -8,7 +8,7 @@ compiles one program at a time, the tiny models run short single-threaded progra
 wait on a server), so make test ran at 124 % CPU. Two lanes fill the second core. Each lane
 takes the next folder from one queue, longest first (FOLDER_MINUTES: the sequential fresh-clone
 run of 2026-11-26, docs/benchmarks.md), so tests/train/ (the longest) starts at once and the other
-lane works through the rest beside it. The folders share one compilation cache (`shared_compilation_cache`).
+lane works through the rest beside it.
 
 Each folder's output is printed whole when it finishes (lanes never interleave lines). Each lane
 has its own record (RECORD_DIR/lane-N: current_folder, current_test, durations.tsv (see
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
@@ -50,21 +49,6 @@ def longest_first(folders: list[str]) -> list[str]:
 def passed(returncode: int, folder: str, slow_only: set[str]) -> bool:
     """pytest's 5 (nothing collected after `-m "not slow"`) passes only for SLOW_ONLY folders."""
     return returncode == 0 or (returncode == 5 and folder.rstrip("/") in slow_only)
-
-
-def shared_compilation_cache(record_dir: Path) -> Path | None:
-    """One JAX compilation cache folder for the whole run (RECORD_DIR/jit_cache), handed to every
-    folder's pytest through JAXRL_TEST_COMPILATION_CACHE_DIR (tests/conftest.py): a program one folder
-    compiled (the tiny decoder's forward, a learner step) loads from disk in the folders after it.
-    Measured 2026-11-28: three reduced experiment runs took 125 CPU-s cold, 100 after tests/train/
-    test_loop.py had filled the folder. None (each folder its own cache, or none) when
-    JAXRL_TEST_COMPILATION_CACHE=0 or a folder is already set."""
-    if os.environ.get("JAXRL_TEST_COMPILATION_CACHE", "1") == "0" or os.environ.get("JAXRL_TEST_COMPILATION_CACHE_DIR"):
-        return None
-    cache = record_dir / "jit_cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    os.environ["JAXRL_TEST_COMPILATION_CACHE_DIR"] = str(cache)
-    return cache
 
 
 def run_folder(folder: str, lane: int, record: Path, pytest_args: list[str], xdist: set[str],
@@ -123,13 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.lanes < 1:
         parser.error(f"--lanes must be >= 1, got {args.lanes}")
-    cache = shared_compilation_cache(args.record_dir)
-    try:
-        results = run_lanes(args.folders, args.lanes, args.record_dir, pytest_args, set(args.xdist),
-                            args.xdist_args.split())
-    finally:
-        if cache is not None:
-            shutil.rmtree(cache, ignore_errors=True)
+    results = run_lanes(args.folders, args.lanes, args.record_dir, pytest_args, set(args.xdist),
+                        args.xdist_args.split())
     failed = [r.folder for r in results if not passed(r.returncode, r.folder, {s.rstrip("/") for s in args.slow_only})]
     print("== folders (min): " + ", ".join(f"{r.folder} {r.seconds / 60:.1f} (lane {r.lane})"
                                           for r in sorted(results, key=lambda r: r.folder)))
