@@ -69,6 +69,20 @@ def enable_session_compilation_cache(directory: str) -> None:
     for name, value in settings.items():
         os.environ[name.upper()] = str(value)
         jax.config.update(name, value)
+    skip_eviction_scan()
+
+
+def skip_eviction_scan() -> None:
+    """With a size limit, JAX's cache (jax/_src/lru_cache.py, jax 0.10.2) lists and stats every
+    entry of the folder under the lock before each write, to evict the least recently used ones:
+    quadratic in the entries a session writes. Ours never nears its 16 GB limit, so in the test
+    process the scan is skipped; the lock (its reason for the limit) stays. Measured 2026-11-28
+    (tests/train test_packing + test_learner + test_router_terms, 574 writes): 8.4 of 127 s in the
+    scan, ~14.6 ms a write at ~290 entries; a whole tests/train session writes thousands."""
+    from jax._src import lru_cache
+
+    if hasattr(lru_cache.LRUCache, "_evict_if_needed"):
+        lru_cache.LRUCache._evict_if_needed = lambda self, *, additional_size=0: None
 
 
 def pytest_configure(config):
