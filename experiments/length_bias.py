@@ -11,6 +11,10 @@ constant normaliser) and DAPO (token-mean), while the reward is similar?
     python experiments/length_bias.py --quick --recipes grpo,dr_grpo --seeds 10,11,12,13 \\
         --out runs/experiments/length_bias/deciding --results experiments/results/length_bias.json
                                                   # the deciding run: paired GRPO - Dr. GRPO (VERDICT_RULE)
+    python experiments/length_bias.py --quick --recipes grpo,dr_grpo --seeds 20,21,...,37 \\
+        --out runs/experiments/length_bias/powered --results experiments/results/length_bias.json
+                                                  # the powered run (POWERED_RULE); subsets of its seeds
+                                                  # may run first without --results
     jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
     jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
 
@@ -58,6 +62,36 @@ VERDICT_RULE = ("95% Student-t interval of the paired difference over seeds: rep
                 "not reproduced if it lies below 0, otherwise inconclusive (also with one seed)")
 
 
+# ------------------------------------------- the powered run: fixed before it ran (issue 51)
+# The run above (seeds 10-13) measured the paired difference's spread: sd 4.22 tokens. The claim
+# is called here a length bias of at least PLANNED_EFFECT tokens (~10% of the 32-token cap, the
+# size of the per-seed differences seen); 80% power for it with a two-sided 95% paired t-test
+# needs POWERED_SEED_COUNT seeds (stats.seeds_for_power: 18; 11 for 4 tokens, 8 for 5). Fresh
+# seeds 20-37, the same --quick size, GRPO and Dr. GRPO only; the runs may span several sessions
+# (a rerun of the command keeps finished runs), from the commit that fixed this rule.
+MEASURED_SD = 4.22  # sd of the paired GRPO - Dr. GRPO difference over seeds 10-13 (experiments/results)
+PLANNED_EFFECT = 3.0  # tokens
+POWERED_SEED_COUNT = stats.seeds_for_power(PLANNED_EFFECT, MEASURED_SD)
+POWERED_SEEDS = tuple(range(20, 20 + POWERED_SEED_COUNT))
+POWERED_RULE = (f"Seeds {POWERED_SEEDS[0]}-{POWERED_SEEDS[-1]} ({POWERED_SEED_COUNT}: 80% power at a paired "
+                f"difference of {PLANNED_EFFECT:g} tokens with the sd {MEASURED_SD} measured on seeds 10-13), fresh; "
+                "a seed counts when both its runs finished; fewer counted seeds than planned: inconclusive. 95% "
+                "Student-t interval of the paired GRPO - Dr. GRPO change in incorrect length: reproduced if it lies "
+                f"above 0; not reproduced if it lies below 0 or inside +-{PLANNED_EFFECT:g} tokens (no length bias as "
+                "large as the one the run was powered for); otherwise inconclusive")
+
+
+def powered_verdict(diff: stats.Interval) -> str:
+    """POWERED_RULE on the paired GRPO - Dr. GRPO interval."""
+    if diff.n < POWERED_SEED_COUNT or not np.isfinite(diff.low):
+        return "inconclusive"
+    if diff.low > 0:
+        return "reproduced"
+    if diff.high < 0 or (-PLANNED_EFFECT < diff.low and diff.high < PLANNED_EFFECT):
+        return "not reproduced"
+    return "inconclusive"
+
+
 def verdict(diff: stats.Interval) -> str:
     """VERDICT_RULE on the paired GRPO - Dr. GRPO interval."""
     if diff.n < 2 or not diff.excludes_zero():
@@ -66,8 +100,9 @@ def verdict(diff: stats.Interval) -> str:
 
 
 def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], *, setting: str, command: str,
-                    wall_s: float | None):
-    """The stored result (reports/results.py): VERDICT_RULE on the paired difference."""
+                    wall_s: float | None, powered: bool = False):
+    """The stored result (reports/results.py): VERDICT_RULE (POWERED_RULE if `powered`) on the paired
+    difference."""
     from jaxrl_llm.reports.results import ExperimentResult, keyed, paired
 
     by_seed = {r: {s: row for s, row in zip(seeds, rows)} for r, rows in per_seed.items()}
@@ -83,8 +118,9 @@ def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], *, se
     return ExperimentResult(
         name=NAME, title="length bias, length-dependent reward (SmolLM2-135M, 1-digit addition)", claim=CLAIM,
         setting=setting, command=command, seeds=tuple(seeds), statistic=STATISTIC,
-        interval_method="mean and 95% Student-t over seeds, paired by seed", verdict_rule=VERDICT_RULE,
-        verdict=verdict(stats.Interval(**numbers["grpo - dr_grpo d length_incorrect"])),
+        interval_method="mean and 95% Student-t over seeds, paired by seed",
+        verdict_rule=POWERED_RULE if powered else VERDICT_RULE,
+        verdict=(powered_verdict if powered else verdict)(stats.Interval(**numbers["grpo - dr_grpo d length_incorrect"])),
         headline="grpo - dr_grpo d length_incorrect", numbers=numbers, per_seed=per, wall_s=wall_s)
 
 
@@ -142,6 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     recipes = tuple(r.strip() for r in args.recipes.split(","))
     if recipes[0] != "grpo" or len(recipes) < 2 or not set(recipes) <= set(RECIPES):
         parser.error(f"--recipes {args.recipes!r} is invalid; valid: grpo first, then one or both of {RECIPES[1:]}")
+    chosen = stats.parse_seeds(args.seeds, ()) if args.seeds else ()
+    powered = bool(set(chosen) & set(POWERED_SEEDS))
+    if args.results and powered and chosen != POWERED_SEEDS:
+        parser.error(f"--seeds {args.seeds} with --results is invalid: the powered run writes its result with all of "
+                     f"seeds {','.join(map(str, POWERED_SEEDS))}; run a subset without --results (a later run keeps it)")
     out = output_dir(args, NAME)
     from jaxrl_llm.train.run.metrics import read_groups, read_metrics
     from jaxrl_llm.train.run.plots import plot_runs
@@ -203,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = "python experiments/length_bias.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         per_seed = {r: row["per seed"] for r, row in zip(recipes, rows)}
         path = write_result(deciding_result(per_seed, seeds, setting=setting, command=command,
-                                            wall_s=time.perf_counter() - start), args.results)
+                                            wall_s=time.perf_counter() - start, powered=powered), args.results)
         print(f"wrote {path}")
     return 0
 

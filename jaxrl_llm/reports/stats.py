@@ -78,6 +78,31 @@ def bootstrap_interval(values: Sequence[float], level: float = 0.95, *, resample
     return Interval(float(x.mean()), float(low), float(high), n)
 
 
+def t_test_power(n: int, effect: float, sd: float, level: float = 0.95) -> float:
+    """Power of the two-sided one-sample (paired) t-test at `level` with `n` seeds when the true
+    mean difference is `effect` and the per-seed sd is `sd`: P(|T| > t_{(1+level)/2, n-1}) with T
+    noncentral t, n - 1 degrees of freedom, noncentrality effect sqrt(n) / sd. The chance that
+    `interval` over n seeds excludes 0."""
+    if n < 2 or sd <= 0:
+        raise ValueError(f"n={n!r}, sd={sd!r} is invalid; valid: n >= 2 seeds and sd > 0")
+    from scipy import stats
+
+    crit = float(stats.t.ppf(0.5 + level / 2, n - 1))
+    nc = effect * math.sqrt(n) / sd
+    return float(stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc))
+
+
+def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float = 0.95,
+                    max_seeds: int = 1000) -> int:
+    """The fewest paired seeds (>= 2) whose `t_test_power` reaches `power`."""
+    if not 0 < power < 1 or effect == 0:
+        raise ValueError(f"power={power!r}, effect={effect!r} is invalid; valid: 0 < power < 1, effect != 0")
+    for n in range(2, max_seeds + 1):
+        if t_test_power(n, effect, sd, level) >= power:
+            return n
+    raise ValueError(f"more than max_seeds={max_seeds} seeds needed for effect {effect} at sd {sd}")
+
+
 def format_interval(iv: Interval, digits: int = 3, *, signed: bool = False) -> str:
     """'m [lo, hi] (n = k)' for a table cell; a single seed is marked as such."""
     fmt = f"{{:{'+' if signed else ''}.{digits}g}}"

@@ -60,3 +60,22 @@ def test_parse_seeds():
     for bad in ("a", "1,1", ""):
         with pytest.raises(ValueError, match="valid: distinct integers"):
             stats.parse_seeds(bad, (0,))
+
+
+def test_t_test_power_matches_a_simulation_and_the_normal_approximation():
+    """Power of the paired t-test, by Monte Carlo: draw n seeds' differences from N(effect, sd),
+    count how often the 95% t-interval excludes 0. And the textbook normal approximation
+    n ~ ((z_0.975 + z_0.8) sd / effect)^2 = (2.80 x 4.22 / 3)^2 = 15.5, which the t-test needs
+    ~2 more seeds than (df correction)."""
+    rng = np.random.default_rng(1)
+    for n, effect, sd in ((6, 3.0, 4.22), (18, 3.0, 4.22), (8, 1.0, 1.0)):
+        draws = rng.normal(effect, sd, size=(6000, n))
+        simulated = np.mean([stats.interval(row).excludes_zero() for row in draws])
+        assert stats.t_test_power(n, effect, sd) == pytest.approx(simulated, abs=0.02), (n, effect, sd)
+    normal = ((1.959964 + 0.841621) * 4.22 / 3.0) ** 2
+    n = stats.seeds_for_power(3.0, 4.22)
+    assert normal + 1 <= n <= normal + 3
+    assert stats.t_test_power(n, 3.0, 4.22) >= 0.8 > stats.t_test_power(n - 1, 3.0, 4.22)
+    assert stats.seeds_for_power(-3.0, 4.22) == n  # two-sided: the sign does not matter
+    with pytest.raises(ValueError, match="valid: n >= 2 seeds and sd > 0"):
+        stats.t_test_power(1, 3.0, 4.22)

@@ -349,3 +349,26 @@ def test_sanity_check_rule_on_hand_made_runs():
     assert module.deciding_result(failing, setting="", command="-", wall_s=0.0).verdict == "not reproduced"
     two_seeds = {run: r for run, r in runs.items() if run[1] != 9}
     assert module.deciding_result(two_seeds, setting="", command="-", wall_s=0.0).verdict == "inconclusive"
+
+
+def test_length_bias_powered_rule_sizes_its_seeds_and_tells_no_effect_from_not_measured():
+    """POWERED_RULE (issue 51): 18 seeds for 80% power at 3 tokens with sd 4.22 (normal approximation
+    (2.80 x 4.22 / 3)^2 = 15.5, plus the t-test's ~2); reproduced above 0; not reproduced below 0 or
+    inside +-3 tokens; fewer than 18 seeds or an interval across a margin: inconclusive."""
+    module = experiment_module("length_bias")
+    assert module.POWERED_SEED_COUNT == 18 and module.POWERED_SEEDS == tuple(range(20, 38))
+    assert not set(module.POWERED_SEEDS) & {0, 1, 2, *module.DECIDING_SEEDS}  # fresh
+    judge = lambda *a: module.powered_verdict(module.stats.Interval(*a))  # noqa: E731
+    assert judge(2.0, 0.5, 3.5, 18) == "reproduced"
+    assert judge(-2.0, -3.5, -0.5, 18) == "not reproduced"
+    assert judge(0.4, -1.5, 2.3, 18) == "not reproduced"  # inside +-3: no bias as large as planned
+    assert judge(1.0, -1.2, 3.2, 18) == "inconclusive"  # crosses +3
+    assert judge(0.4, -1.5, 2.3, 17) == "inconclusive"  # a seed short of the plan
+    result = module.deciding_result(
+        {r: [{"d length_incorrect": x, "d length_correct": 0.0, "reward last": 0.9} for x in xs]
+         for r, xs in (("grpo", [1.0] * 9 + [2.0] * 9), ("dr_grpo", [0.0] * 18))},
+        module.POWERED_SEEDS, setting="s", command="c", wall_s=1.0, powered=True)
+    # differences 1 x 9, 2 x 9: mean 1.5, sd 0.5145, half width t_{0.975,17} 0.5145 / sqrt(18) = 0.2559
+    diff = result.numbers["grpo - dr_grpo d length_incorrect"]
+    assert (diff["low"], diff["high"]) == pytest.approx((1.5 - 0.2559, 1.5 + 0.2559), abs=2e-4)
+    assert result.verdict == "reproduced" and result.verdict_rule == module.POWERED_RULE
