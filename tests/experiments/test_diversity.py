@@ -41,8 +41,8 @@ def test_verdict_reads_the_paired_intervals():
 def test_diversity_reduced_two_seeds(tmp_path):
     module = load_experiment("diversity")
     out = tmp_path / "out"
-    assert module.main(["--quick", "--seeds", "0,1", "--out", str(out), "total_steps=3", "task.eval_every=3",
-                        "task.eval_size=4"]) == 0
+    assert module.main(["--quick", "--seeds", "0,1", "--out", str(out), "--tuning", str(tmp_path / "tuning.json"),
+                        "total_steps=3", "task.eval_every=3", "task.eval_size=4"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["variant"]: r for r in summary["rows"]}
     assert set(rows) == {"grpo", "darling", "darling - grpo (paired)"}
@@ -67,6 +67,16 @@ def test_diversity_reduced_two_seeds(tmp_path):
     assert diff["pass@16 interval"]["mean"] == pytest.approx(want)
     assert diff["verdict"] in ("reproduced", "not reproduced") or diff["verdict"].startswith("inconclusive")
     assert "2 of the full size's 5 seeds" in (out / "summary.md").read_text()
+    # the tuning record: a run diverged when its final held-out pass@16, recomputed here, is 0
+    record = json.loads((tmp_path / "tuning.json").read_text())
+    for variant in ("grpo", "darling"):
+        final = {s: pass_at_k_curve(np.asarray([json.loads(line) for line in (out / f"{variant}_s{s}" / "eval.jsonl")
+                                                 .read_text().splitlines()][-1]["correct"]))[-1] for s in (0, 1)}
+        got = record["variants"][variant]
+        assert got["diverged"] == sum(v == 0 for v in final.values()) and got["of"] == 2
+        assert {s: r["pass@16"] for s, r in got["per_seed"].items()} == pytest.approx({str(s): v for s, v in
+                                                                                      final.items()})
+    assert record["seeds"] == [0, 1] and record["run_commits"] and record["machine"]["cores"] >= 1
     assert png_shape(out / "pass_at_k.png")[0] > 100 and png_shape(out / "seeds.png")[0] > 100
 
 
