@@ -21,12 +21,12 @@ k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
 
     python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
     python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
+    python experiments/diversity.py --seeds 100,101,...,115 --out runs/experiments/diversity/deciding \\
+        --results experiments/results/diversity.json rollout.max_tokens=2 train.lr=1e-2 total_steps=200 \\
+        task.eval_every=50              # the deciding run: DECIDING_SEEDS x DECIDING, VERDICT_RULE
     python experiments/diversity.py --seeds 2010,2011,...,2029 --out runs/experiments/diversity/tune_lr5e-3_150 \\
         --tuning experiments/tuning/diversity_lr5e-3_150steps_amd_epyc.json \\
-        rollout.max_tokens=2 train.lr=5e-3 total_steps=150 task.eval_every=50   # the divergence check
-    python experiments/diversity.py --seeds 3000,3001,...,3019 --out runs/experiments/diversity/deciding \\
-        --results experiments/results/diversity.json rollout.max_tokens=2 train.lr=5e-3 total_steps=150 \\
-        task.eval_every=50              # the deciding run: DECIDING_SEEDS x DECIDING, VERDICT_RULE
+        rollout.max_tokens=2 train.lr=5e-3 total_steps=150 task.eval_every=50   # a divergence check (issue 51)
 
 Writes to runs/experiments/diversity/<quick|full>/: <variant>_s<seed>/ (runs), model/ (the
 digit decoder), pass_at_k.png (final pass@k curve, mean and 95% band over seeds, seeds as
@@ -126,34 +126,22 @@ def seed_row(metrics: Sequence[dict], evals: Sequence[dict]) -> dict:
             "train pass rate (last third)": window_mean(metrics, "pass_rate", last=third)}
 
 
-# ------------------------------------------- the deciding run: fixed before it ran (issue 51)
-# Issue 36's run (lr 1e-2, seeds 100-115, seed 0 chose the lr) kept 11 of 16 seeds after divergence,
-# and a rerun of its command on an Intel Xeon (seeds 1000-1015) saw 7 and 8 of 16 runs diverge: a
-# verdict there rests on which seeds survive. A diverged run here is an absorbing collapse: within 1-2
-# steps the policy's entropy jumps to ~10.8 (uniform over the 49k-token vocabulary), every sample is
-# non-digit, every group scores 0 and no gradient is left. Tuning seeds (experiments/tuning/, never
-# counted): 2000-2009 at lr 5e-3 x 200 steps (1 of 10 runs of each variant collapsed, at steps 160 and
-# 166; at step 150 none had, and DARLING - GRPO pass@16 was +0.13, pass@1 +0.005), 2000-2006 at lr 3e-3
-# (a DARLING run collapsed, and GRPO no longer concentrated: pass@16 0.94-1.0), and 2010-2029 at lr 5e-3
-# x 150 steps, the chosen setting, checked for < 10% divergence of either variant before the deciding
-# run. Seeds 100-115 and 1000-1015 are not reused.
-TUNING_SEEDS = (0, *range(2000, 2030))
-DECIDING_SEEDS = tuple(range(3000, 3020))
-DECIDING = ("rollout.max_tokens=2", "train.lr=5e-3", "total_steps=150", "task.eval_every=50")
-MIN_PAIRS = 16
-MAX_DIVERGED = 0.1  # share of one variant's runs
+# ------------------------------------------- the deciding run: fixed before it ran (issue 36)
+# Seed 0 chose the learning rate (the gate of experiments/README.md section 8): a tuning seed,
+# never counted. The deciding run uses 16 fresh seeds and the settings below, all fixed here
+# before it ran; its verdict is `verdict` applied to the pairs `diverged` keeps.
+TUNING_SEEDS = (0,)
+DECIDING_SEEDS = tuple(range(100, 116))
+DECIDING = ("rollout.max_tokens=2", "train.lr=1e-2", "total_steps=200", "task.eval_every=50")
+MIN_PAIRS = 8
 CLAIM = "DARLING raises pass@16 without lowering pass@1 (Li et al. 2025, arXiv 2509.02534)"
 EXCLUSION_RULE = ("a run has diverged when its held-out pass@16 at the final evaluation is 0 (no held-out "
                   "prompt solved in 16 samples: the non-digit output seen at lr 3e-2); a seed counts only when "
-                  "neither variant diverged; each variant's divergence count is reported, and the paired "
-                  "differences over all seeds, without exclusion, beside the kept ones")
-VERDICT_RULE = (f"seeds {DECIDING_SEEDS[0]}-{DECIDING_SEEDS[-1]}, fresh, at lr 5e-3 x 150 steps (chosen on tuning "
-                f"seeds 2000-2029); if more than {MAX_DIVERGED:.0%} of either variant's runs diverged, inconclusive (the "
-                f"setting was chosen for rare divergence, and a verdict would rest on which seeds survive); "
-                f"otherwise, on the kept seeds, paired DARLING - GRPO at the final evaluation, 95% Student-t: "
-                f"reproduced if the pass@16 interval lies above 0 and the pass@1 interval's upper end is >= 0; not "
-                f"reproduced if the pass@16 or the pass@1 interval lies below 0; otherwise, or with fewer than "
-                f"{MIN_PAIRS} kept seeds, inconclusive")
+                  "neither variant diverged; each variant's divergence count is reported")
+VERDICT_RULE = (f"on the kept seeds, paired DARLING - GRPO at the final evaluation, 95% Student-t: reproduced if "
+                f"the pass@16 interval lies above 0 and the pass@1 interval's upper end is >= 0; not reproduced if "
+                f"the pass@16 or the pass@1 interval lies below 0; otherwise, or with fewer than {MIN_PAIRS} kept "
+                f"seeds, inconclusive")
 
 
 def diverged(row: dict) -> bool:
@@ -162,28 +150,12 @@ def diverged(row: dict) -> bool:
 
 
 def verdict(diff_pass1: stats.Interval, diff_passk: stats.Interval, *, min_pairs: int = 2) -> str:
-    """The paired part of VERDICT_RULE on DARLING - GRPO intervals over the kept seeds."""
+    """VERDICT_RULE on paired DARLING - GRPO intervals over the kept seeds."""
     if diff_passk.n < max(2, min_pairs):
         return "inconclusive"
     if diff_passk.high < 0 or diff_pass1.high < 0:
         return "not reproduced"
     return "reproduced" if diff_passk.low > 0 else "inconclusive"
-
-
-def diverged_key(variant: str, seeds: int) -> str:
-    return f"{variant} diverged (of {seeds})"
-
-
-def rule_verdict(numbers: dict) -> str:
-    """VERDICT_RULE on the stored numbers: the divergence counts, then the kept seeds' paired intervals."""
-    from jaxrl_llm.reports.results import number
-
-    for v in VARIANTS:
-        count = next(numbers[k] for k in numbers if k.startswith(f"{v} diverged (of "))
-        if count["mean"] > MAX_DIVERGED * count["n"]:
-            return "inconclusive"
-    return verdict(number(numbers, "darling - grpo pass@1"), number(numbers, "darling - grpo pass@16"),
-                   min_pairs=MIN_PAIRS)
 
 
 def deciding_result(per_seed: dict, seeds: Sequence[int], *, command: str, wall_s: float | None):
@@ -195,22 +167,20 @@ def deciding_result(per_seed: dict, seeds: Sequence[int], *, command: str, wall_
                 for s in seeds if any(diverged(out[v][s]) for v in VARIANTS)}
     kept = [s for s in seeds if str(s) not in excluded]
     keys = ("pass@1", "pass@16", "distinct correct / prompt")
-    numbers = {}
-    for label, chosen in (("", kept), (" (all seeds)", list(seeds))):
-        for k in keys:
-            diff = paired({s: out["darling"][s][k] for s in chosen}, {s: out["grpo"][s][k] for s in chosen})
-            numbers[f"darling - grpo {k}{label}"] = stats.interval(list(diff.values())).to_dict()
+    diffs = {k: paired({s: out["darling"][s][k] for s in kept}, {s: out["grpo"][s][k] for s in kept}) for k in keys}
+    numbers = {f"darling - grpo {k}": stats.interval(list(d.values())).to_dict() for k, d in diffs.items()}
     for v in VARIANTS:
-        numbers[diverged_key(v, len(seeds))] = {"mean": float(sum(diverged(out[v][s]) for s in seeds)),
-                                                "low": float("nan"), "high": float("nan"), "n": len(seeds)}
+        numbers[f"{v} diverged (of {len(seeds)})"] = {"mean": float(sum(diverged(out[v][s]) for s in seeds)),
+                                                       "low": float("nan"), "high": float("nan"), "n": len(seeds)}
+    reading = verdict(stats.Interval(**numbers["darling - grpo pass@1"]),
+                      stats.Interval(**numbers["darling - grpo pass@16"]), min_pairs=MIN_PAIRS)
     return ExperimentResult(
         name=NAME, title="diversity: GRPO vs DARLING, many-answers task, tiny digit decoder", claim=CLAIM,
         setting="multiple_of, digit decoder, 4 prompts x 8 samples, " + ", ".join(DECIDING),
         command=command, seeds=tuple(kept), tuning_seeds=TUNING_SEEDS, statistic="paired DARLING - GRPO, "
         "held-out pass@1 / pass@16 (unbiased, 16 prompts x 16 samples) at the final step",
-        interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE,
-        verdict=rule_verdict(numbers), headline="darling - grpo pass@16", numbers=numbers,
-        exclusion_rule=EXCLUSION_RULE, excluded=excluded,
+        interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE, verdict=reading,
+        headline="darling - grpo pass@16", numbers=numbers, exclusion_rule=EXCLUSION_RULE, excluded=excluded,
         per_seed={f"{v} {k}": keyed({s: out[v][s][k] for s in seeds}) for v in VARIANTS for k in keys},
         wall_s=wall_s)
 
@@ -263,6 +233,14 @@ def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: s
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def rule_verdict(numbers: dict) -> str:
+    """VERDICT_RULE (`verdict`) on the stored paired intervals of the kept seeds."""
+    from jaxrl_llm.reports.results import number
+
+    return verdict(number(numbers, "darling - grpo pass@1"), number(numbers, "darling - grpo pass@16"),
+                   min_pairs=MIN_PAIRS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,36 +32,23 @@ def test_length_bias_pairs_by_seed_and_reads_the_paired_interval():
     assert module.rule_verdict({"grpo - dr_grpo d length_incorrect": iv(1.0, -2.0, 3.0, 3)}) == "inconclusive"
 
 
-def test_diversity_excludes_diverged_pairs_reports_all_seeds_and_refuses_frequent_divergence():
-    """VERDICT_RULE of issue 51 on 20 hand-made seeds: DARLING pass@16 0.8 / 0.9 (even / odd seed),
-    GRPO 0.5; pass@1 0.3 in both."""
+def test_diversity_excludes_diverged_pairs_and_needs_eight_kept_seeds():
     module = experiment_module("diversity")
-    assert module.DECIDING_SEEDS == tuple(range(3000, 3020)) and not set(module.DECIDING_SEEDS) & set(
-        module.TUNING_SEEDS)
     row = lambda p1, p16: {"pass@1": p1, "pass@16": p16, "distinct correct / prompt": 1.0}  # noqa: E731
-    seeds = list(module.DECIDING_SEEDS)
+    seeds = list(range(100, 110))
     per_seed = {}
     for s in seeds:
-        per_seed[("grpo", s)] = row(0.3, 0.0 if s in (3001, 3002) else 0.5)  # two GRPO runs diverged: 10%
+        per_seed[("grpo", s)] = row(0.3, 0.0 if s in (101, 102) else 0.5)  # two GRPO runs diverged
         per_seed[("darling", s)] = row(0.3, 0.9 if s % 2 else 0.8)
     result = module.deciding_result(per_seed, seeds, command="c", wall_s=1.0)
-    assert result.excluded == {"3001": "grpo diverged", "3002": "grpo diverged"}
-    assert result.seeds == tuple(s for s in seeds if s not in (3001, 3002))
-    kept = result.numbers["darling - grpo pass@16"]
-    assert kept["n"] == 18 and kept["mean"] == pytest.approx(0.85 - 0.5)
-    # all 20 seeds, no exclusion: 18 kept differences average 0.35; 3001 gives 0.9 - 0 and 3002 0.8 - 0
-    everyone = result.numbers["darling - grpo pass@16 (all seeds)"]
-    assert everyone["n"] == 20 and everyone["mean"] == pytest.approx((18 * 0.35 + 0.9 + 0.8) / 20)
-    assert result.numbers["grpo diverged (of 20)"]["mean"] == 2 and result.numbers["darling diverged (of 20)"][
-        "mean"] == 0
+    assert result.excluded == {"101": "grpo diverged", "102": "grpo diverged"}
+    assert result.seeds == (100, 103, 104, 105, 106, 107, 108, 109)
+    assert result.numbers["darling - grpo pass@16"]["n"] == 8
+    assert result.numbers["darling - grpo pass@16"]["mean"] == pytest.approx(0.85 - 0.5)
+    assert result.numbers["grpo diverged (of 10)"]["mean"] == 2
     assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
-    per_seed[("grpo", 3004)] = row(0.3, 0.0)  # a third GRPO divergence: 15% > 10%
+    per_seed[("darling", 103)] = row(0.3, 0.0)  # a third pair out: 7 kept < 8
     assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "inconclusive"
-    per_seed[("grpo", 3004)] = row(0.3, 0.5)
-    per_seed[("darling", 3004)] = row(0.3, 0.0)  # one DARLING divergence (5%) leaves 17 kept >= 16
-    assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "reproduced"
-    short = module.deciding_result(per_seed, seeds[3:18], command="c", wall_s=1.0)  # 3003-3017: 14 kept < 16
-    assert short.numbers["darling - grpo pass@16"]["n"] == 14 and short.verdict == "inconclusive"
 
 
 M_SPLIT, M_LENGTH = 0.0247, 1.16  # the full size's margins (pinned in the margin test below)
