@@ -120,7 +120,8 @@ def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], *, se
         setting=setting, command=command, seeds=tuple(seeds), statistic=STATISTIC,
         interval_method="mean and 95% Student-t over seeds, paired by seed",
         verdict_rule=POWERED_RULE if powered else VERDICT_RULE,
-        verdict=(powered_verdict if powered else verdict)(stats.Interval(**numbers["grpo - dr_grpo d length_incorrect"])),
+        verdict=(powered_verdict if powered else verdict)(
+            stats.Interval(**numbers["grpo - dr_grpo d length_incorrect"])),
         headline="grpo - dr_grpo d length_incorrect", numbers=numbers, per_seed=per, wall_s=wall_s)
 
 
@@ -181,8 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = stats.parse_seeds(args.seeds, ()) if args.seeds else ()
     powered = bool(set(chosen) & set(POWERED_SEEDS))
     if args.results and powered and chosen != POWERED_SEEDS:
-        parser.error(f"--seeds {args.seeds} with --results is invalid: the powered run writes its result with all of "
-                     f"seeds {','.join(map(str, POWERED_SEEDS))}; run a subset without --results (a later run keeps it)")
+        parser.error(f"--seeds {args.seeds} with --results is invalid: the powered run writes its result with all "
+                     f"of seeds {','.join(map(str, POWERED_SEEDS))}; run a subset without --results (a later run "
+                     "keeps it)")
     out = output_dir(args, NAME)
     from jaxrl_llm.train.run.metrics import read_groups, read_metrics
     from jaxrl_llm.train.run.plots import plot_runs
