@@ -12,9 +12,9 @@ collapse costs coverage of the questions a policy gets wrong.
 
 Setting (CPU-sized): the many-answers task `multiple_of` ("Name a multiple of k between
 1 and M", k in 2..5, M in 50..99: >= 10 correct answers each; data/many_answers.py) and
-a tiny random decoder over SmolLM2's tokenizer built to answer in digits (`digit_model`:
-digits ~60%, EOS ~40% of the probability at every position, so its answers are random
-1-3 digit numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
+a tiny random decoder over a 99-token character vocabulary (SmolLM2's chat format) built
+to answer in digits (`digit_model`: digits ~60%, EOS ~40% of the probability at every
+position, so its answers are random 1-3 digit numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
 from the same weights and seeds, JAX sampler at temperature 1, lr 1e-2. Held-out
 evaluation every few steps (task.eval_every) with 16 samples per prompt gives pass@k for
 k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
@@ -59,31 +59,56 @@ EOS_ID = 2  # SmolLM2's <|im_end|>
 DIGIT_WEIGHT, EOS_WEIGHT = 2.2, 2.55  # lm_head rows along the shared direction: logits ~12.4 and ~14.4
 
 
+def char_tokenizer():
+    """A character-level tokenizer with SmolLM2's chat format: the 3 special tokens of SmolLM2
+    (ids 0-2, <|im_end|> = EOS_ID) and the 96 characters of `string.printable` less tab, CR and
+    form feeds (99 tokens; digits are ids 3-12). Why not SmolLM2's 49152 tokens: over that
+    vocabulary a policy whose digit logits fall below ~ln 49141 = 10.8 spreads over tokens that
+    never answer and cannot come back (no correct sample, no gradient): the divergence of
+    experiments/README.md section 8. Over 99 tokens the same fall leaves the digits a share that
+    still samples correct answers."""
+    import string
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    from jaxrl_llm import bridge
+    from jaxrl_llm.bridge.tokenizer import TokenizerBundle
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    chars = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(specials + chars)}, merges=[],
+                                     unk_token=specials[0]))
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    template = json.loads((Path(bridge.smollm2_hf_dir()) / "tokenizer_config.json").read_text())["chat_template"]
+    return TokenizerBundle(tokenizer, bos_token=specials[1], eos_token=specials[2], pad_token=specials[2],
+                           unk_token=specials[0], chat_template=template)
+
+
 def digit_model(out: Path) -> str:
-    """A random 2-layer decoder (SmolLM2's tokenizer) that answers in digits: every token
-    embedding shares a direction u, and the lm_head rows of the ten digit tokens and of EOS
-    point along u, so at every position the digits share ~60% of the probability (evenly)
-    and EOS ~40%; the other 49141 tokens keep random logits near 0. Built from a fixed key;
-    written once to `out` (an HF directory)."""
+    """A random 2-layer decoder over `char_tokenizer` (99 tokens) that answers in digits: every
+    token embedding shares a direction u, and the lm_head rows of the ten digit tokens and of
+    EOS point along u, so at every position the digits share ~60% of the probability (evenly)
+    and EOS ~40%; the other 88 tokens keep random logits near 0 (together < 1e-4 at the start).
+    Built from a fixed key; written once to `out` (an HF directory)."""
     if (out / "config.json").exists():
         return str(out)
     import jax
     import jax.numpy as jnp
-    from tokenizers import Tokenizer
 
     from jaxrl_llm import bridge
     from jaxrl_llm.models import init_params
     from jaxrl_llm.models.config import tiny_decoder_config
 
-    tokenizer = Tokenizer.from_file(str(Path(bridge.smollm2_hf_dir()) / "tokenizer.json"))
-    digits = jnp.array([tokenizer.token_to_id(str(d)) for d in range(10)])
-    cfg = tiny_decoder_config(tie_word_embeddings=False)
+    tokenizer = char_tokenizer()
+    digits = jnp.array([tokenizer.tokenizer.token_to_id(str(d)) for d in range(10)])
+    cfg = tiny_decoder_config(vocab_size=tokenizer.tokenizer.get_vocab_size(), tie_word_embeddings=False)
     params = init_params(cfg, jax.random.key(0))
     u = jnp.ones(32) / jnp.sqrt(32.0)
     params["embed"] = params["embed"] + 5.0 * u
     head = params["lm_head"].at[:, digits].set(jnp.broadcast_to((DIGIT_WEIGHT * u)[:, None], (32, 10)))
     params["lm_head"] = head.at[:, EOS_ID].set(EOS_WEIGHT * u)
-    bridge.save_hf_dir(cfg, params, out, tokenizer_dir=bridge.smollm2_hf_dir())
+    bridge.save_hf_dir(cfg, params, out, tokenizer=tokenizer)
     return str(out)
 
 

@@ -26,6 +26,32 @@ def test_multiple_of_task_has_many_correct_answers_graded_by_hand():
     assert min(len(correct_answers(e)) for e in train) >= 10  # k <= 5, M >= 50
 
 
+def test_digit_model_answers_in_digits_over_a_99_token_vocabulary(tmp_path):
+    """The experiment's policy read back by transformers (an independent implementation):
+    the character tokenizer round-trips the prompt, and the next-token distribution after
+    the chat prompt is what the construction sets: digit logits 2.2 h.u, EOS 2.55 h.u with
+    h.u ~ 5.6 (~58% / ~42%), the ten digits equal, the 88 other tokens < 1e-4 together."""
+    import torch
+    import transformers
+
+    module = load_experiment("diversity")
+    model_dir = module.digit_model(tmp_path / "model")
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    question = "Name a multiple of 3 between 1 and 57. Answer with just the number."
+    assert tok.decode(tok(question, add_special_tokens=False).input_ids) == question
+    assert len(tok) == 99 and [tok.convert_tokens_to_ids(str(d)) for d in range(10)] == list(range(3, 13))
+    assert tok.convert_tokens_to_ids("<|im_end|>") == module.EOS_ID
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+    assert len(ids[0]) == len(text.replace("<|im_start|>", "#").replace("<|im_end|>", "#"))  # one token a char
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        probs = model(ids).logits[0, -1].softmax(-1).numpy()
+    digits = probs[3:13]
+    assert digits.sum() == pytest.approx(0.58, abs=0.03) and probs[module.EOS_ID] == pytest.approx(0.42, abs=0.03)
+    assert digits.max() - digits.min() < 1e-3 and 1 - digits.sum() - probs[module.EOS_ID] < 1e-4
+
+
 def test_verdict_reads_the_paired_intervals():
     verdict = load_experiment("diversity").verdict
     up, flat, down = Interval(0.1, 0.05, 0.15, 3), Interval(0.0, -0.05, 0.05, 3), Interval(-0.1, -0.15, -0.05, 3)
