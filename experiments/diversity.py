@@ -56,17 +56,16 @@ SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 QUICK = ("total_steps=20", "task.eval_every=10")
 EVAL_SAMPLES = 16
 EOS_ID = 2  # SmolLM2's <|im_end|>
-DIGIT_WEIGHT, EOS_WEIGHT = 2.2, 2.55  # lm_head rows along the shared direction: logits ~12.4 and ~14.4
+# lm_head rows: digits and EOS along u (logits ~12.4 and ~14.4), every other token along -v (~-12.4)
+DIGIT_WEIGHT, EOS_WEIGHT, OTHER_WEIGHT = 3.1, 3.6, 3.1
 
 
 def char_tokenizer():
     """A character-level tokenizer with SmolLM2's chat format: the 3 special tokens of SmolLM2
     (ids 0-2, <|im_end|> = EOS_ID) and the 96 characters of `string.printable` less tab, CR and
-    form feeds (99 tokens; digits are ids 3-12). Why not SmolLM2's 49152 tokens: over that
-    vocabulary a policy whose digit logits fall below ~ln 49141 = 10.8 spreads over tokens that
-    never answer and cannot come back (no correct sample, no gradient): the divergence of
-    experiments/README.md section 8. Over 99 tokens the same fall leaves the digits a share that
-    still samples correct answers."""
+    form feeds (99 tokens; digits are ids 3-12). Fewer tokens that never answer: over SmolLM2's
+    49152 a policy with all 49141 non-answer logits at ~0 is uniform over them (entropy 10.8)
+    once the answer logits fall below ~10.8, the divergence of experiments/README.md section 8."""
     import string
 
     from tokenizers import AddedToken, Tokenizer, decoders, models
@@ -86,10 +85,15 @@ def char_tokenizer():
 
 
 def digit_model(out: Path) -> str:
-    """A random 2-layer decoder over `char_tokenizer` (99 tokens) that answers in digits: every
-    token embedding shares a direction u, and the lm_head rows of the ten digit tokens and of
-    EOS point along u, so at every position the digits share ~60% of the probability (evenly)
-    and EOS ~40%; the other 88 tokens keep random logits near 0 (together < 1e-4 at the start).
+    """A random 2-layer decoder over `char_tokenizer` (99 tokens) that answers in digits. Every
+    token embedding gets 5 u + 5 v (u, v orthogonal unit vectors), so the final hidden state h
+    has h.u ~ h.v ~ 4. The lm_head rows of the ten digits and of EOS point along u, those of the
+    88 other tokens along -v: at every position the digits share ~58% of the probability
+    (evenly), EOS ~42%, the others < 1e-4 together. The -v rows keep the policy on the answer
+    tokens: with one shared direction (issue 36's model) training can turn h.u negative, and
+    the policy then spreads over the tokens that never answer, gets no reward and no gradient,
+    and stays there (section 8). Here h.u -> 0 leaves the 11 answer tokens at logit ~0 and the
+    others at ~-12, and the gradient reaches v only through the others' tiny probability.
     Built from a fixed key; written once to `out` (an HF directory)."""
     if (out / "config.json").exists():
         return str(out)
@@ -101,13 +105,17 @@ def digit_model(out: Path) -> str:
     from jaxrl_llm.models.config import tiny_decoder_config
 
     tokenizer = char_tokenizer()
-    digits = jnp.array([tokenizer.tokenizer.token_to_id(str(d)) for d in range(10)])
-    cfg = tiny_decoder_config(vocab_size=tokenizer.tokenizer.get_vocab_size(), tie_word_embeddings=False)
+    vocab = tokenizer.tokenizer.get_vocab_size()
+    answer = jnp.array([tokenizer.tokenizer.token_to_id(str(d)) for d in range(10)] + [EOS_ID])
+    cfg = tiny_decoder_config(vocab_size=vocab, tie_word_embeddings=False)
     params = init_params(cfg, jax.random.key(0))
-    u = jnp.ones(32) / jnp.sqrt(32.0)
-    params["embed"] = params["embed"] + 5.0 * u
-    head = params["lm_head"].at[:, digits].set(jnp.broadcast_to((DIGIT_WEIGHT * u)[:, None], (32, 10)))
-    params["lm_head"] = head.at[:, EOS_ID].set(EOS_WEIGHT * u)
+    width = cfg.hidden_size
+    u = jnp.ones(width) / jnp.sqrt(width)
+    v = jnp.tile(jnp.array([1.0, -1.0]), width // 2) / jnp.sqrt(width)
+    params["embed"] = params["embed"] + 5.0 * (u + v)
+    head = params["lm_head"] - OTHER_WEIGHT * v[:, None]
+    weights = jnp.array([DIGIT_WEIGHT] * 10 + [EOS_WEIGHT])
+    params["lm_head"] = head.at[:, answer].set(u[:, None] * weights[None, :])
     bridge.save_hf_dir(cfg, params, out, tokenizer=tokenizer)
     return str(out)
 

@@ -29,8 +29,10 @@ def test_multiple_of_task_has_many_correct_answers_graded_by_hand():
 def test_digit_model_answers_in_digits_over_a_99_token_vocabulary(tmp_path):
     """The experiment's policy read back by transformers (an independent implementation):
     the character tokenizer round-trips the prompt, and the next-token distribution after
-    the chat prompt is what the construction sets: digit logits 2.2 h.u, EOS 2.55 h.u with
-    h.u ~ 5.6 (~58% / ~42%), the ten digits equal, the 88 other tokens < 1e-4 together."""
+    the chat prompt is what the construction sets: digit logits 3.1 h.u, EOS 3.6 h.u with
+    h.u ~ 4 (~58% / ~42%), the ten digits equal, the 88 other tokens < 1e-4 together; and
+    where h.u = 0 (the state that diverged with one shared direction) the answer tokens
+    still hold > 99.9%, since the others' rows point along -v."""
     import torch
     import transformers
 
@@ -50,6 +52,9 @@ def test_digit_model_answers_in_digits_over_a_99_token_vocabulary(tmp_path):
     digits = probs[3:13]
     assert digits.sum() == pytest.approx(0.58, abs=0.03) and probs[module.EOS_ID] == pytest.approx(0.42, abs=0.03)
     assert digits.max() - digits.min() < 1e-3 and 1 - digits.sum() - probs[module.EOS_ID] < 1e-4
+    v = torch.tensor([1.0, -1.0] * 16) / 32 ** 0.5  # h = 4 v: h.u = 0, h.v as at the start
+    answer_share = (model.lm_head.weight.detach() @ (4 * v)).softmax(-1)[2:13].sum()  # EOS and the digits
+    assert answer_share > 0.999
 
 
 def test_verdict_reads_the_paired_intervals():
