@@ -12,9 +12,9 @@ collapse costs coverage of the questions a policy gets wrong.
 
 Setting (CPU-sized): the many-answers task `multiple_of` ("Name a multiple of k between
 1 and M", k in 2..5, M in 50..99: >= 10 correct answers each; data/many_answers.py) and
-a tiny random decoder over a 99-token character vocabulary (SmolLM2's chat format) built
-to answer in digits (`digit_model`: digits ~60%, EOS ~40% of the probability at every
-position, so its answers are random 1-3 digit numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
+a tiny random decoder whose vocabulary is the ten digits and EOS (`answer_tokenizer`),
+built to answer in digits (`digit_model`: digits ~60%, EOS ~40% of the probability at
+every position, so its answers are random numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
 from the same weights and seeds, JAX sampler at temperature 1, lr 1e-2. Held-out
 evaluation every few steps (task.eval_every) with 16 samples per prompt gives pass@k for
 k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
@@ -55,46 +55,38 @@ VARIANTS = {"grpo": [], "darling": ["shaping.darling=answer"]}
 SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 QUICK = ("total_steps=20", "task.eval_every=10")
 EVAL_SAMPLES = 16
-EOS_ID = 2  # SmolLM2's <|im_end|>
-# lm_head rows: digits and EOS along u (logits ~12.4 and ~14.4), every other token along -v (~-12.4)
-DIGIT_WEIGHT, EOS_WEIGHT, OTHER_WEIGHT = 3.1, 3.6, 3.1
+EOS_ID = 0  # the answer vocabulary's stop token (`answer_tokenizer`)
+DIGIT_WEIGHT, EOS_WEIGHT = 2.2, 2.55  # lm_head rows along the shared direction: logits ~12.4 and ~14.4
 
 
-def char_tokenizer():
-    """A character-level tokenizer with SmolLM2's chat format: the 3 special tokens of SmolLM2
-    (ids 0-2, <|im_end|> = EOS_ID) and the 96 characters of `string.printable` less tab, CR and
-    form feeds (99 tokens; digits are ids 3-12). Fewer tokens that never answer: over SmolLM2's
-    49152 a policy with all 49141 non-answer logits at ~0 is uniform over them (entropy 10.8)
-    once the answer logits fall below ~10.8, the divergence of experiments/README.md section 8."""
-    import string
+def answer_tokenizer():
+    """An 11-token vocabulary: the ten digits and <|im_end|> (EOS_ID), which ends an answer and,
+    as the unknown token with runs of unknown characters fused, stands for each stretch of
+    non-digit text in the prompt ("Name a multiple of 3 between 1 and 57. ..." -> EOS 3 EOS 1
+    EOS 5 7 EOS). The chat template is the question alone. Why: every token the policy can emit
+    is part of an answer. Over SmolLM2's 49152 tokens (issue 36's model) training could tip the
+    policy onto the 49141 others, where no sample scores, no gradient is left and it stays
+    (experiments/README.md section 8); 88 others (a character vocabulary) or others held down
+    by their own lm_head direction still did."""
+    from tokenizers import Tokenizer, decoders, models
 
-    from tokenizers import AddedToken, Tokenizer, decoders, models
-
-    from jaxrl_llm import bridge
     from jaxrl_llm.bridge.tokenizer import TokenizerBundle
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    chars = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
-    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(specials + chars)}, merges=[],
-                                     unk_token=specials[0]))
+    eos = "<|im_end|>"
+    vocab = {eos: EOS_ID, **{str(d): d + 1 for d in range(10)}}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=eos, fuse_unk=True))
     tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    template = json.loads((Path(bridge.smollm2_hf_dir()) / "tokenizer_config.json").read_text())["chat_template"]
-    return TokenizerBundle(tokenizer, bos_token=specials[1], eos_token=specials[2], pad_token=specials[2],
-                           unk_token=specials[0], chat_template=template)
+    template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    return TokenizerBundle(tokenizer, bos_token=None, eos_token=eos, pad_token=eos, unk_token=eos,
+                           chat_template=template)
 
 
 def digit_model(out: Path) -> str:
-    """A random 2-layer decoder over `char_tokenizer` (99 tokens) that answers in digits. Every
-    token embedding gets 5 u + 5 v (u, v orthogonal unit vectors), so the final hidden state h
-    has h.u ~ h.v ~ 4. The lm_head rows of the ten digits and of EOS point along u, those of the
-    88 other tokens along -v: at every position the digits share ~58% of the probability
-    (evenly), EOS ~42%, the others < 1e-4 together. The -v rows keep the policy on the answer
-    tokens: with one shared direction (issue 36's model) training can turn h.u negative, and
-    the policy then spreads over the tokens that never answer, gets no reward and no gradient,
-    and stays there (section 8). Here h.u -> 0 leaves the 11 answer tokens at logit ~0 and the
-    others at ~-12, and the gradient reaches v only through the others' tiny probability.
-    Built from a fixed key; written once to `out` (an HF directory)."""
+    """A random 2-layer decoder over `answer_tokenizer` (the ten digits and EOS) that answers
+    in digits: every token embedding shares a direction u, and the lm_head rows of the digits
+    and of EOS point along u, so at every position the digits share ~58% of the probability
+    (evenly) and EOS ~42%; answers are random numbers of up to max_tokens digits. Built from a
+    fixed key; written once to `out` (an HF directory)."""
     if (out / "config.json").exists():
         return str(out)
     import jax
@@ -104,18 +96,14 @@ def digit_model(out: Path) -> str:
     from jaxrl_llm.models import init_params
     from jaxrl_llm.models.config import tiny_decoder_config
 
-    tokenizer = char_tokenizer()
-    vocab = tokenizer.tokenizer.get_vocab_size()
-    answer = jnp.array([tokenizer.tokenizer.token_to_id(str(d)) for d in range(10)] + [EOS_ID])
-    cfg = tiny_decoder_config(vocab_size=vocab, tie_word_embeddings=False)
+    tokenizer = answer_tokenizer()
+    digits = jnp.array([tokenizer.tokenizer.token_to_id(str(d)) for d in range(10)])
+    cfg = tiny_decoder_config(vocab_size=tokenizer.tokenizer.get_vocab_size(), tie_word_embeddings=False)
     params = init_params(cfg, jax.random.key(0))
-    width = cfg.hidden_size
-    u = jnp.ones(width) / jnp.sqrt(width)
-    v = jnp.tile(jnp.array([1.0, -1.0]), width // 2) / jnp.sqrt(width)
-    params["embed"] = params["embed"] + 5.0 * (u + v)
-    head = params["lm_head"] - OTHER_WEIGHT * v[:, None]
-    weights = jnp.array([DIGIT_WEIGHT] * 10 + [EOS_WEIGHT])
-    params["lm_head"] = head.at[:, answer].set(u[:, None] * weights[None, :])
+    u = jnp.ones(cfg.hidden_size) / jnp.sqrt(cfg.hidden_size)
+    params["embed"] = params["embed"] + 5.0 * u
+    head = params["lm_head"].at[:, digits].set(jnp.broadcast_to((DIGIT_WEIGHT * u)[:, None], (cfg.hidden_size, 10)))
+    params["lm_head"] = head.at[:, EOS_ID].set(EOS_WEIGHT * u)
     bridge.save_hf_dir(cfg, params, out, tokenizer=tokenizer)
     return str(out)
 

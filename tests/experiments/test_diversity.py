@@ -26,35 +26,33 @@ def test_multiple_of_task_has_many_correct_answers_graded_by_hand():
     assert min(len(correct_answers(e)) for e in train) >= 10  # k <= 5, M >= 50
 
 
-def test_digit_model_answers_in_digits_over_a_99_token_vocabulary(tmp_path):
+def test_digit_model_answers_in_digits_and_can_emit_nothing_else(tmp_path):
     """The experiment's policy read back by transformers (an independent implementation):
-    the character tokenizer round-trips the prompt, and the next-token distribution after
-    the chat prompt is what the construction sets: digit logits 3.1 h.u, EOS 3.6 h.u with
-    h.u ~ 4 (~58% / ~42%), the ten digits equal, the 88 other tokens < 1e-4 together; and
-    where h.u = 0 (the state that diverged with one shared direction) the answer tokens
-    still hold > 99.9%, since the others' rows point along -v."""
+    its vocabulary is the ten digits and EOS, the prompt keeps the question's numbers with
+    each stretch of other text one EOS (counted by hand), and the next-token distribution is
+    what the construction sets: digit logits 2.2 h.u, EOS 2.55 h.u with h.u ~ 5.6 (e^(0.35 h.u)
+    = 7.2 = 0.42 / (0.58 / 10)), the ten digits equal."""
     import torch
     import transformers
 
     module = load_experiment("diversity")
     model_dir = module.digit_model(tmp_path / "model")
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    assert sorted(tok.get_vocab()) == sorted([*"0123456789", "<|im_end|>"]) and tok.eos_token_id == module.EOS_ID
     question = "Name a multiple of 3 between 1 and 57. Answer with just the number."
-    assert tok.decode(tok(question, add_special_tokens=False).input_ids) == question
-    assert len(tok) == 99 and [tok.convert_tokens_to_ids(str(d)) for d in range(10)] == list(range(3, 13))
-    assert tok.convert_tokens_to_ids("<|im_end|>") == module.EOS_ID
     text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
-    ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
-    assert len(ids[0]) == len(text.replace("<|im_start|>", "#").replace("<|im_end|>", "#"))  # one token a char
+    ids = tok(text, add_special_tokens=False).input_ids
+    eos = module.EOS_ID
+    assert ids == [eos, tok.convert_tokens_to_ids("3"), eos, tok.convert_tokens_to_ids("1"), eos,
+                   tok.convert_tokens_to_ids("5"), tok.convert_tokens_to_ids("7"), eos]
+    assert tok.decode([tok.convert_tokens_to_ids(d) for d in "42"]) == "42"
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     with torch.no_grad():
-        probs = model(ids).logits[0, -1].softmax(-1).numpy()
-    digits = probs[3:13]
-    assert digits.sum() == pytest.approx(0.58, abs=0.03) and probs[module.EOS_ID] == pytest.approx(0.42, abs=0.03)
-    assert digits.max() - digits.min() < 1e-3 and 1 - digits.sum() - probs[module.EOS_ID] < 1e-4
-    v = torch.tensor([1.0, -1.0] * 16) / 32 ** 0.5  # h = 4 v: h.u = 0, h.v as at the start
-    answer_share = (model.lm_head.weight.detach() @ (4 * v)).softmax(-1)[2:13].sum()  # EOS and the digits
-    assert answer_share > 0.999
+        probs = model(torch.tensor([ids])).logits[0, -1].softmax(-1).numpy()
+    assert probs.shape == (11,)
+    digits = np.delete(probs, eos)
+    assert digits.sum() == pytest.approx(0.58, abs=0.03) and probs[eos] == pytest.approx(0.42, abs=0.03)
+    assert digits.max() - digits.min() < 1e-3
 
 
 def test_verdict_reads_the_paired_intervals():
