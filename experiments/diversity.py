@@ -21,12 +21,12 @@ k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
 
     python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
     python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
-    python experiments/diversity.py --seeds 100,101,...,115 --out runs/experiments/diversity/deciding \\
+    python experiments/diversity.py --seeds 2070,2071,...,2089 --out runs/experiments/diversity/tune \\
+        --tuning experiments/tuning/diversity_answer_vocab_lr1e-2_200steps_amd_epyc.json \\
+        rollout.max_tokens=2 train.lr=1e-2 total_steps=200 task.eval_every=50   # the divergence check
+    python experiments/diversity.py --seeds 3000,3001,...,3019 --out runs/experiments/diversity/deciding \\
         --results experiments/results/diversity.json rollout.max_tokens=2 train.lr=1e-2 total_steps=200 \\
         task.eval_every=50              # the deciding run: DECIDING_SEEDS x DECIDING, VERDICT_RULE
-    python experiments/diversity.py --seeds 2010,2011,...,2029 --out runs/experiments/diversity/tune_lr5e-3_150 \\
-        --tuning experiments/tuning/diversity_lr5e-3_150steps_amd_epyc.json \\
-        rollout.max_tokens=2 train.lr=5e-3 total_steps=150 task.eval_every=50   # a divergence check (issue 51)
 
 Writes to runs/experiments/diversity/<quick|full>/: <variant>_s<seed>/ (runs), model/ (the
 digit decoder), pass_at_k.png (final pass@k curve, mean and 95% band over seeds, seeds as
@@ -147,22 +147,32 @@ def seed_row(metrics: Sequence[dict], evals: Sequence[dict]) -> dict:
             "train pass rate (last third)": window_mean(metrics, "pass_rate", last=third)}
 
 
-# ------------------------------------------- the deciding run: fixed before it ran (issue 36)
-# Seed 0 chose the learning rate (the gate of experiments/README.md section 8): a tuning seed,
-# never counted. The deciding run uses 16 fresh seeds and the settings below, all fixed here
-# before it ran; its verdict is `verdict` applied to the pairs `diverged` keeps.
-TUNING_SEEDS = (0,)
-DECIDING_SEEDS = tuple(range(100, 116))
+# ------------------------------------------- the deciding run: fixed before it ran (issue 51)
+# Issue 36's run (seeds 100-115, over SmolLM2's 49152 tokens; seed 0 chose lr 1e-2) kept 11 of 16
+# seeds after divergence, and its command on an Intel Xeon (seeds 1000-1015) saw 7 and 8 of 16 runs
+# diverge: that verdict rests on which seeds survive. The divergence was the policy tipping onto
+# tokens that never answer (experiments/README.md section 8); the digit decoder now emits only digits
+# and EOS (`answer_tokenizer`). Tuning seeds (experiments/tuning/, never counted): 2000-2029 (old
+# model, lr 5e-3 and 3e-3), 2030-2033 (99-token model), 2050-2053 (99 tokens, others along -v),
+# 2070-2089 (this model at the settings below: the < 10 % divergence check passed before this rule
+# was written). Seeds 100-115 and 1000-1015 are not reused.
+TUNING_SEEDS = (0, *range(2000, 2034), *range(2050, 2054), *range(2070, 2090))
+DECIDING_SEEDS = tuple(range(3000, 3020))
 DECIDING = ("rollout.max_tokens=2", "train.lr=1e-2", "total_steps=200", "task.eval_every=50")
-MIN_PAIRS = 8
+MIN_PAIRS = 16
+MAX_DIVERGED = 0.1  # share of one variant's runs
 CLAIM = "DARLING raises pass@16 without lowering pass@1 (Li et al. 2025, arXiv 2509.02534)"
 EXCLUSION_RULE = ("a run has diverged when its held-out pass@16 at the final evaluation is 0 (no held-out "
-                  "prompt solved in 16 samples: the non-digit output seen at lr 3e-2); a seed counts only when "
-                  "neither variant diverged; each variant's divergence count is reported")
-VERDICT_RULE = (f"on the kept seeds, paired DARLING - GRPO at the final evaluation, 95% Student-t: reproduced if "
-                f"the pass@16 interval lies above 0 and the pass@1 interval's upper end is >= 0; not reproduced if "
-                f"the pass@16 or the pass@1 interval lies below 0; otherwise, or with fewer than {MIN_PAIRS} kept "
-                f"seeds, inconclusive")
+                  "prompt solved in 16 samples); a seed counts only when neither variant diverged; each variant's "
+                  "divergence count is reported, and the paired differences over all seeds, without exclusion, "
+                  "beside the kept ones")
+VERDICT_RULE = (f"seeds {DECIDING_SEEDS[0]}-{DECIDING_SEEDS[-1]}, fresh, the digits-and-EOS decoder, "
+                f"{', '.join(DECIDING)} (checked for rare divergence on tuning seeds 2070-2089); if more than "
+                f"{MAX_DIVERGED:.0%} of either variant's runs diverged, inconclusive (a verdict would rest on which "
+                f"seeds survive); otherwise, on the kept seeds, paired DARLING - GRPO at the final evaluation, 95% "
+                f"Student-t: reproduced if the pass@16 interval lies above 0 and the pass@1 interval's upper end is "
+                f">= 0; not reproduced if the pass@16 or the pass@1 interval lies below 0; otherwise, or with fewer "
+                f"than {MIN_PAIRS} kept seeds, inconclusive")
 
 
 def diverged(row: dict) -> bool:
@@ -171,7 +181,7 @@ def diverged(row: dict) -> bool:
 
 
 def verdict(diff_pass1: stats.Interval, diff_passk: stats.Interval, *, min_pairs: int = 2) -> str:
-    """VERDICT_RULE on paired DARLING - GRPO intervals over the kept seeds."""
+    """The paired part of VERDICT_RULE on DARLING - GRPO intervals over the kept seeds."""
     if diff_passk.n < max(2, min_pairs):
         return "inconclusive"
     if diff_passk.high < 0 or diff_pass1.high < 0:
@@ -188,16 +198,18 @@ def deciding_result(per_seed: dict, seeds: Sequence[int], *, command: str, wall_
                 for s in seeds if any(diverged(out[v][s]) for v in VARIANTS)}
     kept = [s for s in seeds if str(s) not in excluded]
     keys = ("pass@1", "pass@16", "distinct correct / prompt")
-    diffs = {k: paired({s: out["darling"][s][k] for s in kept}, {s: out["grpo"][s][k] for s in kept}) for k in keys}
-    numbers = {f"darling - grpo {k}": stats.interval(list(d.values())).to_dict() for k, d in diffs.items()}
+    numbers = {}
+    for label, chosen in (("", kept), (" (all seeds)", list(seeds))):
+        for k in keys:
+            diff = paired({s: out["darling"][s][k] for s in chosen}, {s: out["grpo"][s][k] for s in chosen})
+            numbers[f"darling - grpo {k}{label}"] = stats.interval(list(diff.values())).to_dict()
     for v in VARIANTS:
         numbers[f"{v} diverged (of {len(seeds)})"] = {"mean": float(sum(diverged(out[v][s]) for s in seeds)),
                                                        "low": float("nan"), "high": float("nan"), "n": len(seeds)}
-    reading = verdict(stats.Interval(**numbers["darling - grpo pass@1"]),
-                      stats.Interval(**numbers["darling - grpo pass@16"]), min_pairs=MIN_PAIRS)
+    reading = rule_verdict(numbers)
     return ExperimentResult(
-        name=NAME, title="diversity: GRPO vs DARLING, many-answers task, tiny digit decoder", claim=CLAIM,
-        setting="multiple_of, digit decoder, 4 prompts x 8 samples, " + ", ".join(DECIDING),
+        name=NAME, title="diversity: GRPO vs DARLING, many-answers task, tiny digits-and-EOS decoder", claim=CLAIM,
+        setting="multiple_of, digits-and-EOS decoder, 4 prompts x 8 samples, " + ", ".join(DECIDING),
         command=command, seeds=tuple(kept), tuning_seeds=TUNING_SEEDS, statistic="paired DARLING - GRPO, "
         "held-out pass@1 / pass@16 (unbiased, 16 prompts x 16 samples) at the final step",
         interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE, verdict=reading,
@@ -257,9 +269,14 @@ def plot_pass_at_k(curves: dict[str, list[list[float]]], path: Path, *, title: s
 
 
 def rule_verdict(numbers: dict) -> str:
-    """VERDICT_RULE (`verdict`) on the stored paired intervals of the kept seeds."""
+    """VERDICT_RULE on the stored numbers: each variant's divergence share, then the kept seeds'
+    paired intervals (`verdict`)."""
     from jaxrl_llm.reports.results import number
 
+    for v in VARIANTS:
+        count = next(numbers[k] for k in numbers if k.startswith(f"{v} diverged (of "))
+        if count["mean"] > MAX_DIVERGED * count["n"]:
+            return "inconclusive"
     return verdict(number(numbers, "darling - grpo pass@1"), number(numbers, "darling - grpo pass@16"),
                    min_pairs=MIN_PAIRS)
 

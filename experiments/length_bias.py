@@ -10,11 +10,11 @@ constant normaliser) and DAPO (token-mean), while the reward is similar?
     python experiments/length_bias.py             # CPU full size: 3 recipes x 3 seeds x 16 steps of 8 x 8, ~3 h
     python experiments/length_bias.py --quick --recipes grpo,dr_grpo --seeds 10,11,12,13 \\
         --out runs/experiments/length_bias/deciding --results experiments/results/length_bias.json
-                                                  # the deciding run: paired GRPO - Dr. GRPO (VERDICT_RULE)
+                                                  # issue 36's deciding run: paired GRPO - Dr. GRPO (EARLIER_RULE)
     python experiments/length_bias.py --quick --recipes grpo,dr_grpo --seeds 20,21,...,37 \\
         --out runs/experiments/length_bias/powered --results experiments/results/length_bias.json
-                                                  # the powered run (POWERED_RULE); subsets of its seeds
-                                                  # may run first without --results
+                                                  # the powered run (POWERED_RULE, the stored result's);
+                                                  # subsets of its seeds may run first without --results
     jaxrl train --config experiments/length_bias.py:grpo        # one variant alone
     jaxrl train --config experiments/length_bias.py:grpo,gpu    # GPU scale (experiments/README.md)
 
@@ -58,8 +58,8 @@ DECIDING_SEEDS = (10, 11, 12, 13)
 CLAIM = "incorrect responses grow longer under GRPO than under Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)"
 STATISTIC = ("paired GRPO - Dr. GRPO difference of the change in mean incorrect-response length "
              "(last 3 steps minus first 3, pooled over their responses), per seed")
-VERDICT_RULE = ("95% Student-t interval of the paired difference over seeds: reproduced if it lies above 0, "
-                "not reproduced if it lies below 0, otherwise inconclusive (also with one seed)")
+EARLIER_RULE = ("95% Student-t interval of the paired difference over seeds: reproduced if it lies above 0, "
+                 "not reproduced if it lies below 0, otherwise inconclusive (also with one seed)")
 
 
 # ------------------------------------------- the powered run: fixed before it ran (issue 51)
@@ -81,6 +81,9 @@ POWERED_RULE = (f"Seeds {POWERED_SEEDS[0]}-{POWERED_SEEDS[-1]} ({POWERED_SEED_CO
                 "large as the one the run was powered for); otherwise inconclusive")
 
 
+VERDICT_RULE = POWERED_RULE  # the stored result's rule (experiments/results/length_bias.json)
+
+
 def powered_verdict(diff: stats.Interval) -> str:
     """POWERED_RULE on the paired GRPO - Dr. GRPO interval."""
     if diff.n < POWERED_SEED_COUNT or not np.isfinite(diff.low):
@@ -93,7 +96,7 @@ def powered_verdict(diff: stats.Interval) -> str:
 
 
 def verdict(diff: stats.Interval) -> str:
-    """VERDICT_RULE on the paired GRPO - Dr. GRPO interval."""
+    """EARLIER_RULE on the paired GRPO - Dr. GRPO interval."""
     if diff.n < 2 or not diff.excludes_zero():
         return "inconclusive"
     return "reproduced" if diff.low > 0 else "not reproduced"
@@ -101,7 +104,7 @@ def verdict(diff: stats.Interval) -> str:
 
 def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], *, setting: str, command: str,
                     wall_s: float | None, powered: bool = False):
-    """The stored result (reports/results.py): VERDICT_RULE (POWERED_RULE if `powered`) on the paired
+    """The stored result (reports/results.py): EARLIER_RULE (POWERED_RULE if `powered`) on the paired
     difference."""
     from jaxrl_llm.reports.results import ExperimentResult, keyed, paired
 
@@ -119,7 +122,7 @@ def deciding_result(per_seed: dict[str, list[dict]], seeds: Sequence[int], *, se
         name=NAME, title="length bias, length-dependent reward (SmolLM2-135M, 1-digit addition)", claim=CLAIM,
         setting=setting, command=command, seeds=tuple(seeds), statistic=STATISTIC,
         interval_method="mean and 95% Student-t over seeds, paired by seed",
-        verdict_rule=POWERED_RULE if powered else VERDICT_RULE,
+        verdict_rule=POWERED_RULE if powered else EARLIER_RULE,
         verdict=(powered_verdict if powered else verdict)(
             stats.Interval(**numbers["grpo - dr_grpo d length_incorrect"])),
         headline="grpo - dr_grpo d length_incorrect", numbers=numbers, per_seed=per, wall_s=wall_s)
@@ -164,10 +167,10 @@ INTERVAL_KEYS = ("reward first", "reward last", "length_correct first", "length_
 
 
 def rule_verdict(numbers: dict) -> str:
-    """VERDICT_RULE (`verdict`) on the stored paired interval."""
+    """VERDICT_RULE (`powered_verdict`) on the stored paired interval."""
     from jaxrl_llm.reports.results import number
 
-    return verdict(number(numbers, "grpo - dr_grpo d length_incorrect"))
+    return powered_verdict(number(numbers, "grpo - dr_grpo d length_incorrect"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

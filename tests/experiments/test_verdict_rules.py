@@ -26,29 +26,48 @@ def test_length_bias_pairs_by_seed_and_reads_the_paired_interval():
     half = 4.302652729911275 * 0.5 / math.sqrt(3)  # t_{0.975, 2} sd / sqrt(n)
     assert (diff["mean"], diff["low"], diff["high"]) == pytest.approx((1.5, 1.5 - half, 1.5 + half))
     assert result.per_seed["grpo - dr_grpo d length_incorrect"] == {"10": 1.0, "11": 1.5, "12": 2.0}
-    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    assert result.verdict == "reproduced" and result.verdict_rule == module.EARLIER_RULE  # issue 36's rule
+    # the stored result's rule (POWERED_RULE) asks for 18 seeds: 3 cannot decide
+    assert module.VERDICT_RULE == module.POWERED_RULE and module.rule_verdict(result.numbers) == "inconclusive"
     # unpaired the same numbers would not resolve: GRPO's own spread (sd 1) is twice the paired one
-    assert module.rule_verdict({"grpo - dr_grpo d length_incorrect": iv(-1.0, -2.0, -0.5, 3)}) == "not reproduced"
-    assert module.rule_verdict({"grpo - dr_grpo d length_incorrect": iv(1.0, -2.0, 3.0, 3)}) == "inconclusive"
+    earlier = lambda *a: module.verdict(module.stats.Interval(*a))  # noqa: E731
+    assert earlier(-1.0, -2.0, -0.5, 3) == "not reproduced" and earlier(1.0, -2.0, 3.0, 3) == "inconclusive"
 
 
-def test_diversity_excludes_diverged_pairs_and_needs_eight_kept_seeds():
+def test_diversity_excludes_diverged_pairs_reports_all_seeds_and_refuses_frequent_divergence():
+    """VERDICT_RULE of issue 51 on 20 hand-made seeds: DARLING pass@16 0.8 / 0.9 (even / odd seed),
+    GRPO 0.5; pass@1 0.3 in both."""
     module = experiment_module("diversity")
+    assert module.DECIDING_SEEDS == tuple(range(3000, 3020))
+    assert not set(module.DECIDING_SEEDS) & {*module.TUNING_SEEDS, *range(100, 116), *range(1000, 1016)}
     row = lambda p1, p16: {"pass@1": p1, "pass@16": p16, "distinct correct / prompt": 1.0}  # noqa: E731
-    seeds = list(range(100, 110))
+    seeds = list(module.DECIDING_SEEDS)
     per_seed = {}
     for s in seeds:
-        per_seed[("grpo", s)] = row(0.3, 0.0 if s in (101, 102) else 0.5)  # two GRPO runs diverged
+        per_seed[("grpo", s)] = row(0.3, 0.0 if s in (3001, 3002) else 0.5)  # two GRPO runs diverged: 10%
         per_seed[("darling", s)] = row(0.3, 0.9 if s % 2 else 0.8)
     result = module.deciding_result(per_seed, seeds, command="c", wall_s=1.0)
-    assert result.excluded == {"101": "grpo diverged", "102": "grpo diverged"}
-    assert result.seeds == (100, 103, 104, 105, 106, 107, 108, 109)
-    assert result.numbers["darling - grpo pass@16"]["n"] == 8
-    assert result.numbers["darling - grpo pass@16"]["mean"] == pytest.approx(0.85 - 0.5)
-    assert result.numbers["grpo diverged (of 10)"]["mean"] == 2
+    assert result.excluded == {"3001": "grpo diverged", "3002": "grpo diverged"}
+    assert result.seeds == tuple(s for s in seeds if s not in (3001, 3002))
+    kept = result.numbers["darling - grpo pass@16"]
+    assert kept["n"] == 18 and kept["mean"] == pytest.approx(0.85 - 0.5)
+    # all 20 seeds, no exclusion: 18 kept differences average 0.35; 3001 gives 0.9 - 0 and 3002 0.8 - 0
+    everyone = result.numbers["darling - grpo pass@16 (all seeds)"]
+    assert everyone["n"] == 20 and everyone["mean"] == pytest.approx((18 * 0.35 + 0.9 + 0.8) / 20)
+    assert result.numbers["grpo diverged (of 20)"]["mean"] == 2
+    assert result.numbers["darling diverged (of 20)"]["mean"] == 0
     assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
-    per_seed[("darling", 103)] = row(0.3, 0.0)  # a third pair out: 7 kept < 8
+    per_seed[("grpo", 3004)] = row(0.3, 0.0)  # a third GRPO divergence: 15% > 10%
     assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "inconclusive"
+    per_seed[("grpo", 3004)] = row(0.3, 0.5)
+    per_seed[("darling", 3004)] = row(0.3, 0.0)  # one DARLING divergence (5%) leaves 17 kept >= 16
+    assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "reproduced"
+    short = module.deciding_result(per_seed, seeds[3:18], command="c", wall_s=1.0)  # 3003-3017: 14 kept < 16
+    assert short.numbers["darling - grpo pass@16"]["n"] == 14 and short.verdict == "inconclusive"
+    per_seed = {key: row(0.3, 0.9 if key[0] == "darling" else 0.5) for key in per_seed}
+    for s in seeds[:10]:
+        per_seed[("darling", s)] = row(0.1, 0.9)  # pass@1 -0.2 in half the seeds: mean -0.1, interval below 0
+    assert module.deciding_result(per_seed, seeds, command="c", wall_s=1.0).verdict == "not reproduced"
 
 
 M_SPLIT, M_LENGTH = 0.0247, 1.16  # the full size's margins (pinned in the margin test below)
@@ -371,4 +390,5 @@ def test_length_bias_powered_rule_sizes_its_seeds_and_tells_no_effect_from_not_m
     # differences 1 x 9, 2 x 9: mean 1.5, sd 0.5145, half width t_{0.975,17} 0.5145 / sqrt(18) = 0.2559
     diff = result.numbers["grpo - dr_grpo d length_incorrect"]
     assert (diff["low"], diff["high"]) == pytest.approx((1.5 - 0.2559, 1.5 + 0.2559), abs=2e-4)
-    assert result.verdict == "reproduced" and result.verdict_rule == module.POWERED_RULE
+    assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
+    assert result.verdict_rule == module.POWERED_RULE
