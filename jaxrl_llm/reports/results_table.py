@@ -67,6 +67,19 @@ def headline_cell(result: Mapping[str, Any]) -> str:
     return f"{key}: {stats.format_interval(iv, signed=' - ' in key)}"
 
 
+def seed_ranges(seeds: Sequence[int]) -> str:
+    """Seeds as text, three or more consecutive ones as a range: 0, 2000-2033, 2050, 2051."""
+    ordered = sorted(set(int(s) for s in seeds))
+    runs: list[list[int]] = []
+    for seed in ordered:
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    parts = [f"{r[0]}-{r[-1]}" if len(r) >= 3 else ", ".join(map(str, r)) for r in runs]
+    return ", ".join(parts)
+
+
 def verdict_cell(result: Mapping[str, Any]) -> str:
     text = f"**{result['verdict']}**"
     if result["verdict"] == "no verdict":
@@ -75,7 +88,7 @@ def verdict_cell(result: Mapping[str, Any]) -> str:
     if result.get("excluded"):
         text += f"; {len(result['excluded'])} excluded by the fixed rule"
     if result.get("tuning_seeds"):
-        text += f"; tuning seed(s) {', '.join(str(s) for s in result['tuning_seeds'])} not counted"
+        text += f"; tuning seed(s) {seed_ranges(result['tuning_seeds'])} not counted"
     return text + ")"
 
 

@@ -61,6 +61,12 @@ def test_table_row_and_markers_from_a_hand_made_result(tmp_path):
         results_table.replace_between_markers("no markers", "NEW", "README.md")
 
 
+def test_seed_ranges_shorten_three_or_more_consecutive_seeds():
+    assert results_table.seed_ranges([2072, 0, 2070, 2071, 2050, 2051, 7]) == "0, 7, 2050, 2051, 2070-2072"
+    assert results_table.seed_ranges(list(range(2000, 2034)) + [0]) == "0, 2000-2033"
+    assert results_table.seed_ranges([5]) == "5" and results_table.seed_ranges([]) == ""
+
+
 def test_result_refuses_a_tuning_seed_that_counts_and_an_unknown_verdict():
     with pytest.raises(ValueError, match=r"seeds \[0\] are tuning seeds"):
         hand_result(seeds=(0, 1, 2))
