@@ -109,18 +109,18 @@ def test_diversity_reduced_two_seeds(tmp_path):
     assert png_shape(out / "pass_at_k.png")[0] > 100 and png_shape(out / "seeds.png")[0] > 100
 
 
-@pytest.mark.slow  # 11 min at load ~19: GRPO and DARLING, 20 steps each
+@pytest.mark.slow  # 2 min 16 s at load ~4: GRPO and DARLING, 200 steps each on the digits-and-EOS decoder
 def test_darling_keeps_at_least_grpos_distinct_correct_answers(tmp_path):
     """Issue acceptance: DARLING's distinct correct answers per group at or above GRPO's on a
-    task with many correct answers, same weights and seed (the experiment's --quick size,
-    seed 1). Measured here: held-out distinct correct answers per prompt (of 16 samples)
-    1.50 (DARLING) vs 1.44 (GRPO); training, last third: equal. The two runs coincide until
-    a group repeats a correct answer, so the gap is small at this size. Held out, the test
-    asks for strictly more: a DARLING that changed nothing would tie GRPO exactly (same seed,
-    deterministic runs), so `>=` alone could not fail."""
+    task with many correct answers, same weights and seed (seed 1, the deciding run's settings:
+    at the --quick size the digits-and-EOS decoder's two runs never repeat a correct answer, so
+    they coincide exactly, 1.69 and 1.69). Measured here: held-out distinct correct answers per
+    prompt (of 16 samples) 3.5 (DARLING) vs 1.0 (GRPO); training, last third: 2.28 vs 0.67.
+    Held out, the test asks for strictly more: a DARLING that changed nothing would tie GRPO
+    exactly (same seed, deterministic runs), so `>=` alone could not fail."""
     module = load_experiment("diversity")
     out = tmp_path / "out"
-    assert module.main(["--quick", "--seeds", "1", "--out", str(out)]) == 0
+    assert module.main(["--seeds", "1", "--out", str(out), *module.DECIDING]) == 0
     per_seed = {r["variant"]: r["per seed"]["1"] for r in json.loads((out / "summary.json").read_text())["rows"]
                 if "per seed" in r}
     grpo, darling = per_seed["grpo"], per_seed["darling"]
