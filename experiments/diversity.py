@@ -14,10 +14,11 @@ Setting (CPU-sized): the many-answers task `multiple_of` ("Name a multiple of k 
 1 and M", k in 2..5, M in 50..99: >= 10 correct answers each; data/many_answers.py) and
 a tiny random decoder whose vocabulary is the ten digits and EOS (`answer_tokenizer`),
 built to answer in digits (`digit_model`: digits ~60%, EOS ~40% of the probability at
-every position, so its answers are random numbers and ~10% are right at first). GRPO vs GRPO + shaping.darling=answer
-from the same weights and seeds, JAX sampler at temperature 1, lr 1e-2. Held-out
-evaluation every few steps (task.eval_every) with 16 samples per prompt gives pass@k for
-k = 1..16 (unbiased estimator) and the distinct correct answers per prompt.
+every position, so its answers are random numbers and ~10% are right at first). GRPO vs
+GRPO + shaping.darling=answer from the same weights and seeds, JAX sampler at temperature
+1, lr 1e-2. Held-out evaluation every few steps (task.eval_every) with 16 samples per
+prompt gives pass@k for k = 1..16 (unbiased estimator) and the distinct correct answers
+per prompt.
 
     python experiments/diversity.py --quick     # 3 seeds x 2 variants x 20 steps (<= 15 min on 2 cores)
     python experiments/diversity.py             # 5 seeds x 2 variants x 40 steps
