@@ -106,12 +106,12 @@ results-table: venv
 
 # BENCH_ARGS: e.g. --shapes 4x128 --dtypes float32 --profile (see --help).
 bench-model: venv
-	$(PY) -m jaxrl_llm.benchmarks.model $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.cpu.model $(BENCH_ARGS)
 
 # On whatever accelerator JAX finds; BENCH_ARGS="--tiny" runs it on CPU, e.g.
 # BENCH_ARGS="--peak-tflops 989" for an H100 SXM's bf16 dense peak.
 bench-learner-gpu: venv
-	$(PY) -m jaxrl_llm.benchmarks.learner_gpu $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.gpu.learner_gpu $(BENCH_ARGS)
 
 # The prepared accelerator check (<= 8 min on one H100/H200, no network): learner MFU packed and
 # unpacked, sampler decode vs the bandwidth roofline, an RL run and a 1.5B RL step on the device;
@@ -124,7 +124,7 @@ gpu-check:
 # path x remat mode, the sampler over batch x cache length; every variant recorded in
 # benchmarks/results/gpu-sweep-<device>-<date>.json, rewritten after each. GPU_SWEEP_ARGS="--tiny": CPU size.
 gpu-sweep:
-	PY=$${PY:-python3} GPU_MODULE=jaxrl_llm.benchmarks.gpu_sweep bash launch/gpu_check.sh $(GPU_SWEEP_ARGS)
+	PY=$${PY:-python3} GPU_MODULE=jaxrl_llm.benchmarks.gpu.gpu_sweep bash launch/gpu_check.sh $(GPU_SWEEP_ARGS)
 
 # Before a GPU session: the GPU scripts end to end at tiny sizes on CPU (gpu-check's every
 # section, gpu-sweep's every variant, gpu_rl's learning run; ~6 min on 2 cores). Also in make test-all.
@@ -133,39 +133,39 @@ gpu-preflight: venv
 
 # The loop with rollout.max_lag 0 and 1 on the demo config (JAX sampler), one row per lag.
 bench-async: venv
-	$(PY) -m jaxrl_llm.benchmarks.async_vs_sync --config experiments/demo.py -- rollout.engine=jax total_steps=6
+	$(PY) -m jaxrl_llm.benchmarks.cpu.async_vs_sync --config experiments/demo.py -- rollout.engine=jax total_steps=6
 
 bench-rollout: venv vllm-env
-	$(PY) -m jaxrl_llm.benchmarks.rollout
-	$(PY) -m jaxrl_llm.benchmarks.weight_sync
+	$(PY) -m jaxrl_llm.benchmarks.cpu.rollout
+	$(PY) -m jaxrl_llm.benchmarks.cpu.weight_sync
 
 # Learner memory and s/step, full fine-tuning vs LoRA ranks (SmolLM2-135M; BENCH_ARGS="--tiny": a tiny model).
 bench-lora: venv
-	$(PY) -m jaxrl_llm.benchmarks.lora $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.cpu.lora $(BENCH_ARGS)
 
 # Sandboxed code executions per second through the grading pool (BENCH_ARGS: --workers --batch --repeats).
 bench-sandbox: venv
-	$(PY) -m jaxrl_llm.benchmarks.code_sandbox $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.cpu.code_sandbox $(BENCH_ARGS)
 
 # A learner step with a KL term, the PPO critic and VinePPO's values vs plain GRPO (BENCH_ARGS="--tiny" too).
 bench-objectives: venv
-	$(PY) -m jaxrl_llm.benchmarks.objectives $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.cpu.objectives $(BENCH_ARGS)
 
 # Where one learner step's time goes, per XLA op (BENCH_ARGS: e.g. --dtype bfloat16 --by-kind, or --tiny).
 bench-op-profile: venv
-	$(PY) -m jaxrl_llm.benchmarks.op_profile $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.cpu.op_profile $(BENCH_ARGS)
 
 # The JAX sampler of commit SAMPLER_BEFORE (default HEAD) against the working tree's, paired in one process.
 SAMPLER_BEFORE ?= HEAD
 bench-sampler-paired: venv
 	git show $(SAMPLER_BEFORE):jaxrl_llm/rollout/jax_sampler.py > $(VENV)/jax_sampler_before.py
-	$(PY) -m jaxrl_llm.benchmarks.sampler_paired --before $(VENV)/jax_sampler_before.py $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.cpu.sampler_paired --before $(VENV)/jax_sampler_before.py $(BENCH_ARGS)
 
 # Bitwise on-policy (issue 37): which forward op differs by batch / cache layout, default vs batch-invariant
 # ops (probe), then what batch invariance costs (sampler tokens/s, the learner pass reuse skips).
 bench-batch-invariance: venv
 	$(PY) -m jaxrl_llm.reports.batch_invariance
-	$(PY) -m jaxrl_llm.benchmarks.batch_invariance $(BENCH_ARGS)
+	$(PY) -m jaxrl_llm.benchmarks.common.batch_invariance $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs .test-record

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make gpu-check`: the prepared accelerator check (jaxrl_llm/benchmarks/gpu_check.py) on a
+# `make gpu-check`: the prepared accelerator check (jaxrl_llm/benchmarks/gpu/gpu_check.py) on a
 # machine with no network. Python packages the project needs beyond what the machine has can
 # travel as wheels in .whl/ (e.g. gguf): each is installed (into /tmp/gpu_check_site, no
 # dependencies resolved) only when its package cannot be imported or its version differs.
@@ -10,7 +10,7 @@
 #   d=$(.venv/bin/python -c "from jaxrl_llm import bridge; print(bridge.smollm2_hf_dir())")
 #   mkdir -p .gpu_carry/tokenizer && cp "$d"/*.json .gpu_carry/tokenizer/
 #   OUT=dir bash launch/gpu_check.sh [gpu_check.py args...]
-# GPU_MODULE=jaxrl_llm.benchmarks.gpu_sweep runs the sweep (`make gpu-sweep`) the same way.
+# GPU_MODULE=jaxrl_llm.benchmarks.gpu.gpu_sweep runs the sweep (`make gpu-sweep`) the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -34,4 +34,4 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_
 tokenizer=()
 [ -f .gpu_carry/tokenizer/tokenizer.json ] && tokenizer=(--tokenizer-dir .gpu_carry/tokenizer)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv 2>/dev/null || true
-exec $PY -m "${GPU_MODULE:-jaxrl_llm.benchmarks.gpu_check}" --out-dir "$OUT_DIR" "${tokenizer[@]}" "$@"
+exec $PY -m "${GPU_MODULE:-jaxrl_llm.benchmarks.gpu.gpu_check}" --out-dir "$OUT_DIR" "${tokenizer[@]}" "$@"

@@ -17,7 +17,7 @@ such a prefix has three implementations, picked by name (``DECODE_KERNELS``):
   which is how the tests check its numbers; its speed on a GPU is unmeasured here.
 
 ``"auto"`` resolves to ``"dense"`` on every backend until a GPU sweep
-(`benchmarks.gpu_sampler.sampler_sweep`) has measured the fused kernels: nothing is called
+(`benchmarks.gpu.gpu_sampler.sampler_sweep`) has measured the fused kernels: nothing is called
 fused that has not been run.
 """
 from __future__ import annotations

@@ -341,7 +341,7 @@ def unroll_layer_loop(cfg: DecoderConfig, backend: str, remat: str) -> bool:
     XLA:CPU without remat. There (jaxlib 0.10) the looped backward writes each layer's bf16 weight
     gradients into the stacked [nL, ...] buffers by a dynamic-update-slice that XLA:CPU computes in float32,
     converting the whole stack to float32 and back in every iteration (about half of a SmolLM2-135M
-    4x128 step, ``benchmarks.op_profile --dtype bfloat16``); unrolled, the stacks are assembled once.
+    4x128 step, ``benchmarks.cpu.op_profile --dtype bfloat16``); unrolled, the stacks are assembled once.
     float32 has no such conversion, so it keeps the loop (which compiles faster). With remat the
     loop stays: unrolled, XLA:CPU's buffer assignment keeps the activations anyway, so remat would
     save no memory. Measurements in docs/benchmarks.md (CPU learner)."""

@@ -54,7 +54,7 @@ def table(results: list[dict[str, Any]]) -> str:
     if references:
         out += ["", "**PyTorch reference** (transformers Qwen2, the same batch, bf16 autocast on fp32 weights, "
                 "fused AdamW; one sequence per row with sdpa, or packed through transformers' packed-sequence "
-                "path; `benchmarks/torch_learner.py`)", "",
+                "path; `benchmarks/gpu/torch_learner.py`)", "",
                 "| device | date | commit | model | tokens/step | mode | attention | tokens/s | MFU |",
                 "|---|---|---|---|---:|---|---|---:|---:|"]
         for r, ref in references:

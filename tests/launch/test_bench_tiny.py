@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_llm.benchmarks import lora, objectives, sampler_paired
+from jaxrl_llm.benchmarks.cpu import lora, objectives, sampler_paired
 
 # learner_gpu's "tiny" shape: vocab 512, hidden 64, MLP 128, 2 layers, 4 heads + 2 KV heads of 16,
 # q/k/v biases, tied head. Per layer: q, k+v, o, MLP, 2 norms.

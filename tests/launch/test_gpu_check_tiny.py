@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks import gpu_check, gpu_check_report, rl_batch
-from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.common import rl_batch
+from jaxrl_llm.benchmarks.gpu import gpu_check, gpu_check_report
+from jaxrl_llm.benchmarks.gpu.learner_gpu import model_config
 from jaxrl_llm.train.learn.batch import SequenceBatch
 
 
@@ -126,7 +127,7 @@ def test_tiny_run_writes_every_section(tmp_path):
 def test_phase_flops_add_up_to_the_step():
     """The per-micro-batch FLOPs of learner_phases, summed over the micro-batches of a packed
     step, equal the step's count by learner_flops (a second formulation of the same sum)."""
-    from jaxrl_llm.benchmarks.learner_phases import phase_flops
+    from jaxrl_llm.benchmarks.gpu.learner_phases import phase_flops
     from jaxrl_llm.train.learn.packing import plan_rows
 
     cfg = model_config("tiny", 64)
@@ -143,7 +144,7 @@ def test_phase_flops_add_up_to_the_step():
 def test_section_order_and_estimates_from_a_fake_result(tmp_path):
     """The plan runs the headline learner row before the slow compiles, and a recorded wall longer than
     the table's raises the estimate (a fake result file of an earlier run on the same device)."""
-    from jaxrl_llm.benchmarks import gpu_check_sections as plan
+    from jaxrl_llm.benchmarks.gpu import gpu_check_sections as plan
 
     learner, samplers = gpu_check.job_names(tiny=False)
     order = plan.run_order(learner, samplers)
@@ -169,7 +170,7 @@ def test_section_order_and_estimates_from_a_fake_result(tmp_path):
 
 
 def test_the_winner_is_the_fastest_lever_by_hand():
-    from jaxrl_llm.benchmarks.learner_phases import winner
+    from jaxrl_llm.benchmarks.gpu.learner_phases import winner
 
     levers = {"baseline": {"ms": 90.0, "fraction_of_matmul": 0.16}, "chunk_1024": {"ms": 45.0},
               "logits_bf16": {"ms": 60.0}, "attention_cudnn_mask": {"skipped": "no cuDNN"}, "x": {"error": "OOM"}}

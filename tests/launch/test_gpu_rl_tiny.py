@@ -1,4 +1,4 @@
-"""The GPU measurements of the sampler and the RL stack (benchmarks/gpu_sampler.py, gpu_rl.py)
+"""The GPU measurements of the sampler and the RL stack (benchmarks/gpu/gpu_sampler.py, gpu_rl.py)
 at tiny sizes on CPU: roofline bytes against a count by hand, the z-test against a hand
 computation, the RL step's time split, and the end-to-end run: held-out counts, the per-step
 split read back from metrics.jsonl, and (the tiny setting learns on CPU: 0.194 -> 0.282
@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from jaxrl_llm.benchmarks import addition_start, gpu_rl, gpu_sampler
+from jaxrl_llm.benchmarks.common import addition_start
+from jaxrl_llm.benchmarks.gpu import gpu_rl, gpu_sampler
 
 
 def test_roofline_bytes_of_the_tiny_shape_by_hand():

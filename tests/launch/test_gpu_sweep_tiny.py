@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from jaxrl_llm.benchmarks import gpu_sweep
-from jaxrl_llm.benchmarks.gpu_sweep import Budget, Variant
-from jaxrl_llm.benchmarks.rl_batch import TINY_MIX
+from jaxrl_llm.benchmarks.gpu import gpu_sweep
+from jaxrl_llm.benchmarks.gpu.gpu_sweep import Budget, Variant
+from jaxrl_llm.benchmarks.common.rl_batch import TINY_MIX
 
 RECORD_KEYS = {"name", "chunk", "attention", "remat", "status"}
 OK_KEYS = {"seconds", "tokens_per_s", "mfu", "fraction_of_matmul_ceiling", "first_step_s", "wall_s"}

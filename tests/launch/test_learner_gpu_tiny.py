@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks import learner_gpu as bench
+from jaxrl_llm.benchmarks.gpu import learner_gpu as bench
 from jaxrl_llm.models import init_params
 
 

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks import model as bench
+from jaxrl_llm.benchmarks.cpu import model as bench
 from tests.models.hf_reference import hf_model, our_config_and_params
 
 

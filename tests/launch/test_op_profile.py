@@ -1,10 +1,10 @@
-"""benchmarks.op_profile: HLO ops named fwd/bwd with their shapes, and a real trace's op times."""
+"""benchmarks.cpu.op_profile: HLO ops named fwd/bwd with their shapes, and a real trace's op times."""
 import tempfile
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.benchmarks.op_profile import hlo_op_labels, op_seconds
+from jaxrl_llm.benchmarks.cpu.op_profile import hlo_op_labels, op_seconds
 
 
 def test_ops_of_a_traced_step_are_timed_and_named():
@@ -28,7 +28,7 @@ def test_ops_of_a_traced_step_are_timed_and_named():
 
 
 def test_tiny_main_times_the_ops_of_a_two_layer_step(capsys):
-    from jaxrl_llm.benchmarks import op_profile
+    from jaxrl_llm.benchmarks.cpu import op_profile
 
     out = op_profile.main(["--tiny", "--by-kind"])
     assert (out["cfg"].num_layers, out["cfg"].hidden_size, out["rows"], out["length"]) == (2, 64, 2, 16)

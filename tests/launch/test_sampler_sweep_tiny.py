@@ -1,8 +1,8 @@
-"""The sampler sweep (`benchmarks.gpu_sampler.sampler_sweep`) at its tiny size on CPU: every
+"""The sampler sweep (`benchmarks.gpu.gpu_sampler.sampler_sweep`) at its tiny size on CPU: every
 variant runs and is recorded with the decode path and kernel it asked for."""
 import json
 
-from jaxrl_llm.benchmarks.gpu_sampler import main, sweep_variants
+from jaxrl_llm.benchmarks.gpu.gpu_sampler import main, sweep_variants
 
 
 def test_full_sweep_lists_every_batch_cache_path_and_kernel():

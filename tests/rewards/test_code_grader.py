@@ -103,7 +103,7 @@ def test_sandbox_tool_names_bubblewrap_without_running_it():
 
 
 def test_throughput_benchmark_at_tiny_size():
-    from jaxrl_llm.benchmarks import code_sandbox
+    from jaxrl_llm.benchmarks.cpu import code_sandbox
     out = code_sandbox.measure(workers=1, batch=3, repeats=1)  # raises unless every reference passes
     assert out["batch"] == 3 and len(out["executions_per_s"]) == 1 and out["median_executions_per_s"] > 0
 

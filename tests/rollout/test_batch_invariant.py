@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks.batch_invariance import compositions, differing_logprobs, sample
+from jaxrl_llm.benchmarks.common.batch_invariance import compositions, differing_logprobs, sample
 from jaxrl_llm.models import batch_invariant as inv, init_params
 from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.reports.batch_invariance import first_differing_model_op

@@ -1,4 +1,4 @@
-"""`make bench-rollout`'s JAX-sampler-vs-vLLM ratio table (`benchmarks.rollout`) at tiny size: one
+"""`make bench-rollout`'s JAX-sampler-vs-vLLM ratio table (`benchmarks.cpu.rollout`) at tiny size: one
 cell, both engines on the same prompts and seed, against the real vLLM CPU server it starts."""
 import json
 import math
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxrl_llm.benchmarks import rollout
+from jaxrl_llm.benchmarks.cpu import rollout
 
 
 @pytest.mark.slow  # starts its own vLLM server (~1-2 min on 2 cores); make test-all

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxrl_llm.benchmarks import weight_sync
+from jaxrl_llm.benchmarks.cpu import weight_sync
 
 
 def test_qwen25_shapes_have_the_published_parameter_counts():

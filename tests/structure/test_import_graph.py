@@ -22,6 +22,10 @@ Layers (LAYERS below, each may import what it names and, transitively, what thos
 
 A new top-level package or module of jaxrl_llm fails `test_every_module_has_a_layer`
 until it is placed in LAYERS.
+
+Inside two packages, rooms are checked the same way: train's rooms by stage (TRAIN_ROOMS) and the
+benchmarks' rooms by target (BENCHMARK_ROOMS: cpu, gpu, tpu import only common), and no package
+module but cli.py imports the benchmarks.
 """
 from __future__ import annotations
 
@@ -504,3 +508,72 @@ def test_train_rooms(real_graph):
 def test_imported_modules_exist(real_graph):
     _, _, unresolved = real_graph
     assert not unresolved, "\n" + "\n".join(f"import of a missing module {e.dst}: {e.where()}" for e in unresolved)
+
+
+# ------------------------------------------------------------- the benchmark rooms
+# jaxrl_llm/benchmarks/{cpu,gpu,tpu,common}: nothing of the package outside them imports them except
+# jaxrl_llm/cli.py, and the rooms import only `common` of each other.
+BENCHMARKS = f"{PACKAGE}.benchmarks"
+# room -> the rooms it may import; `common` holds what more than one room uses.
+BENCHMARK_ROOMS: dict[str, set[str]] = {
+    BENCHMARKS: set(),
+    "common": set(),
+    "cpu": {"common"},
+    "gpu": {"common"},
+    "tpu": {"common"},
+}
+MAY_IMPORT_BENCHMARKS = {f"{PACKAGE}.cli"}  # the one package module above the benchmarks
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def benchmark_importers(edges: list[Import]) -> list[Import]:
+    """Edges from a package module outside the benchmarks (and not cli.py) into them."""
+    return [e for e in edges if not e.via and _inside(e.dst, BENCHMARKS) and _inside(e.src, PACKAGE)
+            and not _inside(e.src, BENCHMARKS) and e.src not in MAY_IMPORT_BENCHMARKS]
+
+
+def room_edges(edges: list[Import]) -> list[Import]:
+    return [e for e in edges if _inside(e.src, BENCHMARKS) and _inside(e.dst, BENCHMARKS)]
+
+
+def test_only_cli_imports_the_benchmarks(real_graph):
+    _, edges, _ = real_graph
+    bad = benchmark_importers(edges)
+    assert not bad, "package modules that import the benchmark rooms (only cli.py may):\n" + "\n".join(
+        e.where() for e in bad)
+
+
+def test_rooms_import_only_common(real_graph):
+    modules, edges, _ = real_graph
+    rooms = {layer_of(m, BENCHMARKS) for m in modules if _inside(m, BENCHMARKS)}
+    assert rooms == set(BENCHMARK_ROOMS), f"place these in BENCHMARK_ROOMS: {sorted(rooms ^ set(BENCHMARK_ROOMS))}"
+    flat = sorted(p.name for m, p in modules.items() if _inside(m, BENCHMARKS) and p.parent.name == "benchmarks"
+                  and p.name != "__init__.py")
+    assert not flat, f"benchmark modules outside a room (move each into one): {flat}"
+    bad = upward_imports(room_edges(edges), BENCHMARK_ROOMS, package=BENCHMARKS)
+    assert not bad, "\n" + upward_report(bad, BENCHMARK_ROOMS, package=BENCHMARKS)
+
+
+def test_benchmark_rooms_on_a_planted_tree(tmp_path: Path):
+    """A model module and a gpu module that break the two rules are both named; cli.py is allowed."""
+    files = {
+        "jaxrl_llm/__init__.py": "", "jaxrl_llm/cli.py": "from jaxrl_llm.benchmarks.gpu import check\n",
+        "jaxrl_llm/models/__init__.py": "",
+        "jaxrl_llm/models/decoder.py": "def f():\n    from jaxrl_llm.benchmarks.common.timing import log\n",
+        "jaxrl_llm/benchmarks/__init__.py": "", "jaxrl_llm/benchmarks/common/__init__.py": "",
+        "jaxrl_llm/benchmarks/common/timing.py": "", "jaxrl_llm/benchmarks/gpu/__init__.py": "",
+        "jaxrl_llm/benchmarks/gpu/check.py": "from jaxrl_llm.benchmarks.common import timing\n",
+        "jaxrl_llm/benchmarks/cpu/__init__.py": "",
+        "jaxrl_llm/benchmarks/cpu/model.py": "from jaxrl_llm.benchmarks.gpu.check import x\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    _, edges, _ = build_graph(tmp_path, apps=())
+    assert sorted({(e.path, e.line) for e in benchmark_importers(edges)}) == [("jaxrl_llm/models/decoder.py", 2)]
+    bad = upward_imports(room_edges(edges), BENCHMARK_ROOMS, package=BENCHMARKS)
+    assert sorted({(e.path, e.line) for e in bad}) == [("jaxrl_llm/benchmarks/cpu/model.py", 1)]
+    assert "upward import cpu -> gpu" in upward_report(bad, BENCHMARK_ROOMS, package=BENCHMARKS)

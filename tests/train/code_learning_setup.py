@@ -11,12 +11,12 @@ hash, so the held-out questions are prompts never trained on. The three template
 other's inputs fail (a TypeError, or a wrong value), so a wrong pick scores 0.
 
 The start (`supervised_start`): a decoder trained from scratch (hidden 32, 2 layers, SmolLM2's
-tokenizer and chat template, `benchmarks.addition_start.policy_from_scratch`) by supervised
+tokenizer and chat template, `benchmarks.common.addition_start.policy_from_scratch`) by supervised
 learning on 32 train prompts -> ``def f(x): return <template>`` in the fenced format, where the
 target's template is the right one with probability `right_fraction` (else one of the three at
 random), and half of the targets define ``g`` instead of ``f`` (`misnamed_fraction`): a code bug
 shared by every question (every test then raises NameError), which RL on the train prompts can
-remove on the held-out prompts too, as the minus sign of `benchmarks.addition_start`. A first
+remove on the held-out prompts too, as the minus sign of `benchmarks.common.addition_start`. A first
 calibration without the misnamed half (right_fraction 0.3: the start picked the right template
 on 64 of 192 held-out samples; 10 dr_grpo steps of 8 x 8 at lr 1e-3 -> 71 of 192, at lr 3e-3 ->
 49, garbled programs 28 -> 80) showed that 10 steps cannot teach this tiny model the
@@ -112,7 +112,7 @@ def supervised_start(tokenizer_dir: str, out_dir: str, setting: StartSetting = S
     import optax
 
     from jaxrl_llm import bridge
-    from jaxrl_llm.benchmarks.addition_start import policy_from_scratch
+    from jaxrl_llm.benchmarks.common.addition_start import policy_from_scratch
     from jaxrl_llm.models import forward, lm_head_logits
     from jaxrl_llm.train.policy import encode_prompts
 

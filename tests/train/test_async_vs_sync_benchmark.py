@@ -1,11 +1,11 @@
-"""`python -m jaxrl_llm.benchmarks.async_vs_sync`: one short tiny-model run per max_lag.
+"""`python -m jaxrl_llm.benchmarks.cpu.async_vs_sync`: one short tiny-model run per max_lag.
 
 (The staleness values themselves are the loop's business: tests/train/test_async_rollout.py.)"""
 import json
 
 import pytest
 
-from jaxrl_llm.benchmarks import async_vs_sync
+from jaxrl_llm.benchmarks.cpu import async_vs_sync
 from tests.train.tiny_run import REPO, TINY_OVERRIDES
 
 

@@ -289,7 +289,7 @@ def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_pa
     load average ~20, on the straight run's steps 1-4 with identical tokens and rewards; the
     rerun passed), on JAX-sampler code since rewritten (inverse-CDF draw, one prefill per
     prompt, row compaction). Issue 35 tried to reproduce it with this run's configuration
-    (benchmarks/offset_trials.py, results in benchmarks/results/offset_trials.json): 16 runs,
+    (jaxrl_llm/benchmarks/cpu/offset_trials.py, results in benchmarks/results/offset_trials.json): 16 runs,
     two at a time as here, at load averages of 13-23 on 2 cores plus a busy-loop burner, with
     8 or 1 fake devices and threaded or single-threaded XLA:CPU. No offset: |mismatch_k1| <=
     8.4e-8, every run bit-identical to the first of its condition (4 more runs of the 11-23

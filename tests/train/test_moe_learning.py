@@ -1,7 +1,7 @@
 """Run-level: a tiny mixture-of-experts policy trained with RL on 1-digit addition raises its
 held-out success (JAX sampler and learner, full fine-tuning, fp32).
 
-The dense run-level test's setup (tests/launch/test_gpu_rl_tiny.py, `benchmarks.gpu_rl.rl_end_to_end`)
+The dense run-level test's setup (tests/launch/test_gpu_rl_tiny.py, `benchmarks.gpu.gpu_rl.rl_end_to_end`)
 with a Qwen3-MoE instead of the dense decoder: hidden 64, 2 layers, 4 experts of width 64 per
 layer, top-2 with renormalised gates (the two active experts are as wide as the dense MLP).
 SFT from scratch on the 71 train questions (half of the targets "-8", a format error RL can
@@ -20,7 +20,8 @@ import os
 
 import pytest
 
-from jaxrl_llm.benchmarks import addition_start, gpu_rl
+from jaxrl_llm.benchmarks.common import addition_start
+from jaxrl_llm.benchmarks.gpu import gpu_rl
 
 MOE = dataclasses.replace(addition_start.E2E_TINY, num_experts=4, experts_per_token=2)
 MIN_GAIN = 0.04

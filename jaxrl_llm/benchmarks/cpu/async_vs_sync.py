@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous rollouts: the same `jaxrl train` run once per max_lag.
 
-    python -m jaxrl_llm.benchmarks.async_vs_sync --config EXP.py --max-lag 0 1 -- overrides...
+    python -m jaxrl_llm.benchmarks.cpu.async_vs_sync --config EXP.py --max-lag 0 1 -- overrides...
 
 Each run gets a fresh temporary run directory (no checkpoints, no TensorBoard) and the
 policy is loaded once for all of them. One JSON line per run: the wall time, the steady

@@ -19,7 +19,7 @@ TFLOP/s by the gpu-check count (layers: 6 * N_body * tokens + the attention term
 rate) the fraction of it.
 
 `levers=True` then times the levers of the two big phases, each ALONE (one change from the
-baseline at a time, `benchmarks.levers`):
+baseline at a time, `benchmarks.gpu.levers`):
 
   head_levers   the LM head with a larger chunk (HEAD_CHUNKS), bf16 logits out of the matmul
                 feeding the float32 log-softmax (`logits_bf16`), float32 operands (`matmul_f32`);
@@ -43,10 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.benchmarks.learner_gpu import model_config
-from jaxrl_llm.benchmarks.levers import attention_unavailable, default_attention_path, lever_environment, switched
-from jaxrl_llm.benchmarks.timing import median_seconds
-from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, rl_length_mix
+from jaxrl_llm.benchmarks.common.model_shapes import model_config
+from jaxrl_llm.benchmarks.gpu.levers import attention_unavailable, default_attention_path, lever_environment, switched
+from jaxrl_llm.benchmarks.common.timing import median_seconds
+from jaxrl_llm.benchmarks.common.rl_batch import TINY_MIX, LengthMix, rl_length_mix
 from jaxrl_llm.models import chunked_logprobs_from_hidden, forward, init_params
 from jaxrl_llm.models.logprobs import HeadOptions
 from jaxrl_llm.train.config import TrainConfig

@@ -1,6 +1,6 @@
 """Learner throughput of SmolLM2-135M: our jitted JAX model vs the same weights in PyTorch.
 
-    python -m jaxrl_llm.benchmarks.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
+    python -m jaxrl_llm.benchmarks.cpu.model [--shapes 4x128,8x512,2x2048] [--dtypes float32,bfloat16]
         [--warmup 1] [--iters 3] [--remat auto|off|dots|full] [--profile]
 
 One run measures, side by side on the same batches of random tokens:
@@ -15,7 +15,7 @@ One run measures, side by side on the same batches of random tokens:
    ``auto_remat_order``) whose compiled temp memory is under a third of the machine's RAM, and the
    row says which); reference = transformers ``LlamaForCausalLM`` with the same
    weights, loss.backward(), at 1 and all OpenMP threads (on a shared machine 1
-   thread can be faster), in a child process (``benchmarks.torch_worker``: the two engines
+   thread can be faster), in a child process (``benchmarks.cpu.torch_worker``: the two engines
    never share an address space, each stays under the 9 GB a process may take here);
    ``--torch-device cuda`` runs the reference on the GPU instead, beside JAX on the same GPU. The
    engines take turns every round, so drifting load hits both alike; medians are reported.
@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
-from jaxrl_llm.benchmarks.torch_worker import TorchWorker, peak_rss_bytes, reset_peak_rss
+from jaxrl_llm.benchmarks.common.timing import interleaved_times, median_seconds
+from jaxrl_llm.benchmarks.cpu.torch_worker import TorchWorker, peak_rss_bytes, reset_peak_rss
 from jaxrl_llm.models import (DecoderConfig, chunked_logprobs_from_hidden, forward, lm_head_logits,
                               logprobs_from_logits, params_from_hf, token_logprobs)
 from jaxrl_llm.models.compile_options import learner_compiler_options

@@ -2,7 +2,7 @@
 critic and with VinePPO's Monte-Carlo values, relative to a plain GRPO step on the same
 batch.
 
-    python -m jaxrl_llm.benchmarks.objectives [--batch 16] [--prompt 32] [--completion 32]
+    python -m jaxrl_llm.benchmarks.cpu.objectives [--batch 16] [--prompt 32] [--completion 32]
                                               [--warmup 1] [--iters 3] [--precision fp32] [--tiny]
 
 One learner step as the loop runs it (`train/learn/step.py`): the pi_old pass
@@ -36,8 +36,8 @@ import statistics
 import jax
 
 from jaxrl_llm import core
-from jaxrl_llm.benchmarks.lora import synthetic_batch
-from jaxrl_llm.benchmarks.timing import interleaved_times
+from jaxrl_llm.benchmarks.cpu.lora import synthetic_batch
+from jaxrl_llm.benchmarks.common.timing import interleaved_times
 from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
 from jaxrl_llm.train.sample import vineppo_step
 from jaxrl_llm.train.config import CriticConfig, TrainConfig
@@ -112,7 +112,7 @@ def main(argv=None) -> dict:
     if args.tiny:
         import tempfile
 
-        from jaxrl_llm.benchmarks.addition_start import policy_from_scratch
+        from jaxrl_llm.benchmarks.common.addition_start import policy_from_scratch
         from jaxrl_llm.bridge import smollm2_hf_dir
 
         args.batch, args.prompt, args.completion, args.warmup, args.iters = 4, 8, 8, 0, 1

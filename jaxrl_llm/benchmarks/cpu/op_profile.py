@@ -1,6 +1,6 @@
 """Where one learner step's time goes, per XLA op.
 
-    python -m jaxrl_llm.benchmarks.op_profile [--layers 30] [--shape 4x128] [--remat off|dots|full]
+    python -m jaxrl_llm.benchmarks.cpu.op_profile [--layers 30] [--shape 4x128] [--remat off|dots|full]
         [--dtype float32|bfloat16] [--default-options] [--top 30] [--tiny]
 
 Traces two forward+backward steps of loss = -mean log pi on a SmolLM2-135M-shaped model
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.benchmarks.model import SMOLLM2_HF_CONFIG, parse_shapes
+from jaxrl_llm.benchmarks.cpu.model import SMOLLM2_HF_CONFIG, parse_shapes
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
 from jaxrl_llm.models.compile_options import learner_compiler_options
 from jaxrl_llm.models.remat import REMAT_MODES

@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxrl_llm.benchmarks.gpu_check_report import device_slug
-from jaxrl_llm.benchmarks.learner_gpu import MOE_MODELS, model_config
-from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
+from jaxrl_llm.benchmarks.common.results import REPO, device_slug
+from jaxrl_llm.benchmarks.common.model_shapes import MOE_MODELS, model_config
+from jaxrl_llm.benchmarks.common.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUDGET_S = 480.0  # 8 minutes, the torch child process included
 
 # Seconds on one H100 (jax 0.11.2). Sampler: 150-185 s per batch size at 1.5B, nearly all compile.
@@ -108,7 +107,7 @@ def torch_rates(result: dict[str, Any] | None, *, mix: LengthMix, peak: float | 
 
 def torch_command(tiny: bool, json_path: Path) -> list[str]:
     """The child's command: eager, torch.compile and the packed row, on the gpu-check batch."""
-    command = [sys.executable, "-m", "jaxrl_llm.benchmarks.torch_learner", "--json", str(json_path),
+    command = [sys.executable, "-m", "jaxrl_llm.benchmarks.gpu.torch_learner", "--json", str(json_path),
                "--tokens", "256" if tiny else "16384", "--modes", "eager,compile,packed"]
     if tiny:
         command += ["--tiny", "--micro-batch-tokens", str(2 * (TINY_MIX.prompt_width + TINY_MIX.completion_width))]
@@ -116,7 +115,7 @@ def torch_command(tiny: bool, json_path: Path) -> list[str]:
 
 
 def torch_reference(tiny: bool, timeout_s: float) -> dict[str, Any]:
-    """`benchmarks.torch_learner` in a child process: {"status", "wall_s", "result" | "error"}."""
+    """`benchmarks.gpu.torch_learner` in a child process: {"status", "wall_s", "result" | "error"}."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "torch.json"
         command = torch_command(tiny, path)
@@ -137,12 +136,12 @@ def torch_reference(tiny: bool, timeout_s: float) -> dict[str, Any]:
 
 # ------------------------------------------------------------ batch invariance
 def batch_invariance_check(tiny: bool, rounds: int = 2) -> dict[str, Any]:
-    """`benchmarks.batch_invariance.exactness` at the 0.5B shape (tiny: the tiny model, 8 sequences;
+    """`benchmarks.common.batch_invariance.exactness` at the 0.5B shape (tiny: the tiny model, 8 sequences;
     random weights), and the sampler's cost of the flag in bf16: tokens/s with it on / off, the two
     samplers taking turns for `rounds` timed rounds after a compile round (`sampler_rates`)."""
     import jax
 
-    from jaxrl_llm.benchmarks.batch_invariance import exactness, sampler_rates
+    from jaxrl_llm.benchmarks.common.batch_invariance import exactness, sampler_rates
     from jaxrl_llm.models import init_params
     import numpy as np
 

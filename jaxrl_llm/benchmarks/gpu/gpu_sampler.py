@@ -1,7 +1,7 @@
 """The JAX sampler's decode throughput on a device, against its memory-bandwidth roofline.
 
 `sampler_decode(shape, batch, new_tokens)`: the JAX sampler (`rollout.jax_sampler.JaxSampler`)
-at a `benchmarks.learner_gpu.MODELS` shape with random weights. EOS is made impossible so every
+at a `benchmarks.common.model_shapes.MODELS` shape with random weights. EOS is made impossible so every
 row decodes exactly `new_tokens`: the stop id is `vocab_size`, one past the last token id, and
 the sampler draws ids in [0, vocab_size) only (`inverse_cdf_choice` never returns a padded
 slot), so no row ever stops (checked on the output). The prefill (the library's `forward`
@@ -9,7 +9,7 @@ over the prompts with a fresh KV cache, LM head on the last position) is timed a
 whole `generate` call after it; decode time = generate - prefill. Compile (the first call)
 is excluded and reported. Reported: decode tokens/s and the memory-bandwidth roofline
 fraction (`ROOFLINE_FORMULA`) against `copy_bandwidth()`, the device's measured
-device-to-device copy bandwidth. `make gpu-check` runs it (`benchmarks.gpu_check`); ``tiny=True``
+device-to-device copy bandwidth. `make gpu-check` runs it (`benchmarks.gpu.gpu_check`); ``tiny=True``
 runs it at a tiny size on CPU (the tests), where its numbers mean nothing for GPUs.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.benchmarks.learner_gpu import model_config
-from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
+from jaxrl_llm.benchmarks.common.model_shapes import model_config
+from jaxrl_llm.benchmarks.common.timing import interleaved_times, log, median_seconds
 
 ROOFLINE_FORMULA = (
     "roofline_fraction = steps * (weight_bytes + kv_bytes_per_step) / decode_s / copy_bandwidth_Bps; "
@@ -32,10 +32,6 @@ ROOFLINE_FORMULA = (
     "2 * num_layers * num_kv_heads * head_dim * itemsize * batch * (prompt_len + t + 1), "
     "= 2 * num_layers * num_kv_heads * head_dim * itemsize * batch * (prompt_len + (steps + 1) / 2); "
     "copy_bandwidth_Bps = (read + write bytes) / s of a large device-to-device copy (median)")
-
-
-def log(msg: str) -> None:
-    print(f"[gpu-check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def device_kind() -> str:
@@ -230,7 +226,7 @@ def sampler_sweep(*, shape: str = "qwen2.5-1.5b", dtype: str = "bfloat16", batch
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m jaxrl_llm.benchmarks.gpu_sampler --out FILE [--tiny]``: `sampler_sweep` to a JSON file."""
+    """``python -m jaxrl_llm.benchmarks.gpu.gpu_sampler --out FILE [--tiny]``: `sampler_sweep` to a JSON file."""
     import argparse
     import json
 

@@ -1,8 +1,8 @@
 """Learner step throughput and MFU for Qwen2.5-0.5B / 1.5B shaped models (random weights).
 
-    python -m jaxrl_llm.benchmarks.learner_gpu [--models qwen2.5-0.5b,qwen2.5-1.5b] [--dtypes bf16,fp16]
+    python -m jaxrl_llm.benchmarks.gpu.learner_gpu [--models qwen2.5-0.5b,qwen2.5-1.5b] [--dtypes bf16,fp16]
         [--batch 16] [--seq-len 2048] [--steps 5] [--peak-tflops 989] [--json out.json]
-    python -m jaxrl_llm.benchmarks.learner_gpu --tiny      # CPU: shapes and correctness only
+    python -m jaxrl_llm.benchmarks.gpu.learner_gpu --tiny      # CPU: shapes and correctness only
 
 Per (model, dtype) on one RL-like batch (rows = prompt + completion, lengths drawn from
 [seq_len/4, seq_len], the same sequences in every variant) it times:
@@ -41,34 +41,13 @@ import numpy as np
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.benchmarks.timing import median_seconds
+from jaxrl_llm.benchmarks.common.model_shapes import model_config
+from jaxrl_llm.benchmarks.common.timing import median_seconds
 from jaxrl_llm.models import DecoderConfig, init_params, token_logprobs
 from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learn.learner import Learner
 
-# Architectures of the HF checkpoints Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B (config.json).
-MODELS = {
-    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
-                         num_kv_heads=2, head_dim=64),
-    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
-                         num_kv_heads=2, head_dim=128),
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                 head_dim=16),
-}
-# Mixture of experts (family qwen3_moe): Qwen/Qwen3-30B-A3B's layer (config.json: hidden 2048, 32 q /
-# 4 kv heads of 128, 128 experts of width 768, top-8, normalised gates, untied head) with 4 of its 48
-# layers: 3.1B parameters (0.85B active per token), ~18 bytes each in the learner (float32 master
-# weights, AdamW's two moments, float32 gradients, the bf16 compute copy) = ~56 GB, which leaves one
-# 141 GB H200 room for the activations of the experts, all of which run on every token today
-# (`models.moe.experts_swiglu`). "tiny-moe": its CPU-sized form (4 experts, top-2).
-MOE_MODELS = {
-    "qwen3-30b-a3b-4l": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=4, num_heads=32,
-                             num_kv_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-                             moe_intermediate_size=768, norm_topk_prob=True),
-    "tiny-moe": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                     head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
-}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Datasheet dense bf16/fp16 peaks (TFLOP/s, no sparsity) by a piece of jax's device_kind; the
 # default of --peak-tflops. Unknown devices report MFU only against the measured matmul ceiling.
@@ -81,16 +60,6 @@ def datasheet_peak(device_kind: str, dtype_name: str) -> float | None:
     if dtype_name not in ("bf16", "fp16"):
         return None
     return next((peak for key, peak in PEAK_TFLOPS.items() if key in device_kind), None)
-
-
-def model_config(name: str, seq_len: int) -> DecoderConfig:
-    if name in MOE_MODELS:
-        return DecoderConfig(**MOE_MODELS[name], family="qwen3_moe", tie_word_embeddings=False, rms_norm_eps=1e-6,
-                             rope_theta=1_000_000.0, max_position_embeddings=max(seq_len, 32))
-    if name not in MODELS:
-        raise ValueError(f"model {name!r} is unknown; valid: {sorted(MODELS) + sorted(MOE_MODELS)}")
-    return DecoderConfig(**MODELS[name], family="qwen2", qkv_bias=True, tie_word_embeddings=True,
-                         rope_theta=1_000_000.0, max_position_embeddings=max(seq_len, 32))
 
 
 def matmul_params(cfg: DecoderConfig) -> int:

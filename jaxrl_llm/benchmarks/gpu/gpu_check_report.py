@@ -1,12 +1,10 @@
-"""The result file of `make gpu-check` (`benchmarks.gpu_check`): time-budgeted sections, the JSON
+"""The result file of `make gpu-check` (`benchmarks.gpu.gpu_check`): time-budgeted sections, the JSON
 rewritten after each one (a run cut short keeps what it measured), and its tables as markdown."""
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
-import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -14,25 +12,8 @@ from typing import Any, Callable
 
 import jax
 
+from jaxrl_llm.benchmarks.common.results import device_slug, git_commit
 from jaxrl_llm.utils.atomic_files import write_text_atomic
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def git_commit() -> str:
-    """GPU_CHECK_COMMIT (set by launch/gpu_check.sh: a device's copy may hold a stale .git), else git's HEAD."""
-    if os.environ.get("GPU_CHECK_COMMIT"):
-        return os.environ["GPU_CHECK_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def device_slug(kind: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in kind.lower()).strip("-").replace("--", "-") or "device"
-
 
 class Report:
     """The result file, rewritten after every section."""
@@ -152,7 +133,7 @@ def torch_lines(data: dict[str, Any]) -> list[str]:
     ref = data.get("torch")
     if not ref:
         return []
-    lines = ["## PyTorch reference (the same batch; `benchmarks/torch_learner.py`)", "",
+    lines = ["## PyTorch reference (the same batch; `benchmarks/gpu/torch_learner.py`)", "",
              "| model | tokens/step | mode | attention | s/step | tokens/s | MFU | JAX same layout / torch |",
              "|---|---:|---|---|---:|---:|---:|---:|"]
     for run in ref["runs"]:

@@ -1,7 +1,7 @@
 """The RL-like step batches the gpu-check learner rows run on: prompts of ~256 tokens and
 long-tailed completions, drawn until a step's token target is reached (`rl_length_mix`), and the
 model FLOPs of one learner update on them (`learner_flops`; the count is stated in
-`benchmarks.gpu_check`'s docstring)."""
+`benchmarks.gpu.gpu_check`'s docstring)."""
 from __future__ import annotations
 
 import dataclasses

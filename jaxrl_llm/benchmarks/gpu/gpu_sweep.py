@@ -1,14 +1,14 @@
 """`make gpu-sweep`: one call that spends a GPU window measuring variants, not waiting.
 
-    python -m jaxrl_llm.benchmarks.gpu_sweep [--out-dir DIR] [--budget-s 500] [--sections learner,sampler]
-    python -m jaxrl_llm.benchmarks.gpu_sweep --tiny     # CPU, tiny shapes: the code path only (75 s budget)
+    python -m jaxrl_llm.benchmarks.gpu.gpu_sweep [--out-dir DIR] [--budget-s 500] [--sections learner,sampler]
+    python -m jaxrl_llm.benchmarks.gpu.gpu_sweep --tiny     # CPU, tiny shapes: the code path only (75 s budget)
 
 Sections, in this order, each with its share of the time budget:
 
   ceilings  the device's measured bf16 matmul rate (the denominator of `fraction_of_matmul_ceiling`);
   learner   `Learner.update` (the real step, packed, bf16; `gpu_check.learner_row`) at the 1.5B
             shape, ~64k tokens per step, over LM-head chunk x attention path x remat mode
-            (`benchmarks.levers`): the baseline (chunk 128, the backend's default attention path,
+            (`benchmarks.gpu.levers`): the baseline (chunk 128, the backend's default attention path,
             remat "off") first, then every one-change variant, then the rest of the grid;
   sampler   decode tokens/s over batch x cache length x decode path x attention kernel (`sampler_sweep`).
 
@@ -32,14 +32,13 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 
-from jaxrl_llm.benchmarks.gpu_check_report import device_slug, git_commit
-from jaxrl_llm.benchmarks.levers import ATTENTION_PATHS, attention_unavailable, lever_environment, switched
-from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix
+from jaxrl_llm.benchmarks.common.results import RESULTS_DIR, device_slug, git_commit
+from jaxrl_llm.benchmarks.gpu.levers import ATTENTION_PATHS, attention_unavailable, lever_environment, switched
+from jaxrl_llm.benchmarks.common.rl_batch import TINY_MIX, LengthMix
 from jaxrl_llm.models.logprobs import HeadOptions
 from jaxrl_llm.models.remat import REMAT_MODES
 from jaxrl_llm.utils.atomic_files import write_text_atomic
 
-REPO = Path(__file__).resolve().parents[2]
 CHUNKS, TINY_CHUNKS = (128, 1024, 4096), (32, 128)
 # Before a variant has run: the H100 walls of 2026-11-26 (a 1.5B ~64k packed learner row 22-24 s with
 # its compile; the 1.5B sampler 150-185 s per batch size, nearly all compile).
@@ -105,7 +104,7 @@ def learner_sweep(variants: list[Variant], *, model: str, tokens_per_step: int, 
                   matmul_tflops: float | None, on_record: Callable[[list[dict]], None] = lambda records: None,
                   head_dim: int = 128) -> list[dict[str, Any]]:
     """One record per variant (module docstring), `on_record(records)` after each."""
-    from jaxrl_llm.benchmarks.gpu_check import learner_row
+    from jaxrl_llm.benchmarks.gpu.gpu_check import learner_row
 
     records: list[dict[str, Any]] = []
     for variant in variants:
@@ -149,7 +148,7 @@ def sampler_sweep(batches: Iterable[int], max_tokens: Iterable[int], *, tiny: bo
     tokens, EOS impossible (``tiny``: the tiny model in float32, prompts of 16, no cuDNN). Each is
     `gpu_sampler.sampler_decode` (one warm-up call that compiles, then one timed call), recorded
     ok / failed / skipped like the learner's variants."""
-    from jaxrl_llm.benchmarks import gpu_sampler
+    from jaxrl_llm.benchmarks.gpu import gpu_sampler
 
     shape, dtype, prompt_len = ("tiny", "float32", 16) if tiny else ("qwen2.5-1.5b", "bfloat16", 128)
     kernels = tuple(k for k in gpu_sampler.SWEEP_KERNELS if not (tiny and k == "cudnn"))
@@ -215,7 +214,7 @@ def names(text: str, flag: str, valid: Iterable[str]) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--out-dir", default=str(RESULTS_DIR))
     parser.add_argument("--budget-s", type=float, default=None,
                         help="all sections together (default 500: a 15-min window less the machine's start; tiny 75)")
     parser.add_argument("--learner-share", type=float, default=0.6, help="of the budget, for the learner section")
@@ -248,8 +247,9 @@ def main(argv=None) -> int:
 
 
 def run_sweep(args, tiny, sections, chunks, attentions, remats, batches, max_tokens) -> int:
-    from jaxrl_llm.benchmarks.learner_gpu import datasheet_peak, matmul_ceiling, model_config
-    from jaxrl_llm.benchmarks.levers import default_attention_path
+    from jaxrl_llm.benchmarks.common.model_shapes import model_config
+    from jaxrl_llm.benchmarks.gpu.learner_gpu import datasheet_peak, matmul_ceiling
+    from jaxrl_llm.benchmarks.gpu.levers import default_attention_path
 
     out = SweepFile(Path(args.out_dir), tiny, args.budget_s, args.tag)
     total = Budget(args.budget_s, out.start)

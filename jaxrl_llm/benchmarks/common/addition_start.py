@@ -1,5 +1,5 @@
 """A small decoder trained from scratch on 1-digit addition, the start of the RL run that
-`make gpu-check` times on a device (`benchmarks.gpu_rl.rl_end_to_end`).
+`make gpu-check` times on a device (`benchmarks.gpu.gpu_rl.rl_end_to_end`).
 
 SmolLM2's weights cannot travel to the device machine, so the policy is a small random decoder
 over SmolLM2's tokenizer trained by supervised learning on the TRAIN questions -> answers,
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.benchmarks.gpu_sampler import log
+from jaxrl_llm.benchmarks.common.timing import log
 
 # ------------------------------------------------------------------ settings
 @dataclasses.dataclass(frozen=True)

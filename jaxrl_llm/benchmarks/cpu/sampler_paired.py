@@ -1,7 +1,7 @@
 """The JAX sampler of another commit against this one, called in turns in one process.
 
     git show COMMIT:jaxrl_llm/rollout/jax_sampler.py > /tmp/jax_sampler_before.py
-    python -m jaxrl_llm.benchmarks.sampler_paired --before /tmp/jax_sampler_before.py \
+    python -m jaxrl_llm.benchmarks.cpu.sampler_paired --before /tmp/jax_sampler_before.py \
         [--cells 64x32,64x256] [--rounds 2] [--tiny]
 
 or ``make bench-sampler-paired SAMPLER_BEFORE=COMMIT`` (default HEAD: the working tree's sampler
@@ -57,7 +57,7 @@ def main(argv=None) -> list[dict]:
         args.cells, args.rounds = "8x4", 1
     cells = parse_cells(args.cells)
     before = load_sampler_module(args.before)
-    from jaxrl_llm.benchmarks.rollout import EOS, chat_prompts, timed_generate
+    from jaxrl_llm.benchmarks.cpu.rollout import EOS, chat_prompts, timed_generate
     from jaxrl_llm.bridge import load_hf_dir, smollm2_hf_dir
     from jaxrl_llm.rollout import SamplingParams
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
@@ -66,7 +66,7 @@ def main(argv=None) -> list[dict]:
     if args.tiny:
         import tempfile
 
-        from jaxrl_llm.benchmarks.addition_start import policy_from_scratch
+        from jaxrl_llm.benchmarks.common.addition_start import policy_from_scratch
 
         with tempfile.TemporaryDirectory() as folder:
             policy = policy_from_scratch(hf_dir, folder, 64, 2, 0)

@@ -1,22 +1,22 @@
 """`make gpu-check`: one prepared command that measures the learner, the JAX sampler and an RL run
 on whatever accelerator JAX finds, and writes benchmarks/results/gpu-check-<device>-<date>.json (+ .md).
 
-    python -m jaxrl_llm.benchmarks.gpu_check [--out-dir DIR] [--budget-s 480] [--tokenizer-dir DIR]
-    python -m jaxrl_llm.benchmarks.gpu_check --tiny     # CPU, tiny shapes: the code path only
+    python -m jaxrl_llm.benchmarks.gpu.gpu_check [--out-dir DIR] [--budget-s 480] [--tokenizer-dir DIR]
+    python -m jaxrl_llm.benchmarks.gpu.gpu_check --tiny     # CPU, tiny shapes: the code path only
 
 The budget (default 480 s, everything included) is spent most valuable section first
 (`gpu_check_sections.run_order`): a section whose estimated cost (`section_estimates`: the last
 H100 walls, or a guess) does not fit what is left is recorded as skipped with that reason; one
 that fails is recorded with its error and the rest still run; the result file is rewritten after
-every section, so a run cut short keeps what it measured (`benchmarks.gpu_check_report`).
+every section, so a run cut short keeps what it measured (`benchmarks.gpu.gpu_check_report`).
 Sections (described in the order of the pipeline, not of the run):
 
-  torch         the PyTorch reference of a learner row (`benchmarks.torch_learner`: the same batch,
+  torch         the PyTorch reference of a learner row (`benchmarks.gpu.torch_learner`: the same batch,
                 eager, torch.compile and packed), in a child process before JAX takes the device;
   ceilings      the device's measured bf16 matmul rate and copy bandwidth;
   attention     cuDNN's segment-aware attention on packed rows against its mask path and a
                 float32 XLA reference (forward and gradients), GPU only;
-  batch_invariance  bitwise on-policy sampling on the device (`benchmarks.batch_invariance.exactness`):
+  batch_invariance  bitwise on-policy sampling on the device (`benchmarks.common.batch_invariance.exactness`):
                 64 sequences sampled at the Qwen2.5-0.5B shape (random weights; --tiny: the tiny model),
                 bf16 and fp32, rollout.batch_invariant on and off; per composition of the learner's
                 batch, how many sampled log-probs differ from its pi_old (on: must be 0); and the
@@ -25,10 +25,10 @@ Sections (described in the order of the pipeline, not of the run):
                 train.remat=auto) at the Qwen2.5-1.5B and 0.5B shapes (random weights), bf16,
                 an RL length mix (`rl_length_mix`), 64k and 16k tokens per step, packed and
                 one sequence per row; tokens/s and MFU; and a mixture of experts: Qwen3-30B-A3B's
-                layer with 4 of its 48 layers (`learner_gpu.MOE_MODELS`), 16k tokens, packed
+                layer with 4 of its 48 layers (`common.model_shapes.MOE_MODELS`), 16k tokens, packed
                 (--tiny: `tiny-moe`), MFU on its active parameters (below);
   learner_phases  one packed micro-batch's layers, LM head and optimiser timed alone
-                (`benchmarks.learner_phases`): where the learner's time goes; then each lever of
+                (`benchmarks.gpu.learner_phases`): where the learner's time goes; then each lever of
                 the head and the layers alone, and which one won by how much;
   sampler       JAX sampler decode tokens/s and the memory-bandwidth roofline fraction, one
                 section per batch size (`gpu_sampler.sampler_decode`);
@@ -61,19 +61,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.benchmarks.gpu_check_report import Report, _pct
-from jaxrl_llm.benchmarks.gpu_check_sections import (DEFAULT_BUDGET_S, batch_invariance_check, run_order,
+from jaxrl_llm.benchmarks.gpu.gpu_check_report import Report, _pct
+from jaxrl_llm.benchmarks.gpu.gpu_check_sections import (DEFAULT_BUDGET_S, batch_invariance_check, run_order,
                                                      section_estimates, torch_rates, torch_reference)
-from jaxrl_llm.benchmarks.learner_gpu import MOE_MODELS, datasheet_peak, matmul_ceiling, model_config
-from jaxrl_llm.benchmarks.learner_phases import learner_phases
-from jaxrl_llm.benchmarks.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
-from jaxrl_llm.benchmarks.timing import interleaved_times, median_seconds
+from jaxrl_llm.benchmarks.common.model_shapes import MOE_MODELS, model_config
+from jaxrl_llm.benchmarks.common.results import RESULTS_DIR
+from jaxrl_llm.benchmarks.gpu.learner_gpu import datasheet_peak, matmul_ceiling
+from jaxrl_llm.benchmarks.gpu.learner_phases import learner_phases
+from jaxrl_llm.benchmarks.common.rl_batch import TINY_MIX, LengthMix, learner_flops, rl_length_mix
+from jaxrl_llm.benchmarks.common.timing import interleaved_times, median_seconds
 from jaxrl_llm.models import init_params
 from jaxrl_llm.models.fused_attention import SEGMENTS_SWITCH
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learn.learner import Learner
 
-REPO = Path(__file__).resolve().parents[2]
 SEGMENT_TOLERANCE = 2e-2  # relative error vs float32 that bf16 attention stays well under (METHOD: 1e-3..1e-2)
 
 
@@ -191,7 +192,7 @@ def learner_plan(tiny: bool) -> list[tuple[str, int, bool]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--out-dir", default=str(RESULTS_DIR))
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help="the whole run, torch included: sections that would not fit are skipped")
     parser.add_argument("--tiny", action="store_true", help="CPU-sized shapes: the code path only")
@@ -255,7 +256,7 @@ def section_jobs(args, report: Report) -> dict[str, Callable[[], Any]]:
 
     def measure_ceilings():
         ceilings["matmul_tflops"] = matmul_ceiling("bfloat16", 256 if tiny else 8192, 5) / 1e12
-        from jaxrl_llm.benchmarks.gpu_sampler import copy_bandwidth
+        from jaxrl_llm.benchmarks.gpu.gpu_sampler import copy_bandwidth
 
         ceilings["copy_gb_s"] = copy_bandwidth(2 ** 22 if tiny else 2 ** 30)["copy_bandwidth_Bps"] / 1e9
         report.data["ceilings"] = ceilings
@@ -274,11 +275,11 @@ def section_jobs(args, report: Report) -> dict[str, Callable[[], Any]]:
         return result
 
     def gpu_rl():  # imported by the sections that use it: an import error fails those sections only
-        from jaxrl_llm.benchmarks import gpu_rl as module
+        from jaxrl_llm.benchmarks.gpu import gpu_rl as module
         return module
 
     def sampler(batch):
-        from jaxrl_llm.benchmarks import gpu_sampler
+        from jaxrl_llm.benchmarks.gpu import gpu_sampler
         return gpu_sampler.sampler_decode("tiny" if tiny else "qwen2.5-1.5b", batch, 8 if tiny else 512, tiny=tiny,
                                           repeats=1)
 

@@ -1,6 +1,6 @@
 """Weight-sync cost against model size: export -> reload -> verify into a real vLLM CPU server.
 
-    python -m jaxrl_llm.benchmarks.weight_sync [--models smollm2-135m,qwen2.5-0.5b,qwen2.5-1.5b]
+    python -m jaxrl_llm.benchmarks.cpu.weight_sync [--models smollm2-135m,qwen2.5-0.5b,qwen2.5-1.5b]
                                                [--dtype bfloat16] [--warmup 2] [--iters 3] [--out FILE]
 
 For each model one vLLM CPU server is started on it and a `VLLMEngine` over a
@@ -69,7 +69,7 @@ QWEN25_SHAPES = {
                          head_dim=128),
 }
 MODELS = ("smollm2-135m", *QWEN25_SHAPES)
-# Per-token tolerance of the probe by server dtype (see benchmarks/rollout.py).
+# Per-token tolerance of the probe by server dtype (see benchmarks/cpu/rollout.py).
 PROBE_ATOL = {"float32": 2e-3, "bfloat16": 1.0}
 # Fixed token ids, below every vocabulary here (SmolLM2's tokenizer has 49,152).
 PROBE_TOKENS = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411)

@@ -15,7 +15,7 @@ mismatch_k1 = mean over tokens of log mu - log pi_old, the sampler's minus the l
 log-prob), and whether the run's model metrics equal the first run's of its condition bit for
 bit. Writes a JSON summary (counts and sizes) to --out.
 
-    PYTHONPATH=. nice -n 10 python benchmarks/offset_trials.py --pairs 3 --out benchmarks/results/offset_trials.json
+    PYTHONPATH=. nice -n 10 python jaxrl_llm/benchmarks/cpu/offset_trials.py --pairs 3 --out benchmarks/results/offset_trials.json
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CONDITIONS = {
     "8dev-threaded": "--xla_force_host_platform_device_count=8",
     "8dev-single": "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false "

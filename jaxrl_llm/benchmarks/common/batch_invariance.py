@@ -8,7 +8,7 @@
 * `exactness` (used by the tests and by ``make gpu-check``): sampled log-probs against the learner's
   in several compositions of the batch (`compositions`), with the flag on and off.
 
-Run: ``python -m jaxrl_llm.benchmarks.batch_invariance [--dtype float32] [--batch 64] [--tokens 256]
+Run: ``python -m jaxrl_llm.benchmarks.common.batch_invariance [--dtype float32] [--batch 64] [--tokens 256]
 [--out FILE.json]``.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import jax
 import numpy as np
 
 from jaxrl_llm import bridge, core
-from jaxrl_llm.benchmarks.gpu_check_report import git_commit
-from jaxrl_llm.benchmarks.timing import interleaved_times
+from jaxrl_llm.benchmarks.common.results import git_commit
+from jaxrl_llm.benchmarks.common.timing import interleaved_times
 from jaxrl_llm.rollout.jax_sampler import JaxSampler
 from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
 from jaxrl_llm.train.learn.batch import build_sequences

@@ -8,7 +8,7 @@ from abstract arguments (`jax.ShapeDtypeStruct`: no weight is materialised, so a
 in a few GB) and times the two phases. CPU compile seconds are not GPU compile seconds; the ratio
 of the two paths is the proxy.
 
-Run: ``python -m jaxrl_llm.benchmarks.sampler_compile --out benchmarks/results/sampler-compile-cpu-DATE.json``
+Run: ``python -m jaxrl_llm.benchmarks.cpu.sampler_compile --out benchmarks/results/sampler-compile-cpu-DATE.json``
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.common.model_shapes import model_config
 from jaxrl_llm.models import param_shapes
 
 SHAPE = "qwen2.5-1.5b"

@@ -1,6 +1,6 @@
 """The PyTorch reference of the gpu-check learner rows: the same step on the same batch in torch.
 
-    python -m jaxrl_llm.benchmarks.torch_learner --model qwen2.5-1.5b --tokens 16384 [--tiny] --json OUT
+    python -m jaxrl_llm.benchmarks.gpu.torch_learner --model qwen2.5-1.5b --tokens 16384 [--tiny] --json OUT
 
 One optimiser step = what `Learner.update` does with one sequence per row: fp32 master weights,
 the forward and backward in bf16 (`torch.autocast`, bf16 matmuls as on the JAX side), the LM head
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.benchmarks.timing import interleaved_times
+from jaxrl_llm.benchmarks.common.timing import interleaved_times
 
 
 def qwen2_config(shape: dict[str, Any], max_positions: int):
-    """transformers' Qwen2Config of a `learner_gpu.MODELS` entry (tied head, qkv bias, theta 1e6)."""
+    """transformers' Qwen2Config of a `common.model_shapes.MODELS` entry (tied head, qkv bias, theta 1e6)."""
     from transformers import Qwen2Config
 
     return Qwen2Config(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
@@ -155,8 +155,8 @@ def torch_step_rate(shape: dict[str, Any], tokens: np.ndarray, attention: np.nda
 
 
 def main(argv=None) -> int:
-    from jaxrl_llm.benchmarks.rl_batch import GROUP, TINY_MIX, LengthMix, rl_length_mix
-    from jaxrl_llm.benchmarks.learner_gpu import MODELS
+    from jaxrl_llm.benchmarks.common.rl_batch import GROUP, TINY_MIX, LengthMix, rl_length_mix
+    from jaxrl_llm.benchmarks.common.model_shapes import MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=sorted(MODELS))

@@ -1,9 +1,9 @@
 """Two measurements of the RL stack on a device, each a function returning a JSON-ready dict;
-`make gpu-check` runs them (`benchmarks.gpu_check`), the sampler's own in `benchmarks.gpu_sampler`.
+`make gpu-check` runs them (`benchmarks.gpu.gpu_check`), the sampler's own in `benchmarks.gpu.gpu_sampler`.
 
 1. `rl_end_to_end(work_dir, tokenizer_dir=...)`: a real RL run through `train.loop.train`
    (JAX sampler, learner, weight hand-off) on 1-digit addition, from the small decoder of
-   `benchmarks.addition_start`. Held-out success before and after RL by
+   `benchmarks.common.addition_start`. Held-out success before and after RL by
    `train.evaluation.evaluate_params` (same seed), a two-proportion z-test, and the per-step
    time split read from the run's metrics.jsonl.
 2. `rl_step_at_scale(shape)`: one RL step at the 1.5B shape with random weights: sample
@@ -28,9 +28,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_llm.benchmarks.addition_start import E2E_FULL, E2E_TINY, E2ESetting, supervised_addition_start
-from jaxrl_llm.benchmarks.gpu_sampler import check_full_length, device_kind, impossible_eos, log, random_prompts
-from jaxrl_llm.benchmarks.learner_gpu import model_config
+from jaxrl_llm.benchmarks.common.addition_start import E2E_FULL, E2E_TINY, E2ESetting, supervised_addition_start
+from jaxrl_llm.benchmarks.common.timing import log
+from jaxrl_llm.benchmarks.gpu.gpu_sampler import check_full_length, device_kind, impossible_eos, random_prompts
+from jaxrl_llm.benchmarks.common.model_shapes import model_config
 
 # ------------------------------------------------------------- RL step at scale
 def _rl_config(run_dir: str, **values) -> Any:

@@ -1,4 +1,4 @@
-"""The PyTorch side of ``benchmarks.model``: transformers' model of a checkpoint directory, timed in a
+"""The PyTorch side of ``benchmarks.cpu.model``: transformers' model of a checkpoint directory, timed in a
 child process of its own.
 
 JAX and torch in one process took 9.3-9.5 GB at 8x512 and 2x2048 (over the 9 GB a process may
@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, TextIO
 
 import numpy as np
@@ -91,9 +92,9 @@ class TorchWorker:
     torch runs, "cpu" or "cuda"."""
 
     def __init__(self, hf_dir: str, device: str = "cpu"):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", "jaxrl_llm.benchmarks.torch_worker", hf_dir, device],
+        self.process = subprocess.Popen([sys.executable, "-m", "jaxrl_llm.benchmarks.cpu.torch_worker", hf_dir, device],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def ask(self, **request) -> dict:
@@ -130,7 +131,7 @@ class TorchWorker:
 
 
 def main(argv=None) -> None:
-    """``python -m jaxrl_llm.benchmarks.torch_worker HF_DIR [cpu|cuda]``: serves requests from stdin,
+    """``python -m jaxrl_llm.benchmarks.cpu.torch_worker HF_DIR [cpu|cuda]``: serves requests from stdin,
     replies on the real stdout; anything else printed (library warnings) goes to stderr."""
     hf_dir, *device = sys.argv[1:] if argv is None else argv
     replies = os.fdopen(os.dup(1), "w")

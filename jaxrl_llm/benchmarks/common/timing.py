@@ -1,4 +1,4 @@
-"""The benchmarks' one timer: every step called once per round, round after round."""
+"""The benchmarks' one timer (every step called once per round, round after round) and their progress line."""
 from __future__ import annotations
 
 import statistics
@@ -25,3 +25,8 @@ def interleaved_times(steps: dict[str, Callable[[], object]], warmup: int, iters
 def median_seconds(fn: Callable[[], object], iters: int, warmup: int = 1) -> float:
     """Median seconds of fn() (which blocks) over ``iters`` calls after ``warmup`` (the compile)."""
     return statistics.median(interleaved_times({"fn": fn}, warmup, iters)["fn"])
+
+
+def log(msg: str) -> None:
+    """One time-stamped progress line of the accelerator checks, flushed at once."""
+    print(f"[gpu-check {time.strftime('%H:%M:%S')}] {msg}", flush=True)

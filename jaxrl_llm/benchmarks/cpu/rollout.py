@@ -1,7 +1,7 @@
 """Rollout benchmarks for SmolLM2-135M: the vLLM CPU server, measured side by
 side with references taken in the same run.
 
-    python -m jaxrl_llm.benchmarks.rollout [--dtypes float32,bfloat16] [--prompts 8] [--n 8]
+    python -m jaxrl_llm.benchmarks.cpu.rollout [--dtypes float32,bfloat16] [--prompts 8] [--n 8]
                                            [--max-tokens 64] [--sync-iters 3] [--no-jax] [--compile]
                                            [--table-batches 8,64,256] [--table-lengths 32,256] [--no-table]
                                            [--table-modes compiled,eager] [--table-stops eos,fixed] [--table-seeds 0,1,2]
@@ -150,7 +150,7 @@ def bench_export_paths(cfg, params, dtype: str, iters: int) -> dict[str, float]:
     import shutil
     import tempfile
 
-    from jaxrl_llm.benchmarks.timing import interleaved_times
+    from jaxrl_llm.benchmarks.common.timing import interleaved_times
     from jaxrl_llm.bridge import save_hf_dir
 
     root = Path(tempfile.mkdtemp(prefix="jaxrl-export-bench-", dir=default_stage_root()))

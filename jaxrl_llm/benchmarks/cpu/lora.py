@@ -1,6 +1,6 @@
 """Learner memory and step time of SmolLM2-135M: full fine-tuning vs LoRA ranks.
 
-    python -m jaxrl_llm.benchmarks.lora [--ranks 1,8,64] [--batch 4] [--prompt 32] [--completion 32]
+    python -m jaxrl_llm.benchmarks.cpu.lora [--ranks 1,8,64] [--batch 4] [--prompt 32] [--completion 32]
                                         [--warmup 1] [--iters 3] [--tiny]
 
 ``--tiny`` (``make bench-lora BENCH_ARGS=--tiny``, the tests): a random 2-layer decoder
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import core
-from jaxrl_llm.benchmarks.timing import interleaved_times
+from jaxrl_llm.benchmarks.common.timing import interleaved_times
 from jaxrl_llm.models import lora
 from jaxrl_llm.train.learn.batch import SequenceBatch
 from jaxrl_llm.train.config import TrainConfig
@@ -103,7 +103,7 @@ def main(argv=None) -> dict[str, dict]:
     parser.add_argument("--tiny", action="store_true", help="a random 2-layer model, 4 x 16 tokens, one step")
     args = parser.parse_args(argv)
     if args.tiny:
-        from jaxrl_llm.benchmarks.learner_gpu import model_config
+        from jaxrl_llm.benchmarks.common.model_shapes import model_config
         from jaxrl_llm.models import init_params
 
         args.ranks, args.prompt, args.completion, args.warmup, args.iters = "4", 8, 8, 0, 1

@@ -1,6 +1,6 @@
 """Throughput of the code grader: sandboxed executions per second through a GraderPool.
 
-    python -m jaxrl_llm.benchmarks.code_sandbox [--workers 2] [--batch 64] [--repeats 3]
+    python -m jaxrl_llm.benchmarks.cpu.code_sandbox [--workers 2] [--batch 64] [--repeats 3]
 
 Grades ``code_from_examples`` reference completions (8 tests each, one sandbox run per
 completion) with ``code_reward`` in a pool of ``--workers`` processes; the first batch starts
