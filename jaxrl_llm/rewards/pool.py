@@ -17,6 +17,10 @@ The reward function travels to a worker once per batch (by pickle, so it must
 be a module-level function) and is imported there, and its ``warm_up`` hook
 run (see :func:`jaxrl_llm.rewards.warm_up_with`), before any deadline starts:
 import time of math-verify or reasoning-gym never counts as a timeout.
+
+Each worker has a temporary folder of its own (its ``tempfile.gettempdir()`` and ``TMPDIR``),
+which the pool removes when it stops or kills the worker: what a killed grader left there
+(a sandbox's job folder) does not outlive it.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from jaxrl_llm.rewards.pool_worker import (ERROR, OK, TIMEOUT, GraderTimeout, Worker, describe_error,
-                                          kill_worker, shutdown_workers, worker_main)
+                                          kill_worker, new_worker_temp_dir, shutdown_workers, worker_main)
 
 RewardFn = Callable[[str, Any], float]
 
@@ -268,12 +272,13 @@ class GraderPool:
 
     def _start_worker(self) -> Worker:
         parent_end, child_end = self._context.Pipe(duplex=True)
+        temp_dir = new_worker_temp_dir()
         process = self._context.Process(
-            target=worker_main, args=(child_end,), daemon=True, name="jaxrl-grader"
+            target=worker_main, args=(child_end, temp_dir), daemon=True, name="jaxrl-grader"
         )
         process.start()
         child_end.close()
-        return Worker(process=process, conn=parent_end)
+        return Worker(process=process, conn=parent_end, temp_dir=temp_dir)
 
     def _send_load(self, worker: Worker, pickled_fn: bytes) -> None:
         worker.load_id += 1

@@ -12,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing.connection
+import os
 import pickle
+import shutil
 import signal
+import tempfile
 from typing import Any
 
 OK = "ok"
@@ -32,11 +35,20 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-def worker_main(conn: multiprocessing.connection.Connection) -> None:
+def new_worker_temp_dir() -> str:
+    """A worker's own temporary folder: 0711, so a sandbox's uid can reach a job folder in it."""
+    folder = tempfile.mkdtemp(prefix="jaxrl-grader-")
+    os.chmod(folder, 0o711)
+    return folder
+
+
+def worker_main(conn: multiprocessing.connection.Connection, temp_dir: str | None = None) -> None:
     """Worker loop: load a reward function, then grade one answer per message."""
     # Ctrl-C in the terminal reaches the whole process group; the parent
     # decides what happens to workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if temp_dir is not None:  # graders' temporary files go where the pool removes them
+        os.environ["TMPDIR"] = tempfile.tempdir = temp_dir
     reward_fn = None
     while True:
         try:
@@ -82,13 +94,17 @@ class Worker:
     load_id: int = 0  # id of the latest load sent; acks of older loads are stale
     job: int | None = None  # completion index it is grading
     deadline: float = math.inf  # for the current job or load
+    temp_dir: str | None = None  # its own temporary folder, removed with it
 
 
 def kill_worker(worker: Worker) -> None:
+    """SIGKILL the worker if alive, await it, and remove its temporary folder."""
     if worker.process.is_alive():
         worker.process.kill()
     worker.process.join(timeout=5)
     worker.conn.close()
+    if worker.temp_dir is not None:
+        shutil.rmtree(worker.temp_dir, ignore_errors=True)
 
 
 def shutdown_workers(workers: list[Worker]) -> None:

