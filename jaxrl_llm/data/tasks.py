@@ -19,6 +19,8 @@ Tasks:
   jsonl             a user file of prompt/answer lines: make_task("jsonl", path=...) (data/files.py)
   data_file         a JSON/JSONL/Parquet/CSV file read with HF datasets (data/files.py)
   calculator_tool, guess_number   multi-turn environments (data/builtin_envs.py)
+  gem               any GEM environment that builds offline: make_task("gem", env_id="game:Mastermind-v0-easy")
+                    (data/gem_envs.py; the optional gem extra)
 
 Every task is registered with :func:`jaxrl_llm.data.register_task` (data/registry.py),
 the decorator a user's own tasks use too.
@@ -35,6 +37,7 @@ from jaxrl_llm.data.answer_first import answer_first_example, leading_integer_re
 from jaxrl_llm.data.builtin_envs import CalculatorTask, GuessNumberTask
 from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
 from jaxrl_llm.data.files import JsonlTask  # noqa: F401  (registers "jsonl" and "data_file")
+from jaxrl_llm.data.gem_envs import GemTask
 from jaxrl_llm.data.many_answers import multiple_of_stream, multiple_reward
 from jaxrl_llm.data.records import (
     Example,
@@ -290,3 +293,4 @@ for _name in REASONING_GYM_TASKS:
 register_task("reasoning_gym")(ReasoningGymTask)
 register_task("calculator_tool")(CalculatorTask)
 register_task("guess_number")(GuessNumberTask)
+register_task("gem")(GemTask)

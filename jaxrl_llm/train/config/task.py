@@ -221,7 +221,7 @@ def build_task(task_cfg) -> Task:
         task = make_task(name, **kwargs)
     except DatasetFormatError:
         raise
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, ImportError) as err:  # ImportError: an optional package missing, named
         raise ConfigError(f"task.name = {name!r} with task.kwargs = {dict(task_cfg.kwargs)!r}: {err}") from err
     if task_cfg.reward_fn is not None:
         task.reward_fn = resolve_reward_fn(task_cfg.reward_fn)  # this task's grader only
