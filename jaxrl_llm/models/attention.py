@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models.fused_attention import (SegmentSpans, cudnn_causal_attention, cudnn_segment_attention,
                                               use_cudnn_attention)
+from jaxrl_llm.models.platform import target_platform
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
@@ -23,7 +24,7 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arr
     float32 (XLA:CPU has no float16 x float16 -> float32 dot).
     """
     dtype = q.dtype
-    if dtype == jnp.float16 and jax.default_backend() == "cpu":
+    if dtype == jnp.float16 and target_platform() == "cpu":
         q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=q.shape[-1] ** -0.5)
     return out.astype(dtype)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.attention import grouped_attention
+from jaxrl_llm.models.platform import target_platform
 
 DECODE_KERNELS = ("auto", "dense", "cudnn", "pallas")
 
@@ -73,7 +74,7 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
 
         splits, block = pallas_blocks(k.shape[1])
         out = pallas_decode.gqa(q[:, 0], k, v, kv_seq_len=lengths, sm_scale=q.shape[-1] ** -0.5, k_splits=splits,
-                                block_k=block, interpret=jax.default_backend() == "cpu")
+                                block_k=block, interpret=target_platform() == "cpu")
         return out[:, None].astype(q.dtype)
     raise ValueError(f"decode attention kernel {kernel!r} is not one of {DECODE_KERNELS[1:]} (resolve 'auto' first)")
 

@@ -61,6 +61,7 @@ from jaxrl_llm.models.attention import (ATTENTION_BLOCKS, MIN_ATTENTION_BLOCK,  
 from jaxrl_llm.models.decode_attention import slot_cache_attention
 from jaxrl_llm.models.fused_attention import segment_spans, use_cudnn_attention, use_cudnn_segments
 from jaxrl_llm.models.matmul import low_precision_logits, project
+from jaxrl_llm.models.platform import target_platform
 from jaxrl_llm.models.moe import RoutedForward, Routing, moe_mlp, moe_param_shapes, replay_experts_per_layer, stack_layer_routing
 from jaxrl_llm.models.remat import remat_mode, remat_policy
 from jaxrl_llm.models.rotary import apply_rope, rope_inverse_frequencies  # noqa: F401  (importable from here)
@@ -329,7 +330,7 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     if max_segments is not None and not batch_invariant and use_cudnn_attention(jnp_dtype(cfg.compute_dtype), cfg.head_dim) \
             and use_cudnn_segments():
         visible = segment_spans(segment_ids, visible, max_segments)
-    unroll = unroll_layer_loop(cfg, jax.default_backend(), remat_mode(remat))
+    unroll = unroll_layer_loop(cfg, target_platform(), remat_mode(remat))
     result = Decoder(cfg, remat=remat, unroll_layers=unroll, batch_invariant=batch_invariant).apply(
         {"params": params}, tokens, positions, visible, return_hidden=return_hidden, routing=routing,
         return_routing=return_routing)

@@ -35,6 +35,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models.platform import target_platform
+
 ENV_SWITCH = "JAXRL_LLM_CUDNN_ATTENTION"
 SEGMENTS_SWITCH = "JAXRL_LLM_CUDNN_SEGMENTS"
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -46,7 +48,7 @@ def use_cudnn_attention(dtype, head_dim: int, backend: str | None = None,
     """Whether causal self-attention of this dtype and head size runs through cuDNN: on a GPU, in
     bf16/fp16, head size <= 128 and a multiple of 8, unless ``JAXRL_LLM_CUDNN_ATTENTION=0``."""
     environ = os.environ if environ is None else environ
-    backend = jax.default_backend() if backend is None else backend
+    backend = target_platform() if backend is None else backend
     return (backend == "gpu" and environ.get(ENV_SWITCH, "1") != "0" and jnp.dtype(dtype) in FUSED_DTYPES
             and head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0)
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
 from jaxrl_llm.models.decode_attention import resolve_decode_kernel
+from jaxrl_llm.models.platform import target_platform
 from jaxrl_llm.rollout.decode_slots import generate_slots
 from jaxrl_llm.rollout.sampler_routing import (SampledRouting, check_routing_option, empty_completion_experts,
                                                record_step, sample_routed_experts)
@@ -211,7 +212,7 @@ def decode_path(name: str, backend: str | None = None) -> str:
         raise ValueError(f"decode {name!r} is not one of {DECODE_PATHS}")
     if name != "auto":
         return name
-    return "compact" if (backend or jax.default_backend()) == "cpu" else "slots"
+    return "compact" if (backend or target_platform()) == "cpu" else "slots"
 
 
 class JaxSampler:

@@ -53,6 +53,7 @@ import optax
 from jaxrl_llm import core
 from jaxrl_llm.models import DecoderConfig, forward, lora
 from jaxrl_llm.models.compile_options import learner_compiler_options
+from jaxrl_llm.models.platform import mesh_platform
 from jaxrl_llm.models.remat import choose_remat, device_memory_budget, remat_setting
 from jaxrl_llm.train.config import PRECISION_DTYPES
 from jaxrl_llm.train.learn import critic as critic_lib
@@ -116,7 +117,7 @@ class Learner:
         self.frozen = None  # LoRA: the float32 base params, set by init
         self.side = SidePasses(recipe, self.compute_dtype, self.place, critic_cfg=critic_cfg, teacher=teacher)
         self._merge = jax.jit(self._full_params_impl)
-        options = learner_compiler_options(self.compute_dtype, jax.default_backend())  # XLA:CPU fusion
+        options = learner_compiler_options(self.compute_dtype, mesh_platform(mesh))  # XLA:CPU fusion
         # batch-invariant pi_old compiles as the sampler does: the learner's options change the dot kernels
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("with_reference", "max_segments"),
                                  compiler_options=None if self.batch_invariant else options)
