@@ -18,7 +18,7 @@ system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
   grader's variables (API keys, cloud credentials) reach bwrap or anything inside it;
 - rlimits set before bwrap starts (so nothing inside can raise them): CPU seconds, address
   space (memory), file size, process count, open files, POSIX message queues (none), no core
-  dumps;
+  dumps; and a seccomp filter that refuses raising a socket's buffers;
 - when the grader runs as root, an unprivileged uid of its own (root ignores RLIMIT_NPROC),
   drawn at random per run so parallel runs do not share a process budget, and the zombie
   that bwrap leaves to pid 1 (reaped whenever init gets to it) never counts against a later run;

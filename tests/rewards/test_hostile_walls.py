@@ -22,7 +22,7 @@ import time
 import pytest
 
 from jaxrl_llm.rewards import GraderPool, GradeResult, code_reward
-from jaxrl_llm.rewards.sandbox_walls import IPC_SYSCTLS, MB, PAGE, SandboxLimits, memory_bound_mb
+from jaxrl_llm.rewards.sandbox_walls import IPC_SYSCTLS, MB, PAGE, SandboxLimits, memory_bound_mb, socket_buffer_filter
 from tests.rewards import wall_cases
 from tests.rewards.sandbox_cases import PWNED_TEST, CodeExample, fenced, require_sandbox, sandbox_uid_processes
 
@@ -158,12 +158,49 @@ def test_killed_workers_job_folder_is_removed():
         assert not os.path.exists(temp_dir), f"{temp_dir} outlived its killed worker: {os.listdir(temp_dir)}"
 
 
+def run_classic_bpf(program, data: bytes) -> int:
+    """A second formulation of the kernel's classic-BPF interpreter, for the 4 opcodes used."""
+    pc, accumulator = 0, 0
+    while True:
+        code, jt, jf, k = program[pc]
+        if code == 0x20:  # load a 32-bit word at k
+            accumulator = int.from_bytes(data[k:k + 4], "little")
+        elif code in (0x15, 0x35):  # jump if equal / greater or equal
+            taken = accumulator == k if code == 0x15 else accumulator >= k
+            pc += jt if taken else jf
+        elif code == 0x06:
+            return k
+        pc += 1
+
+
+def seccomp_data(arch: int, nr: int, *args: int) -> bytes:
+    args = list(args) + [0] * (6 - len(args))
+    return (nr.to_bytes(4, "little") + arch.to_bytes(4, "little") + bytes(8)
+            + b"".join(a.to_bytes(8, "little") for a in args))
+
+
+@pytest.mark.parametrize("machine, arch, setsockopt", [("x86_64", 0xC000003E, 54), ("aarch64", 0xC00000B7, 208)])
+def test_socket_buffer_filter_refuses_only_buffer_raises(machine, arch, setsockopt):
+    program = socket_buffer_filter(machine)
+    allow, eperm, enosys = 0x7FFF0000, 0x50001, 0x50026
+    verdict = lambda *call: run_classic_bpf(program, seccomp_data(*call))  # noqa: E731
+    for optname in (7, 8, 32, 33):  # SO_SNDBUF, SO_RCVBUF, and the FORCE variants
+        assert verdict(arch, setsockopt, 3, 1, optname) == eperm
+        assert verdict(arch, setsockopt, 3, 1 | (1 << 32), optname | (5 << 32)) == eperm  # high words ignored
+    assert verdict(arch, setsockopt, 3, 1, 2) == allow  # SO_REUSEADDR
+    assert verdict(arch, setsockopt, 3, 6, 7) == allow  # IPPROTO_TCP level, same number
+    assert verdict(arch, 0, 3, 1, 7) == allow  # another syscall with the same arguments
+    assert verdict(0x40000003, setsockopt, 3, 1, 7) == enosys  # i386
+    assert verdict(arch, 0x40000000 | 541, 3, 1, 7) == enosys  # x32's setsockopt
+    assert socket_buffer_filter("riscv64") is None
+
+
 def test_memory_bound_sums_the_caps():
     """The documented bound at the default limits, summed by hand from the numbers in the docs."""
     limits = SandboxLimits()
     bound = memory_bound_mb(limits)
     pipe_half = int(open("/proc/sys/fs/pipe-max-size").read()) / 2
-    socket_buffer = 2 * max(int(open(f"/proc/sys/net/core/{n}").read()) for n in ("wmem_max", "rmem_max"))
+    socket_buffer = 2 * max(int(open(f"/proc/sys/net/core/{n}").read()) for n in ("wmem_default", "rmem_default"))
     by_hand = 16 * 512 + 64 + 4096 / 1024 + 16 + 16 * 16 / 1024 + 16 * 64 * max(pipe_half, socket_buffer) / MB
     assert bound["total"] == pytest.approx(by_hand)
     assert IPC_SYSCTLS["kernel/shmall"] * PAGE == 16 * MB

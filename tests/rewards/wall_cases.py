@@ -154,6 +154,15 @@ MEMORY_CASES = [
     Case("raise its own IPC limit through /proc/sys", "read-only /proc", (
         "try:\n    open('/proc/sys/kernel/shmmax', 'w').write(str(1 << 40))\n    won = True\n"
         "except OSError:\n    won = False" + PWNED)),
+    Case("socket buffers raised and filled", "seccomp filter", (
+        "import socket\nheld, sockets = 0, []\n"
+        "try:\n    while True:\n        pair = socket.socketpair()\n        sockets += pair\n"
+        "        for end in pair:\n            try:\n"
+        "                end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)\n"
+        "            except OSError:\n                pass\n"
+        "            end.setblocking(False)\n            try:\n                while True:\n"
+        "                    held += end.send(bytes(65536))\n            except BlockingIOError:\n                pass\n"
+        "except OSError:  # out of file descriptors\n    pass\nwon = held > (64 << 20)" + PWNED)),
     Case("a TCP connection to itself on the loopback", "network namespace", (
         "import socket\ntry:\n    server = socket.socket()\n    server.bind(('127.0.0.1', 0))\n    server.listen(1)\n"
         "    socket.create_connection(server.getsockname(), timeout=1)\n    won = True\n"
