@@ -54,8 +54,10 @@ def pallas_blocks(length: int) -> tuple[int, int]:
 def write_rows(cache: jax.Array, layer_index: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
     """cache [nL, B, S, H, hd] with new [B, T, H, hd] written at layer ``layer_index``, row b's
     token t at slot ``slots[b, t]`` (a slot >= S is dropped: rows that write nothing)."""
-    rows = jnp.arange(new.shape[0])[:, None]
-    return cache.at[layer_index, rows, slots].set(new.astype(cache.dtype), mode="drop")
+    def write_row(row_cache, row_new, row_slots):  # [nL, S, H, hd], [T, H, hd], [T]
+        return row_cache.at[layer_index, row_slots].set(row_new.astype(cache.dtype), mode="drop")
+
+    return jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)(cache, new, slots)
 
 
 def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, kernel: str) -> jax.Array:

@@ -89,15 +89,18 @@ def _leaf_name(path) -> str:
     return str(getattr(last, "key", getattr(last, "name", last)))
 
 
-def param_partition_specs(params_or_shapes: Any, mesh: Mesh) -> Any:
-    """PartitionSpec per leaf of a params pytree (arrays or ShapeDtypeStructs)."""
+def param_partition_specs(params_or_shapes: Any, mesh: Mesh,
+                          rules: dict[str, tuple[str | None, ...]] | None = None) -> Any:
+    """PartitionSpec per leaf of a params pytree (arrays or ShapeDtypeStructs), from ``rules``
+    (leaf name -> mesh axis per dimension; default: the learner's, above)."""
+    rules = _PARAM_RULES if rules is None else rules
 
     def spec_for(path, leaf):
         name = _leaf_name(path)
-        if name not in _PARAM_RULES:
+        if name not in rules:
             raise ValueError(f"no sharding rule for parameter {jax.tree_util.keystr(path)}; "
-                             f"known names: {sorted(_PARAM_RULES)}")
-        rule = _PARAM_RULES[name]
+                             f"known names: {sorted(rules)}")
+        rule = rules[name]
         if len(rule) != len(leaf.shape):
             raise ValueError(f"parameter {jax.tree_util.keystr(path)} has shape {leaf.shape}, "
                              f"expected rank {len(rule)}")
@@ -106,9 +109,10 @@ def param_partition_specs(params_or_shapes: Any, mesh: Mesh) -> Any:
     return jax.tree_util.tree_map_with_path(spec_for, params_or_shapes)
 
 
-def param_shardings(params_or_shapes: Any, mesh: Mesh) -> Any:
-    """NamedSharding per leaf of a params pytree (arrays or ShapeDtypeStructs)."""
-    specs = param_partition_specs(params_or_shapes, mesh)
+def param_shardings(params_or_shapes: Any, mesh: Mesh, rules: dict[str, tuple[str | None, ...]] | None = None) -> Any:
+    """NamedSharding per leaf of a params pytree (arrays or ShapeDtypeStructs); ``rules`` as in
+    `param_partition_specs`."""
+    specs = param_partition_specs(params_or_shapes, mesh, rules)
     return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs,
                                   is_leaf=lambda x: isinstance(x, PartitionSpec))
 

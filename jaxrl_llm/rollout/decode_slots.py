@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forward, init_cache, lm_head_logits
 from jaxrl_llm.models.decode_attention import CACHE_MULTIPLE
 from jaxrl_llm.models.decoder import Decoder
+from jaxrl_llm.rollout.sampler_mesh import SamplerLayout
 from jaxrl_llm.rollout.sampler_routing import SampledRouting, empty_completion_experts, record_step
 from jaxrl_llm.rollout.sampling import draw, row_uniforms
 
@@ -93,7 +94,7 @@ def refill(state: Slots, prompts: PromptCache, source_rows: jax.Array, total: ja
     """Give the ``freed`` slots [B] the next queued samples (output rows next_sample.., below
     ``total``), in slot order; freed slots left without one become empty (-1). A refilled slot
     holds its prompt's cache at slots 0..Lp-1, the prompt's length and logits, and step 0."""
-    slots, width = state.sample.shape[0], prompts.k.shape[2]
+    width = prompts.k.shape[2]
     candidate = state.next_sample + jnp.cumsum(freed, dtype=jnp.int32) - 1
     gets = freed & (candidate < total)
     sample = jnp.where(gets, candidate, jnp.where(freed, -1, state.sample))
@@ -101,8 +102,10 @@ def refill(state: Slots, prompts: PromptCache, source_rows: jax.Array, total: ja
 
     def fill(s: Slots) -> Slots:
         source = source_rows[jnp.clip(candidate, 0, source_rows.shape[0] - 1)]
-        target = jnp.where(gets, jnp.arange(slots), slots)  # slots not refilled: dropped writes
-        kv = {name: s.kv[name].at[:, target, :width].set(cache[:, source].astype(s.kv[name].dtype), mode="drop")
+        # a select per slot, not a scatter to computed slots: on a mesh each device fills its own slots
+        refilled = gets[None, :, None, None, None]
+        kv = {name: s.kv[name].at[:, :, :width].set(jnp.where(refilled, cache[:, source].astype(s.kv[name].dtype),
+                                                              s.kv[name][:, :, :width]))
               for name, cache in (("k", prompts.k), ("v", prompts.v))}
         return s._replace(kv=kv, lengths=jnp.where(gets, prompts.lengths[source], s.lengths),
                           logits=jnp.where(gets[:, None], prompts.logits[source], s.logits),
@@ -111,12 +114,22 @@ def refill(state: Slots, prompts: PromptCache, source_rows: jax.Array, total: ja
     return jax.lax.cond(jnp.any(gets), fill, lambda s: s, state)
 
 
+def on_mesh(state: Slots, layout: SamplerLayout | None) -> Slots:
+    """The loop state in the sampler's layout (`rollout.sampler_mesh`; None: as XLA places it):
+    slots over "data", the cache's KV heads over "tensor"."""
+    if layout is None:
+        return state
+    return state._replace(kv={name: layout.cache(cache) for name, cache in state.kv.items()},
+                          lengths=layout.rows(state.lengths), sample=layout.rows(state.sample),
+                          step=layout.rows(state.step), logits=layout.rows(state.logits))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "slots", "top_k", "use_top_p", "first_row",
-                                             "kernel", "batch_invariant", "record_routing"))
+                                             "kernel", "batch_invariant", "record_routing", "layout"))
 def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids,
                    source_rows, total, *, max_tokens: int, slots: int, top_k: int | None, use_top_p: bool,
                    first_row: int = 0, kernel: str = "dense", batch_invariant: bool = False,
-                   record_routing: bool = False):
+                   record_routing: bool = False, layout: SamplerLayout | None = None):
     """prompt_tokens/prompt_mask [P, Lp] RIGHT-padded distinct prompts -> (tokens [N, max_tokens],
     logprobs [N, max_tokens], lengths [N], stopped [N]) for output rows 0..total-1 (row i continues
     prompt ``source_rows[i]``; rows from ``total`` to N = len(source_rows) are batch filler, never
@@ -126,13 +139,18 @@ def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, 
     fold_in(key, t), as in `jax_sampler._generate` called with the same N rows.
     ``kernel``: the decode attention (`models.decode_attention`; resolved, not "auto").
     ``batch_invariant``: `models.batch_invariant`'s ops (the learner's numbers), the dense kernel.
-    ``record_routing`` (MoE configs): a fifth output, `sampler_routing.SampledRouting`."""
+    ``record_routing`` (MoE configs): a fifth output, `sampler_routing.SampledRouting`.
+    ``layout``: the sampler's mesh layout (`rollout.sampler_mesh`; params placed by its `placer`)."""
     rows, width = source_rows.shape[0], prompt_tokens.shape[1]
     capacity = -(-(width + max_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE  # slots past width + max_tokens: unused
     greedy = temperature == 0.0  # the most likely token; logprobs at temperature 1
     scale = jnp.where(greedy, 1.0, temperature)
     head = sampling_head(params, cfg, batch_invariant, scale)
+    if layout is not None:  # the prefill's rows over "data"
+        prompt_tokens, prompt_mask = layout.rows(prompt_tokens), layout.rows(prompt_mask)
     prompts = prefill_prompts(params, cfg, prompt_tokens, prompt_mask, head, batch_invariant, record_routing)
+    if layout is not None:  # one gather of the prompts' cache to every "data" row, not one per refill
+        prompts = prompts._replace(k=layout.cache(prompts.k, split_rows=False), v=layout.cache(prompts.v, False))
     decoder = Decoder(cfg, batch_invariant=batch_invariant, decode_kernel=None if batch_invariant else kernel)
     empty = init_cache(cfg, slots, capacity)
 
@@ -155,14 +173,14 @@ def generate_slots(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, 
                   s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
                   s.out_lengths.at[out_row].set(s.step + 1, mode="drop"),
                   s.out_stopped.at[out_row].set(stopped, mode="drop"), experts)
-        return refill(s, prompts, source_rows, total, finished)
+        return on_mesh(refill(s, prompts, source_rows, total, finished), layout)
 
     start = Slots({"k": empty["k"], "v": empty["v"]}, jnp.ones((slots,), jnp.int32), jnp.full((slots,), -1, jnp.int32),
                   jnp.zeros((slots,), jnp.int32), jnp.zeros((slots, prompts.logits.shape[-1]), prompts.logits.dtype),
                   jnp.zeros((), jnp.int32), jnp.zeros((rows, max_tokens), jnp.int32),
                   jnp.zeros((rows, max_tokens), jnp.float32), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool),
                   empty_completion_experts(cfg, rows, max_tokens) if record_routing else None)
-    state = refill(start, prompts, source_rows, total, jnp.ones((slots,), bool))
+    state = on_mesh(refill(start, prompts, source_rows, total, jnp.ones((slots,), bool)), layout)
     state = jax.lax.while_loop(lambda s: jnp.any(s.sample >= 0), body, state)
     out = state.out_tokens, state.out_logprobs, state.out_lengths, state.out_stopped
     if not record_routing:

@@ -52,6 +52,7 @@ from jaxrl_llm.models import DecoderConfig, batch_invariant as invariant, forwar
 from jaxrl_llm.models.decode_attention import resolve_decode_kernel
 from jaxrl_llm.models.platform import target_platform
 from jaxrl_llm.rollout.decode_slots import generate_slots
+from jaxrl_llm.rollout.sampler_mesh import SamplerLayout
 from jaxrl_llm.rollout.sampler_routing import (SampledRouting, check_routing_option, empty_completion_experts,
                                                record_step, sample_routed_experts)
 from jaxrl_llm.rollout.sampling import (draw, filtered_logprobs,  # noqa: F401  (importable from here)
@@ -116,11 +117,12 @@ def _spread_prompt_cache(cache: dict, source_rows: jax.Array, max_tokens: int) -
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_tokens", "top_k", "use_top_p", "first_row", "compact",
                                              "min_rows", "compactions", "cache_window",
-                                             "batch_invariant", "record_routing"))
+                                             "batch_invariant", "record_routing", "layout"))
 def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, temperature, top_p, stop_ids,
               source_rows=None, live=None, *, max_tokens: int, top_k: int | None, use_top_p: bool,
               first_row: int = 0, compact: bool = True, min_rows: int = 8, compactions: int = 12,
-              cache_window: int | None = None, batch_invariant: bool = False, record_routing: bool = False):
+              cache_window: int | None = None, batch_invariant: bool = False, record_routing: bool = False,
+              layout: SamplerLayout | None = None):
     """prompt_tokens/prompt_mask [P, Lp] left-padded distinct prompts -> (tokens [B, max_tokens],
     logprobs [B, max_tokens], lengths [B], stopped [B]) for B = len(source_rows) rows, row i
     continuing prompt ``source_rows[i]`` (default: one row per prompt). Each distinct prompt
@@ -140,7 +142,8 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     `models.batch_invariant.head_logprobs` instead of logits: every number of a row is then
     independent of its batch and equal to the learner's (``forward(batch_invariant=True)``).
     ``record_routing`` (MoE configs): a fifth output, `sampler_routing.SampledRouting` (the experts of the
-    prefill and of every decode step's input token)."""
+    prefill and of every decode step's input token).
+    ``layout``: the sampler's mesh layout (`rollout.sampler_mesh`): rows over "data", where they divide it."""
     unique, prompt_len = prompt_tokens.shape
     source_rows = jnp.arange(unique, dtype=jnp.int32) if source_rows is None else source_rows
     batch = source_rows.shape[0]
@@ -177,13 +180,14 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
                           return_hidden=True, cache_window=cache_window, batch_invariant=batch_invariant,
                           return_routing=record_routing)
         experts = record_step(s.out_experts, out_row, s.step, stepped[2].experts) if record_routing else None
-        return _Decode(s.step + 1, stepped[1], head(stepped[0][:, 0]), s.rows, s.done | stopped,
+        return _Decode(s.step + 1, _on_mesh(stepped[1], layout), head(stepped[0][:, 0]), s.rows, s.done | stopped,
                        s.out_tokens.at[out_row, s.step].set(token, mode="drop"),
                        s.out_logprobs.at[out_row, s.step].set(logp, mode="drop"),
                        s.out_lengths.at[out_row].add(1, mode="drop"),
                        s.out_stopped.at[out_row].set(stopped, mode="drop"), experts)
 
-    state = _Decode(jnp.zeros((), jnp.int32), cache, last_logits, jnp.arange(batch, dtype=jnp.int32), ~live,
+    state = _Decode(jnp.zeros((), jnp.int32), _on_mesh(cache, layout), last_logits,
+                    jnp.arange(batch, dtype=jnp.int32), ~live,
                     jnp.zeros((batch, max_tokens), jnp.int32), jnp.zeros((batch, max_tokens), jnp.float32),
                     jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
                     empty_completion_experts(cfg, batch, max_tokens) if record_routing else None)
@@ -200,6 +204,14 @@ def _generate(params, cfg: DecoderConfig, prompt_tokens, prompt_mask, key, tempe
     if not record_routing:
         return out
     return out + (SampledRouting(prefilled[2].experts.astype(state.out_experts.dtype), state.out_experts),)
+
+
+def _on_mesh(cache: dict, layout: SamplerLayout | None) -> dict:
+    """The decode cache in the sampler's layout (None: as XLA places it): rows over "data", KV heads over "tensor"."""
+    if layout is None:
+        return cache
+    return dict(cache, k=layout.cache(cache["k"]), v=layout.cache(cache["v"]), mask=layout.rows(cache["mask"]),
+                next_pos=layout.rows(cache["next_pos"]))
 
 
 DECODE_PATHS = ("auto", "compact", "slots")
@@ -242,13 +254,17 @@ class JaxSampler:
       return_routed_experts: fill each record's ``routed_experts`` (int32 [P + L - 1, nL, k], the experts
         every MoE layer routed each forwarded token to; `rollout.sampler_routing`). MoE configs only;
         off, nothing about routing is compiled.
+      mesh: the sampler's own ("data", "tensor") mesh (`rollout.sampler_mesh`; `rollout.mesh`): params are
+        placed there in its tensor-parallel layout once per weight version (here and in update_weights), decode
+        rows split over "data". None: the params decode in the layout they arrive in.
     """
 
     def __init__(self, cfg: DecoderConfig, params: Any, *, eos_token_ids: Sequence[int], pad_id: int = 0,
                  prompt_bucket: int = 16, batch_bucket: int = 8, initial_version: int = 0,
                  cache_window: int | None = 32, long_generation: int = 128, compactions: int = 12,
                  batch_invariant: bool = False, decode: str = "auto", decode_slots: int | None = None,
-                 decode_kernel: str = "auto", return_routed_experts: bool = False):
+                 decode_kernel: str = "auto", return_routed_experts: bool = False,
+                 mesh: jax.sharding.Mesh | None = None):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one stop token id")
         if cache_window is not None and cache_window < 1:
@@ -266,6 +282,12 @@ class JaxSampler:
         self.compactions = int(compactions)
         self.cfg = cfg
         self.return_routed_experts = check_routing_option(cfg, return_routed_experts)
+        if mesh is not None and self.batch_invariant:
+            raise ValueError("a sampler mesh with batch_invariant=True: batch-invariant sampling runs on one device; "
+                             "valid: mesh=None, or batch_invariant=False")
+        self.layout = None if mesh is None else SamplerLayout.plan(cfg, mesh)
+        self._model = cfg if mesh is None else self.layout.model_config(cfg)  # KV heads as the layout stores them
+        self._place = None if mesh is None else self.layout.placer(cfg, params)
         self.params = self._placed(params)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_id = int(pad_id)
@@ -278,8 +300,11 @@ class JaxSampler:
         return self._version
 
     def _placed(self, params: Any) -> Any:
-        """batch_invariant: the params on one device, so the program is not partitioned (a learner's
+        """The params as the decode reads them, made once per weight version: on the sampler's mesh in its layout
+        (`SamplerLayout.placer`); batch_invariant: on one device, so the program is not partitioned (a learner's
         FSDP-sharded params would split the contractions over devices and sum in another order)."""
+        if self._place is not None:
+            return self._place(params)
         return jax.device_put(params, jax.local_devices()[0]) if self.batch_invariant else params
 
     def update_weights(self, params: Any) -> int:
@@ -322,12 +347,12 @@ class JaxSampler:
         seed = 0 if params.seed is None else params.seed
         if params.seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
-        args = (self.params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
+        args = (self.params, self._model, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                 jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.asarray(stop, jnp.int32),
                 jnp.asarray(source_rows))
         options = dict(max_tokens=params.max_tokens, top_k=params.top_k, use_top_p=params.top_p < 1.0,
                        first_row=int(params.first_row), batch_invariant=self.batch_invariant,
-                       record_routing=self.return_routed_experts)
+                       record_routing=self.return_routed_experts, layout=self.layout)
         if self.decode == "slots":
             out = generate_slots(*args, jnp.int32(len(rows)), slots=min(batch, self.decode_slots or batch),
                                  kernel=self.decode_kernel, **options)

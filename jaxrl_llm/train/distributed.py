@@ -176,6 +176,21 @@ def learner_mesh(mesh_cfg: Any) -> jax.sharding.Mesh | None:
     return make_mesh(**axes) if jax.device_count() > 1 else None
 
 
+def rollout_mesh(mesh_cfg: Any) -> jax.sharding.Mesh | None:
+    """The JAX sampler's own ("data", "tensor") mesh of a config's `rollout.mesh` section over this process's
+    devices (`rollout.sampler_mesh`); None when unset (the sampler decodes in the layout handed to it).
+    Sizes the devices cannot hold: ConfigError naming rollout.mesh and what is valid."""
+    from jaxrl_llm.rollout.sampler_mesh import sampler_mesh
+    from jaxrl_llm.utils.typed_config import ConfigError
+
+    if not mesh_cfg.enabled:
+        return None
+    try:
+        return sampler_mesh(*mesh_cfg.sizes())
+    except ValueError as err:
+        raise ConfigError(f"rollout.mesh: {err}") from None
+
+
 def global_mesh(mesh_cfg: Any = None, *, data: int = -1, fsdp: int = 1, tensor: int = 1) -> jax.sharding.Mesh:
     """Mesh over the devices of every process, from a MeshConfig (or explicit sizes)."""
     if mesh_cfg is not None:

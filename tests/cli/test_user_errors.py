@@ -63,6 +63,9 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
      ["train.routing_replay = 'sampler'", "rollout.engine = 'vllm'", "rollout.return_routed_experts=true"]),
     (["train", "--config", "experiments/demo.py", "train.routing_replay=sampler", "rollout.engine=jax"],
      ["train.routing_replay = 'sampler'", "rollout.engine = 'jax'", "rollout.return_routed_experts=true"]),
+    # issue 60: the JAX sampler's own mesh
+    (["train", "--config", "experiments/demo.py", "rollout.engine=jax", "rollout.mesh.tensor=0"],
+     ["rollout.mesh.tensor = 0", "valid: a positive axis size"]),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names):
     done = jaxrl(*args)
@@ -105,7 +108,10 @@ def _half_environment(tmp_path: Path) -> list[str]:
     (lambda tmp_path: ["train.routing_replay=sampler", "rollout.engine=jax", "rollout.return_routed_experts=true"], {},
      ["train.routing_replay='sampler' needs a mixture-of-experts policy", "LlamaForCausalLM (dense)",
       "valid: train.routing_replay='off'"]),
-], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step", "replay-dense-policy"])
+    (lambda tmp_path: ["rollout.engine=jax", "rollout.mesh.tensor=2"], ONE_DEVICE,
+     ["rollout.mesh: sampler mesh data=-1 x tensor=2", "does not divide the 1 devices", "valid:"]),
+], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step", "replay-dense-policy",
+        "sampler-mesh-too-large"])
 def test_refused_runs_are_one_line_with_exit_status_2(tmp_path, learning_model_dir, setup, env, names):
     """Four refusals that were tracebacks (exit 1) or a silently different run (issue 35); each
     before any training step, with the tiny model so it costs seconds."""

@@ -89,6 +89,23 @@ def _check_batch_invariant(cfg: Config) -> None:
                           "valid: model.compute_dtype unset (it follows train.precision)")
 
 
+def _check_sampler_mesh(cfg: Config) -> None:
+    """rollout.mesh (the JAX sampler's own mesh) with an engine or a mode that cannot use it; sizes against the
+    devices are checked where the sampler is made (`train.distributed.sampler_mesh_of`)."""
+    r = cfg.rollout
+    if not r.mesh.enabled:
+        return
+    given = " ".join(f"rollout.mesh.{k}={v}" for k, v in (("data", r.mesh.data), ("tensor", r.mesh.tensor))
+                     if v is not None)
+    if r.engine != "jax":
+        raise ConfigError(f"{given} with rollout.engine = {r.engine!r}: the mesh is the JAX sampler's; valid: "
+                          "rollout.engine=jax, or leave rollout.mesh unset (a vLLM server has its own "
+                          "--tensor-parallel-size)")
+    if r.batch_invariant:
+        raise ConfigError(f"{given} with rollout.batch_invariant = true: batch-invariant sampling runs on one device; "
+                          "valid: leave rollout.mesh unset, or rollout.batch_invariant=false")
+
+
 def _check_routing_replay(cfg: Config) -> None:
     """train.routing_replay='sampler' needs the engine's routing records, which either engine returns only
     with rollout.return_routed_experts (a dense policy is refused when the learner is built:
@@ -103,6 +120,7 @@ def _check_routing_replay(cfg: Config) -> None:
 def _check(cfg: Config, plan: RunFacts, recipe: core.Recipe) -> None:
     """`plan_run`'s refusals; `recipe` is the config's, before any staleness correction."""
     _check_batch_invariant(cfg)
+    _check_sampler_mesh(cfg)
     _check_routing_replay(cfg)
     rc = cfg.recipe
     if isinstance(recipe.advantage_fn, core.GaeAdvantage) and recipe.value_coef <= 0:

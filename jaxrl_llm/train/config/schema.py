@@ -24,7 +24,7 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm.train.config.distill import DistillConfig
-from jaxrl_llm.train.config.mesh import MeshConfig
+from jaxrl_llm.train.config.mesh import MeshConfig, SamplerMeshConfig
 from jaxrl_llm.train.config.recipe import (ADVANTAGE_NAMES, AGGREGATION_NAMES, CORRECTION_NAMES, KL_ESTIMATOR_NAMES,
                                           POLICY_LOSS_NAMES, RECIPE_NAMES, RecipeConfig)
 from jaxrl_llm.train.config.checks import check_runnable
@@ -103,6 +103,9 @@ class RolloutConfig(Section):
     decode: Literal["auto", "compact", "slots"] = "auto"
     decode_slots: int | None = field(None, ge=1)  # None: one slot per sample of the step
     decode_kernel: Literal["auto", "dense", "cudnn", "pallas"] = "auto"
+    # The JAX sampler's own ("data", "tensor") mesh (train/config/mesh.py, rollout/sampler_mesh.py), e.g.
+    # rollout.mesh.data=2 rollout.mesh.tensor=4; unset: it decodes in the layout the learner hands over.
+    mesh: SamplerMeshConfig = section(SamplerMeshConfig)
     _path_prefix = "rollout."
 
 

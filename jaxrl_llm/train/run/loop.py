@@ -121,6 +121,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     task = task or task_from_config(cfg)  # before the model: a bad task config fails fast
     plan = plan_run(cfg, task, processes=jax.process_count())  # refuses what the task cannot run
     mesh = distributed.learner_mesh(cfg.mesh)  # refuses sizes the devices cannot hold
+    distributed.rollout_mesh(cfg.rollout.mesh)  # the sampler's mesh: refused here too, before any model loads
     spec = engine_spec(cfg)
     if engine is None:
         check_server_urls(spec.rollout)  # a server that does not answer is named before any model loads

@@ -98,13 +98,14 @@ def make_engine(spec: EngineSpec, policy: Policy, params, *, initial_version: in
     rollout = spec.rollout
     if rollout.engine == "jax":
         from jaxrl_llm.rollout.jax_sampler import JaxSampler
+        from jaxrl_llm.train.distributed import rollout_mesh
 
         log.info("rollout engine: JAX sampler (%s)", spec.dtype)
         return JaxSampler(policy.cfg.with_dtypes(param_dtype=spec.dtype, compute_dtype=spec.dtype),
                           cast_params(params, spec.dtype), eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id,
                           initial_version=initial_version, batch_invariant=rollout.batch_invariant,
                           decode=rollout.decode, decode_slots=rollout.decode_slots, decode_kernel=rollout.decode_kernel,
-                          return_routed_experts=rollout.return_routed_experts)
+                          return_routed_experts=rollout.return_routed_experts, mesh=rollout_mesh(rollout.mesh))
     from jaxrl_llm.rollout import (DiskWeightSync, VLLMClient, VLLMEngine, VLLMServer, VLLMServerConfig,
                                    bridge_export)
     from jaxrl_llm.train.sample.weight_check import logprob_probe
