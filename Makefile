@@ -12,7 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
-	bench-batch-invariance bench-sandbox \
+	bench-batch-invariance bench-sandbox bench-humaneval-grading \
 	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight experiments-quick experiments results-table clean
 
 # The libtpu that jax[tpu] pins for the project's jax (the `tpu` extra; tests/tpu check that they agree).
@@ -154,6 +154,10 @@ bench-lora: venv
 # Sandboxed code executions per second through the grading pool (BENCH_ARGS: --workers --batch --repeats).
 bench-sandbox: venv
 	$(PY) -m jaxrl_llm.benchmarks.cpu.code_sandbox $(BENCH_ARGS)
+
+# HumanEval through the code grader: canonical solutions 1.0, wrong ones 0, on all 164 problems.
+bench-humaneval-grading: venv
+	$(PY) -m jaxrl_llm.benchmarks.cpu.humaneval_grading --out benchmarks/results/humaneval-grading-cpu-$$(date +%F).json
 
 # A learner step with a KL term, the PPO critic and VinePPO's values vs plain GRPO (BENCH_ARGS="--tiny" too).
 bench-objectives: venv

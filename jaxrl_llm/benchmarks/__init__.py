@@ -11,6 +11,7 @@ benchmarks/results/ (`common.results.RESULTS_DIR`). For example:
     python -m jaxrl_llm.benchmarks.cpu.model     # learner fwd+bwd tokens/s vs PyTorch, logprob memory, weight sync
     python -m jaxrl_llm.benchmarks.cpu.rollout   # rollout engines (see that module)
     python -m jaxrl_llm.benchmarks.cpu.code_sandbox   # sandboxed code executions/s through the grader pool
+    python -m jaxrl_llm.benchmarks.cpu.humaneval_grading   # HumanEval's 164 canonical / wrong solutions through the code grader
     python -m jaxrl_llm.benchmarks.cpu.async_vs_sync --config EXP --max-lag 0 1   # jaxrl train per rollout.max_lag
     python -m jaxrl_llm.benchmarks.gpu.gpu_check --tiny   # the accelerator check at CPU size
 """

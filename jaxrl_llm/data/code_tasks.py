@@ -71,7 +71,7 @@ class HumanEvalTask(Task):
             answer=f"```python\n{problem['prompt']}{problem['canonical_solution']}```",
             split=split_of(problem["prompt"], self.heldout_fraction),
             metadata=_code_metadata(humaneval_tests(problem), self.scoring, self.sandbox,
-                                    entry_point=problem["entry_point"]))
+                                    entry_point=problem["entry_point"], test_setup=humaneval_setup(problem)))
 
     def all_examples(self, split: str) -> list[Example]:
         self._check_request(split, 0)
@@ -91,19 +91,46 @@ def humaneval_tests(problem: dict) -> list[str]:
     """One test per ``assert`` of the problem's ``check(candidate)`` when its body is only
     asserts (157 of the 164 problems), else the whole check as one test.
 
-    Each test keeps the module-level lines around ``check`` (``METADATA``, imports) and calls
-    ``check(<entry_point>)`` with a one-assert body. The data set's text is parsed with ``ast``
-    here (trusted, shipped text); nothing of it runs in this process.
+    An assert ``candidate(<literals>) == <literal>`` becomes ``assert <entry_point>(...) == ...``,
+    a call compared type-exactly by the grader; any other assert stays inside a one-assert
+    ``check`` called on the entry point, replayed by the grader on the program's plain-data
+    results (jaxrl_llm/rewards/code_tests.py), with :func:`humaneval_setup` before it. The data
+    set's text is parsed with ``ast`` here (trusted, shipped text); nothing of it runs here.
     """
-    source, call = problem["test"], f"check({problem['entry_point']})"
+    source, entry = problem["test"], problem["entry_point"]
+    call = f"check({entry})"
     tree = ast.parse(source)
     checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
     asserts = checks[0].body if len(checks) == 1 else []
     if not asserts or not all(isinstance(node, ast.Assert) for node in asserts):
-        return [f"{source}\n{call}\n"]
-    prelude = "\n".join(ast.get_source_segment(source, node) for node in tree.body if node is not checks[0])
-    return [f"{prelude}\n\ndef check(candidate):\n    {ast.get_source_segment(source, node)}\n\n{call}\n"
+        return [f"{ast.get_source_segment(source, checks[0])}\n{call}\n" if len(checks) == 1 else f"{source}\n{call}\n"]
+    return [_compare_form(node, entry) or f"def check(candidate):\n    {ast.get_source_segment(source, node)}\n\n{call}\n"
             for node in asserts]
+
+
+def humaneval_setup(problem: dict) -> str:
+    """The trusted code a replayed test runs after: the prompt (its imports and helpers, e.g.
+    ``encode_cyclic``, ``poly``) and the test file's lines outside ``check`` (``METADATA``, imports)."""
+    tree = ast.parse(problem["test"])
+    prelude = [ast.get_source_segment(problem["test"], node) for node in tree.body
+               if not (isinstance(node, ast.FunctionDef) and node.name == "check")]
+    return "\n".join([problem["prompt"] + "    pass\n", *prelude]) + "\n"
+
+
+def _compare_form(node: ast.Assert, entry: str) -> str | None:
+    """``assert <entry>(<literals>) == <literal>`` for such an assert on ``candidate``, else None."""
+    test = node.test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is))
+            and isinstance(test.left, ast.Call) and isinstance(test.left.func, ast.Name)
+            and test.left.func.id == "candidate" and not test.left.keywords):
+        return None
+    try:
+        for literal in (*test.left.args, test.comparators[0]):
+            ast.literal_eval(literal)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+    call = ast.Call(func=ast.Name(entry, ast.Load()), args=test.left.args, keywords=[])
+    return f"assert {ast.unparse(ast.Compare(left=call, ops=test.ops, comparators=test.comparators))}"
 
 
 def load_humaneval() -> list[dict]:

@@ -25,8 +25,9 @@ from jaxrl_llm.rewards.graders import (
     trusted_in_process,
     warm_up_with,
 )
-from jaxrl_llm.rewards.pool_worker import GraderTimeout
-from jaxrl_llm.rewards.sandbox import SandboxLimits, SandboxUnavailable, run_in_sandbox, sandbox_tool
+from jaxrl_llm.rewards.pool_worker import GraderTimeout, Suspected
+from jaxrl_llm.rewards.sandbox import SandboxLimits, SandboxUnavailable, sandbox_tool
+from jaxrl_llm.rewards.sandbox_session import Call, CallResult, SandboxSession, run_calls
 from jaxrl_llm.rewards.pool import GradeResult, GraderPool, grade_batch, grade_in_process
 from jaxrl_llm.rewards.weighted import WeightedRewards, reward_parts
 
@@ -38,7 +39,11 @@ __all__ = [
     "SandboxUnavailable",
     "code_reward",
     "extract_code_block",
-    "run_in_sandbox",
+    "Call",
+    "CallResult",
+    "SandboxSession",
+    "Suspected",
+    "run_calls",
     "sandbox_tool",
     "BUILTIN_GRADERS",
     "GradeResult",

@@ -4,7 +4,10 @@ A verifier that raises, hangs or returns garbage must cost one reward, not the
 run. Every answer is graded by ``reward_fn(completion, example)``; an answer
 whose grader raises, returns a non-finite or non-numeric value, kills its
 worker, or runs past ``timeout_s`` gets reward 0.0 and is counted in the
-returned :class:`GradeResult`.
+returned :class:`GradeResult`. A grader with a ``reward_range`` attribute
+(``(low, high)``) has its rewards clipped into it; a value outside, or a
+:class:`Suspected` returned instead of a float, is counted as a suspected
+forgery (``GradeResult.n_forgery_suspected``).
 
 Workers are processes started with ``forkserver`` (or ``spawn``), never a plain
 fork: the caller holds JAX's threads, and forking a threaded process can
@@ -25,7 +28,6 @@ which the pool removes when it stops or kills the worker: what a killed grader l
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -33,89 +35,13 @@ import numbers
 import pickle
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from jaxrl_llm.rewards.pool_worker import (ERROR, OK, TIMEOUT, GraderTimeout, Worker, describe_error,
+from jaxrl_llm.rewards.grade_result import Collector, GradeResult, RewardFn, reward_range_of
+from jaxrl_llm.rewards.pool_worker import (OK, TIMEOUT, GraderTimeout, Worker, describe_error,
                                           kill_worker, new_worker_temp_dir, shutdown_workers, worker_main)
 
-RewardFn = Callable[[str, Any], float]
-
 _START_METHODS = ("forkserver", "spawn")
-
-
-@dataclasses.dataclass(frozen=True)
-class GradeResult:
-    """Rewards of one batch and what went wrong while computing them.
-
-    rewards:    one float per completion, 0.0 where grading failed.
-    statuses:   one of "ok", "error", "timeout" per completion.
-    n_errors:   graders that raised, returned a bad value, or lost their worker.
-    n_timeouts: graders stopped at the deadline.
-    errors:     one message per error or timeout, naming the completion index, in index order.
-    wall_s:     wall time of the whole batch.
-    """
-
-    rewards: tuple[float, ...]
-    statuses: tuple[str, ...]
-    n_errors: int
-    n_timeouts: int
-    errors: tuple[str, ...]
-    wall_s: float
-
-    @property
-    def mean_reward(self) -> float:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
-
-
-class _Collector:
-    """Accumulates per-answer outcomes into a GradeResult."""
-
-    def __init__(self, n: int):
-        self.rewards = [0.0] * n
-        self.statuses = [""] * n
-        self.errors: list[tuple[int, str]] = []
-        self.started = time.monotonic()
-
-    def ok(self, index: int, value: Any) -> None:
-        reward, problem = _checked_reward(value)
-        if problem is None:
-            self.rewards[index] = reward
-            self.statuses[index] = OK
-        else:
-            self.error(index, problem)
-
-    def error(self, index: int, message: str) -> None:
-        self.statuses[index] = ERROR
-        self.errors.append((index, f"completion {index}: {message}"))
-
-    def timeout(self, index: int, timeout_s: float) -> None:
-        self.grader_timeout(index, f"grader ran past {timeout_s:g} s, worker killed")
-
-    def grader_timeout(self, index: int, message: str) -> None:
-        """A timeout the grader reported itself (:class:`GraderTimeout`)."""
-        self.statuses[index] = TIMEOUT
-        self.errors.append((index, f"completion {index}: {message}"))
-
-    def result(self) -> GradeResult:
-        return GradeResult(
-            rewards=tuple(self.rewards),
-            statuses=tuple(self.statuses),
-            n_errors=self.statuses.count(ERROR),
-            n_timeouts=self.statuses.count(TIMEOUT),
-            # by completion index, whatever order the workers finished in
-            errors=tuple(message for _, message in sorted(self.errors)),
-            wall_s=time.monotonic() - self.started,
-        )
-
-
-def _checked_reward(value: Any) -> tuple[float, str | None]:
-    """(reward, None) for a finite real number, else (0.0, what was wrong)."""
-    if not isinstance(value, numbers.Real):
-        return 0.0, f"grader returned {type(value).__name__} {value!r:.80}, expected a float"
-    reward = float(value)
-    if not math.isfinite(reward):
-        return 0.0, f"grader returned non-finite reward {reward}"
-    return reward, None
 
 
 def _check_batch(completions: Sequence[str], examples: Sequence[Any]) -> None:
@@ -135,7 +61,7 @@ def grade_in_process(
     and cannot hang (see :func:`jaxrl_llm.rewards.trusted_in_process`).
     """
     _check_batch(completions, examples)
-    collector = _Collector(len(completions))
+    collector = Collector(len(completions), reward_range_of(reward_fn))
     for index, (completion, example) in enumerate(zip(completions, examples)):
         try:
             value = reward_fn(completion, example)
@@ -229,22 +155,24 @@ class GraderPool:
                 f"reward_fn {reward_fn!r} cannot be sent to a worker process ({describe_error(exc)}); "
                 "use a module-level function, not a lambda or closure"
             ) from exc
-        return self._grade_in_workers(pickled_fn, completions, examples)
+        return self._grade_in_workers(pickled_fn, completions, examples, reward_range_of(reward_fn))
 
     def _grade_in_workers(
-        self, pickled_fn: bytes, completions: Sequence[str], examples: Sequence[Any]
+        self, pickled_fn: bytes, completions: Sequence[str], examples: Sequence[Any],
+        reward_range: tuple[float, float] | None,
     ) -> GradeResult:
         try:
-            return self._run_batch(pickled_fn, completions, examples)
+            return self._run_batch(pickled_fn, completions, examples, reward_range)
         except BaseException:
             # Workers may be mid-answer; a fresh start is the only known state.
             self.close()
             raise
 
     def _run_batch(
-        self, pickled_fn: bytes, completions: Sequence[str], examples: Sequence[Any]
+        self, pickled_fn: bytes, completions: Sequence[str], examples: Sequence[Any],
+        reward_range: tuple[float, float] | None,
     ) -> GradeResult:
-        collector = _Collector(len(completions))
+        collector = Collector(len(completions), reward_range)
         pending = collections.deque(range(len(completions)))
         while len(self._workers) < self.num_workers:
             self._workers.append(self._start_worker())
@@ -304,7 +232,7 @@ class GraderPool:
         worker.deadline = time.monotonic() + self.timeout_s
         return 1
 
-    def _receive(self, worker: Worker, pickled_fn: bytes, collector: _Collector) -> int:
+    def _receive(self, worker: Worker, pickled_fn: bytes, collector: Collector) -> int:
         """Handle one message from a worker; returns how many jobs finished (0 or 1)."""
         try:
             message = worker.conn.recv()
@@ -330,7 +258,7 @@ class GraderPool:
         worker.deadline = math.inf
         return 1
 
-    def _replace_dead(self, worker: Worker, pickled_fn: bytes, collector: _Collector) -> int:
+    def _replace_dead(self, worker: Worker, pickled_fn: bytes, collector: Collector) -> int:
         worker.process.join(timeout=5)
         code = worker.process.exitcode
         if worker.job is None:
@@ -341,7 +269,7 @@ class GraderPool:
         self._swap_for_fresh(worker, pickled_fn)
         return 1
 
-    def _expire(self, worker: Worker, pickled_fn: bytes, collector: _Collector) -> int:
+    def _expire(self, worker: Worker, pickled_fn: bytes, collector: Collector) -> int:
         if worker.job is None:
             kill_worker(worker)
             raise RuntimeError(

@@ -31,6 +31,17 @@ class GraderTimeout(Exception):
     """
 
 
+@dataclasses.dataclass(frozen=True)
+class Suspected:
+    """What a grader returns, instead of a bare float, for an answer that showed a sign of
+    forging its reward (e.g. a program whose result is an object with its own ``__eq__``):
+    the reward it earned honestly, and the sign. The pool records ``reward`` and counts the
+    answer in :attr:`GradeResult.n_forgery_suspected`."""
+
+    reward: float
+    reason: str
+
+
 def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 

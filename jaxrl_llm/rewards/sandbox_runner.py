@@ -1,45 +1,63 @@
 """The script that runs INSIDE the sandbox (stdlib only; never imported by the grader).
 
-It reads the job file ``/job/job.json`` ({"program": str, "tests": [str, ...]}), runs the
-program's code in a fresh namespace, then each test's code in a copy of that namespace, and
-reports one line per test on file descriptor 3: ``PASS <i>`` or ``FAIL <i>``. A test passes
-when its code runs to the end without raising (tests are ``assert`` statements). Whatever the
-program prints goes to stdout/stderr, which the grader caps and keeps only for diagnostics.
+It runs the program ``/job/program.py`` in a fresh namespace, then answers call requests:
+each line read from stdin is ``{"calls": [[function name, wire args], ...]}`` (wire: see
+plain_data.py, copied beside this file), and for each such line it writes ONE line on the
+result file descriptor: a JSON list with one outcome per call, ``{"value": wire}``,
+``{"raised": "<type>: <message>"}`` or ``{"not_plain": "<why>"}``. It exits at the end of
+stdin. Whatever the program prints goes to stdout/stderr, kept only for diagnostics.
 
-The program runs in the same interpreter as this loop, so code written to forge reports can
-do so; the sandbox protects the machine and the run, not the honesty of the score (see
-docs/architecture.md, "Code execution sandbox").
+Nothing here is trusted. The program shares this interpreter and can replace any of it or
+write anything on the result descriptor; all it can change that way is the values its own
+calls return, which it controls anyway. The job folder holds no test and no expected value:
+the grader sends call arguments and compares the values it decodes itself
+(jaxrl_llm/rewards/code_grader.py).
 """
 import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder off the path
+import plain_data  # noqa: E402  (the copy in /job)
 
-def report(fd, line):
-    os.write(fd, (line + "\n").encode())
+MAX_RESULT_CHARS = 1 << 20  # one outcome past this is "not_plain" (the grader reads at most 4 MiB a line)
 
 
-def run_code(source, namespace, name):
+def run_call(namespace, name, wire_args):
     try:
-        exec(compile(source, name, "exec"), namespace)
-    except BaseException as exc:  # SystemExit, KeyboardInterrupt from the program count as failure
-        print(f"{name}: {type(exc).__name__}: {exc}"[:300], file=sys.stderr)
-        return False
-    return True
+        function = namespace[name]
+        value = function(*plain_data.from_wire(wire_args))
+    except BaseException as exc:  # SystemExit from the program is a failed call, like any raise
+        return {"raised": f"{type(exc).__name__}: {exc}"[:300]}
+    try:
+        text = plain_data.encode(value)
+    except (plain_data.NotPlainData, RecursionError, ValueError) as exc:
+        return {"not_plain": str(exc)[:300]}
+    if len(text) > MAX_RESULT_CHARS:
+        return {"not_plain": f"a result of {len(text)} characters"}
+    return {"value_text": text}
+
+
+def answer(fd, outcomes):
+    parts = [f'{{"value":{o["value_text"]}}}' if "value_text" in o else json.dumps(o) for o in outcomes]
+    data = ("[" + ",".join(parts) + "]\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def main():
-    report_fd = int(os.environ.pop("JAXRL_REPORT_FD"))
-    with open("/job/job.json", encoding="utf-8") as handle:
-        job = json.load(handle)
+    result_fd = int(os.environ.pop("JAXRL_REPORT_FD"))
     namespace = {"__name__": "__main__"}
-    if not run_code(job["program"], namespace, "<program>"):
-        for index in range(len(job["tests"])):
-            report(report_fd, f"FAIL {index}")
-        return
-    for index, test in enumerate(job["tests"]):
-        passed = run_code(test, dict(namespace), f"<test {index}>")
-        report(report_fd, f"{'PASS' if passed else 'FAIL'} {index}")
+    failure = None
+    try:
+        with open("/job/program.py", encoding="utf-8") as handle:
+            exec(compile(handle.read(), "<program>", "exec"), namespace)
+    except BaseException as exc:  # the program's own SystemExit, KeyboardInterrupt: every call fails
+        failure = {"raised": f"<program>: {type(exc).__name__}: {exc}"[:300]}
+        print(failure["raised"], file=sys.stderr)
+    for line in sys.stdin:
+        calls = json.loads(line)["calls"]
+        answer(result_fd, [failure or run_call(namespace, name, args) for name, args in calls])
 
 
 if __name__ == "__main__":

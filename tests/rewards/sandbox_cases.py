@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from jaxrl_llm.rewards.sandbox import SANDBOX_UID_BASE, SandboxUnavailable, bwrap_path, probe_sandbox
+from jaxrl_llm.rewards.sandbox import SANDBOX_UID_BASE, SandboxUnavailable, bwrap_path
+from jaxrl_llm.rewards.sandbox_session import probe_sandbox
 from jaxrl_llm.rewards.sandbox import SandboxLimits
 from jaxrl_llm.rewards import code_reward
 

@@ -251,6 +251,7 @@ def run_step(spec: EngineSpec, producer: AsyncRolloutProducer, learner: Learner,
     tokens = sum(r.num_completion_tokens + r.prompt_token_ids.size for r in rollouts.records)
     metrics = {**response_metrics(task, graded.rewards, rollouts, graded.judged), **learn_metrics,
                **graded.sampling, **graded.part_metrics(), "reward_errors": float(graded.errors), "reward_timeouts": float(graded.timeouts),
+               "reward_forgery_suspected": float(graded.forgery_suspected),
                "weight_version": float(batch.weight_version), "staleness": float(staleness),
                "time_rollout_s": batch.time_generate_s, "time_reward_s": graded.wall_s, "time_wait_s": t1 - t0,
                "time_learn_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
@@ -268,6 +269,7 @@ def _gather_step(rollouts: RolloutBatch, graded: Graded, prompt_width: int, comp
     group = graded.rewards.shape[1]  # the graders' and the shaped rewards travel side by side: [P_i, 2G]
     rollouts, both, counts = allgather_rollouts(
         rollouts, np.concatenate([graded.rewards, graded.learner_rewards], axis=1),
-        np.array([graded.errors, graded.timeouts]), prompt_width=prompt_width, completion_width=completion_width)
+        np.array([graded.errors, graded.timeouts, graded.forgery_suspected]), prompt_width=prompt_width,
+        completion_width=completion_width)
     return rollouts, Graded(both[:, :group], int(counts[0]), int(counts[1]), graded.wall_s, graded.sampling,
-                            both[:, group:])
+                            both[:, group:], forgery_suspected=int(counts[2]))

@@ -30,6 +30,9 @@ class Graded:
     # the sampling mode filled them: ReMax's "baseline_rewards" [P] (stage.greedy_baseline), VinePPO's
     # "advantages" [N, T_c] (vineppo_step), the others from EXTRA_INPUTS (sample/extras.py).
     extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    # answers whose grader suspected a forged reward (GradeResult.n_forgery_suspected: a reward
+    # outside the grader's range, clipped; a program returning non-plain data), counted, not failed
+    forgery_suspected: int = 0
 
     @property
     def learner_rewards(self) -> np.ndarray:
@@ -63,7 +66,8 @@ def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence
              for name, r in zip(graders.names, results)}
     rewards = sum(np.float32(w) * r for w, r in zip(graders.weights, parts.values()))
     return Graded(rewards.astype(np.float32), sum(r.n_errors for r in results), sum(r.n_timeouts for r in results),
-                  sum(r.wall_s for r in results), parts=parts)
+                  sum(r.wall_s for r in results), parts=parts,
+                  forgery_suspected=sum(r.n_forgery_suspected for r in results))
 
 
 def learner_rollouts(rollouts: RolloutBatch, graded: Graded) -> RolloutBatch:

@@ -141,7 +141,8 @@ class DynamicRounds(StepSampling):
 
         filled, drawn = sample_until_full(one_round, self.task.is_correct, max_rounds=self.plan.sampling_rounds)
         graded = Graded(filled.rewards, sum(r.extra.errors for r in drawn), sum(r.extra.timeouts for r in drawn),
-                        sum(r.extra.wall_s for r in drawn), filled.metrics)
+                        sum(r.extra.wall_s for r in drawn), filled.metrics,
+                        forgery_suspected=sum(r.extra.forgery_suspected for r in drawn))
         examples = [job.context.rounds[r][0][p] for r, p in filled.source]
         return filled.rollouts, self.shaped(graded, filled.rollouts, examples)
 
