@@ -12,7 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
-	bench-batch-invariance bench-sandbox bench-humaneval-grading \
+	bench-batch-invariance bench-sandbox bench-humaneval-grading bench-moe-experts \
 	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight experiments-quick experiments results-table clean
 
 # The libtpu that jax[tpu] pins for the project's jax (the `tpu` extra; tests/tpu check that they agree).
@@ -172,6 +172,11 @@ SAMPLER_BEFORE ?= HEAD
 bench-sampler-paired: venv
 	git show $(SAMPLER_BEFORE):jaxrl_llm/rollout/jax_sampler.py > $(VENV)/jax_sampler_before.py
 	$(PY) -m jaxrl_llm.benchmarks.cpu.sampler_paired --before $(VENV)/jax_sampler_before.py $(BENCH_ARGS)
+
+# The MoE block's expert forms on CPU, dense vs ragged: compiled FLOPs / active FLOPs and time in one run
+# (writes benchmarks/results/moe-experts-cpu-DATE.json; BENCH_ARGS="--tiny": the tiny shape only).
+bench-moe-experts: venv
+	$(PY) -m jaxrl_llm.benchmarks.cpu.moe_experts $(BENCH_ARGS)
 
 # Bitwise on-policy (issue 37): which forward op differs by batch / cache layout, default vs batch-invariant
 # ops (probe), then what batch invariance costs (sampler tokens/s, the learner pass reuse skips).

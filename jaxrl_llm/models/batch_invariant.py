@@ -227,7 +227,8 @@ def block(w: dict, cfg, hidden: jax.Array, kv: dict | None, layer_index, positio
         x = rms_norm(h, w["post_norm"], eps)
         routing = None
         if cfg.is_moe:
-            mlp, routing = moe_mlp(x, w, cfg.num_experts_per_tok, cfg.norm_topk_prob, *chosen)
+            replay = chosen[0] if chosen else None  # the dense form: ragged rows depend on the batch's routing
+            mlp, routing = moe_mlp(x, w, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay, form="dense")
         else:
             mlp = linear(jax.nn.silu(linear(x, "gate_proj")) * linear(x, "up_proj"), "down_proj")
         out = h + mlp

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from jaxrl_llm.models.moe import MOE_FAMILIES, check_moe_fields, parse_moe_fields
+from jaxrl_llm.models.moe import MOE_EXPERT_FORMS, MOE_FAMILIES, check_moe_fields, parse_moe_fields
 
 # HF architecture name -> (family, HF model_type).
 SUPPORTED_ARCHITECTURES = {
@@ -147,6 +147,10 @@ class DecoderConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    # How the experts are computed (models.moe.MOE_EXPERT_FORMS): "ragged" (grouped matmuls over each
+    # expert's tokens: the active FLOPs), "dense" (every expert on every token: E/k times those), or
+    # "auto": dense when compiled for a CPU (no ragged matmul in XLA:CPU), ragged for TPU/GPU. Not in config.json.
+    moe_experts: str = "auto"
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     # Original HF names and the unmodeled keys; not part of equality/hash (no effect on compute).
@@ -172,6 +176,8 @@ class DecoderConfig:
         _check_family_switches(self.family, self.qkv_bias, self.o_bias)
         check_moe_fields(self.family, self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size,
                          self.norm_topk_prob)
+        if self.moe_experts not in MOE_EXPERT_FORMS:
+            raise ValueError(f"moe_experts={self.moe_experts!r} is not supported; valid: {MOE_EXPERT_FORMS}")
         object.__setattr__(self, "param_dtype", canonical_dtype_name(self.param_dtype, "param_dtype"))
         object.__setattr__(self, "compute_dtype", canonical_dtype_name(self.compute_dtype, "compute_dtype"))
         if not self.architecture:

@@ -170,7 +170,7 @@ class DecoderLayer(nn.Module):
         if cfg.is_moe:  # models.moe; routing: this layer's experts and router logits
             shapes = moe_param_shapes(d, cfg.num_experts, cfg.moe_intermediate_size)
             weights = {name: self._param(name, shape, dense_init) for name, shape in shapes.items()}
-            mlp_out, routing = moe_mlp(x, weights, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay)
+            mlp_out, routing = moe_mlp(x, weights, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay, cfg.moe_experts)
             return (hidden + mlp_out, kv), routing
         gate = linear(x, "gate_proj", (d, cfg.intermediate_size))
         up = linear(x, "up_proj", (d, cfg.intermediate_size))

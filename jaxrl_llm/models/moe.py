@@ -19,9 +19,24 @@ Sparsely-Gated Mixture-of-Experts Layer"; Qwen3-MoE's variant as transformers'
     g_e    = p_e  for e in S,  divided by sum_{e in S} p_e  when ``norm_topk_prob``
     y      = sum_{e in S} g_e * down_e(silu(gate_e(x)) * up_e(x))
 
-No token is dropped (there is no capacity limit): every expert's SwiGLU runs on every token and
-the gates of unselected experts are exactly 0 (``experts_swiglu``). That costs E/k times the
-active FLOPs; it is the simplest exact form and is row-independent.
+No token is dropped (there is no capacity limit). The experts run in one of two exact forms
+(``DecoderConfig.moe_experts``, ``MOE_EXPERT_FORMS``):
+
+* ``"ragged"`` (``experts_ragged``): the N tokens' N*k (token, expert) pairs sorted by expert, each
+  expert's SwiGLU on its own rows only as grouped matmuls (``jax.lax.ragged_dot`` with the experts'
+  row counts as group sizes), weighted by the gates, put back in token order and summed over the k:
+  the active FLOPs. On TPU ragged_dot is one instruction; on GPU XLA's or a Triton kernel.
+* ``"dense"`` (``experts_swiglu``): every expert's SwiGLU on every token, the gates of unselected
+  experts exactly 0: E/k times the active FLOPs (16x for Qwen3-30B-A3B), but plain dense matmuls.
+* ``"auto"`` (the default): dense where the program is compiled for a CPU, ragged elsewhere, chosen
+  by the platform the program is lowered for (``jax.lax.platform_dependent``), not the local
+  backend, so an ahead-of-time compile for a TPU topology on a CPU machine gets the ragged form.
+  XLA:CPU has no ragged matmul: JAX lowers ragged_dot there to a masked dense product over all E
+  groups of all N*k rows, k times the dense form's FLOPs (measured: docs/benchmarks.md, "MoE experts").
+
+Both forms give the same numbers up to float rounding (tests/models/test_moe_experts.py). The
+batch-invariant blocks (``models.batch_invariant``) always take the dense form: a ragged product's
+rows depend on how many rows each expert got in the batch.
 
 Routing replay (R3: Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training
 and Inference Routers", arXiv 2510.11370): given the experts S' another engine chose for a token,
@@ -108,6 +123,55 @@ def experts_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax
     return out.astype(dtype)
 
 
+def experts_ragged(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, experts: jax.Array,
+                   gates: jax.Array) -> jax.Array:
+    """sum_j gates[..., j] * down_e(silu(gate_e(x)) * up_e(x)) at e = experts[..., j], for x [..., D] and
+    experts, gates [..., k]: each expert's SwiGLU on the rows routed to it only (grouped matmuls,
+    ``jax.lax.ragged_dot``). Rounded where ``experts_swiglu`` rounds (matmuls accumulate in float32,
+    the gate weights the hidden units in float32 before the down matmul); the result is in x's dtype.
+    An expert index outside [0, E) gives NaN, as in the dense form."""
+    dtype, width, top_k, num_experts = x.dtype, x.shape[-1], experts.shape[-1], w_gate.shape[0]
+    pairs = experts.reshape(-1)  # [N*k]: token n's j-th expert at n*k + j
+    order = jnp.argsort(pairs, stable=True)  # the pairs grouped by expert, in token order within each
+    rows = x.reshape(-1, width)[order // top_k]  # [N*k, D]
+    sizes = jnp.bincount(pairs, length=num_experts).astype(jnp.int32)  # rows per expert (the groups)
+
+    def grouped(lhs, weights):
+        return jax.lax.ragged_dot(lhs, weights.astype(dtype), sizes, preferred_element_type=jnp.float32)
+
+    gate, up = grouped(rows, w_gate), grouped(rows, w_up)
+    hidden = (jax.nn.silu(gate.astype(dtype)) * up.astype(dtype)).astype(jnp.float32)
+    hidden = hidden * gates.reshape(-1)[order][:, None].astype(jnp.float32)
+    out = grouped(hidden.astype(dtype), w_down)  # [N*k, D], the pairs in expert order
+    in_token_order = jnp.zeros_like(out).at[order].set(out, unique_indices=True)
+    y = jnp.sum(in_token_order.reshape(*experts.shape, width), axis=-2)
+    bad = jnp.sum(gates, axis=-1, keepdims=True) * 0.0  # NaN where a gate is (a bad index), else 0
+    return (y + bad).astype(dtype)
+
+
+MOE_EXPERT_FORMS = ("auto", "ragged", "dense")
+
+
+def routed_experts(x: jax.Array, weights: Mapping[str, jax.Array], experts: jax.Array, gates: jax.Array,
+                   form: str) -> jax.Array:
+    """The experts' output for x [..., D] routed to experts with gates [..., k], in ``form``
+    (``MOE_EXPERT_FORMS``; module docstring)."""
+    def dense(x, weights, experts, gates):
+        combine = combine_weights(gates, experts, weights["expert_gate"].shape[0])
+        return experts_swiglu(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], combine)
+
+    def ragged(x, weights, experts, gates):
+        return experts_ragged(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], experts, gates)
+
+    if form == "dense":
+        return dense(x, weights, experts, gates)
+    if form == "ragged":
+        return ragged(x, weights, experts, gates)
+    if form == "auto":
+        return jax.lax.platform_dependent(x, weights, experts, gates, cpu=dense, default=ragged)
+    raise ValueError(f"moe_experts={form!r}; valid: {MOE_EXPERT_FORMS}")
+
+
 def replayed_or_own(replay: jax.Array, own: jax.Array) -> jax.Array:
     """replay [..., k] where its token row is a record, the router's own top-k ``own`` [..., k] where
     it is not: a row with any entry < 0 (the learner writes -1 on padding and on the last sampled
@@ -117,17 +181,17 @@ def replayed_or_own(replay: jax.Array, own: jax.Array) -> jax.Array:
 
 
 def moe_mlp(x: jax.Array, weights: Mapping[str, jax.Array], top_k: int, normalize: bool,
-            replay: jax.Array | None = None) -> tuple[jax.Array, LayerRouting]:
+            replay: jax.Array | None = None, form: str = "auto") -> tuple[jax.Array, LayerRouting]:
     """The MoE block on x [B, T, D] -> (y [B, T, D], LayerRouting). ``replay`` [B, T, k] int32:
     use these experts instead of the router's top-k; gates from the current router (module docstring).
-    A replay row with an entry < 0 (-1: no record) routes that token by the router's own top-k."""
+    A replay row with an entry < 0 (-1: no record) routes that token by the router's own top-k.
+    ``form``: how the experts are computed (``MOE_EXPERT_FORMS``)."""
     logits = router_logits(x, weights["router"])
     probs = jax.nn.softmax(logits, axis=-1)
     experts = top_k_experts(probs, top_k)
     if replay is not None:
         experts = replayed_or_own(replay, experts)
-    combine = combine_weights(gate_weights(probs, experts, normalize), experts, logits.shape[-1])
-    y = experts_swiglu(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], combine)
+    y = routed_experts(x, weights, experts, gate_weights(probs, experts, normalize), form)
     return y, LayerRouting(experts, logits)
 
 

@@ -1,13 +1,14 @@
-"""`make bench-lora`, `bench-objectives` and `bench-sampler-paired` at their --tiny sizes: parameter,
+"""`make bench-lora`, `bench-objectives`, `bench-sampler-paired` and `bench-moe-experts` at their --tiny sizes: parameter,
 optimiser and reference bytes counted by hand from the tiny shapes, the ratios against their
-own baselines, and the same sampler program paired with itself drawing the same tokens."""
+own baselines, the same sampler program paired with itself drawing the same tokens, and the MoE
+block's compiled FLOPs per expert form against counts by hand."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from jaxrl_llm.benchmarks.cpu import lora, objectives, sampler_paired
+from jaxrl_llm.benchmarks.cpu import lora, moe_experts, objectives, sampler_paired
 
 # learner_gpu's "tiny" shape: vocab 512, hidden 64, MLP 128, 2 layers, 4 heads + 2 KV heads of 16,
 # q/k/v biases, tied head. Per layer: q, k+v, o, MLP, 2 norms.
@@ -77,3 +78,21 @@ def test_sampler_paired_tiny_with_itself_draws_the_same_tokens():
 def test_sampler_paired_refuses_a_missing_before_file(tmp_path: Path):
     with pytest.raises(SystemExit, match="is not a file"):
         sampler_paired.main(["--tiny", "--before", str(tmp_path / "missing.py")])
+
+
+def test_moe_experts_tiny_flops_follow_the_forms(tmp_path):
+    """Tiny block (D 64, F 32, E 4, k 2, 64 tokens), forward + backward = 3 x forward. Matrix FLOPs of the
+    forward by hand: router 2 N D E; dense: 2 N E 3 D F (every expert); active: 2 N k 3 D F; ragged on
+    XLA:CPU: a masked dense product over all E groups of the N k rows, 2 N k E 3 D F. XLA's count adds the
+    elementwise work (SwiGLU, softmax, gates), a few percent here."""
+    n, d, f, e, k = 64, 64, 32, 4, 2
+    router = 2 * n * d * e
+    active = 3 * (router + 2 * n * k * 3 * d * f)
+    dense, ragged_cpu = 3 * (router + 2 * n * e * 3 * d * f), 3 * (router + 2 * n * k * e * 3 * d * f)
+    out = moe_experts.main(["--tiny", "--out", str(tmp_path / "moe.json")])
+    (row,) = out["rows"]
+    assert row["active_flops"] == active == 4816896
+    assert dense <= row["compiled_flops"]["dense"] <= 1.1 * dense
+    assert ragged_cpu <= row["compiled_flops"]["ragged"] <= 1.1 * ragged_cpu
+    assert len(row["ragged_over_dense_time"]) == 2 and all(r > 0 for r in row["ragged_over_dense_time"])
+    assert (tmp_path / "moe.json").exists()

@@ -2,6 +2,7 @@
 section recorded without stopping the rest, and one whole tiny run writing its JSON and tables."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -43,6 +44,18 @@ def test_moe_learner_flops_count_active_parameters_by_hand():
     big = model_config("qwen3-30b-a3b-4l", 2048)  # Qwen3-30B-A3B's layer: 128 experts, top-8
     assert rl_batch.body_params(big, 128) - rl_batch.body_params(big) == 4 * 3 * 2048 * 768 * 120
     assert (big.num_experts, big.num_experts_per_tok, big.num_heads, big.num_kv_heads) == (128, 8, 32, 4)
+
+
+def test_moe_row_names_the_experts_form_and_its_work():
+    """"auto" is dense on CPU (E/k = 2 times the needed expert FLOPs for tiny-moe), ragged on a GPU (1x)."""
+    assert [gpu_check.experts_form("auto", b) for b in ("cpu", "gpu", "tpu")] == ["dense", "ragged", "ragged"]
+    assert gpu_check.experts_form("dense", "gpu") == "dense"
+    flops = {"dense_work_flops": 8e12}
+    cfg = model_config("tiny-moe", 64)
+    row = gpu_check.moe_fields(cfg, flops, seconds=2.0, peak_tflops=None)  # on this CPU
+    assert (row["experts_form"], row["expert_work_over_needed"], row["dense_work_tflops"]) == ("dense", 2.0, 4.0)
+    ragged = gpu_check.moe_fields(dataclasses.replace(cfg, moe_experts="ragged"), flops, 2.0, None)
+    assert (ragged["experts_form"], ragged["expert_work_over_needed"]) == ("ragged", 1.0)
 
 
 def test_rl_length_mix_reaches_its_target_in_whole_groups():
@@ -89,6 +102,7 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert rows[True]["padding_fraction"] < rows[False]["padding_fraction"]
     (moe,) = [r for r in data["learner"] if r["model"] == "tiny-moe"]  # MFU on active params, dense work beside it
     assert moe["mfu_basis"] == "active parameters" and moe["expert_work_over_needed"] == 2.0
+    assert moe["experts_form"] == "dense"  # "auto" on CPU
     assert moe["dense_work_flops_per_step"] > moe["flops_per_step"] and moe["active_params"] < moe["params"]
     assert rows[True]["flops_per_step"] == rows[False]["flops_per_step"]  # the same work, laid out differently
     for name in ("sampler", "rl_step", "torch", "learner_phases"):

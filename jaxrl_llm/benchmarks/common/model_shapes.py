@@ -17,8 +17,8 @@ MODELS = {
 # 4 kv heads of 128, 128 experts of width 768, top-8, normalised gates, untied head) with 4 of its 48
 # layers: 3.1B parameters (0.85B active per token), ~18 bytes each in the learner (float32 master
 # weights, AdamW's two moments, float32 gradients, the bf16 compute copy) = ~56 GB, which leaves one
-# 141 GB H200 room for the activations of the experts, all of which run on every token today
-# (`models.moe.experts_swiglu`). "tiny-moe": its CPU-sized form (4 experts, top-2).
+# 141 GB H200 room for the activations of the experts (in the dense form all of them run on every
+# token, `models.moe.experts_swiglu`; "auto" takes the ragged form on an accelerator). "tiny-moe": its CPU-sized form (4 experts, top-2).
 MOE_MODELS = {
     "qwen3-30b-a3b-4l": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=4, num_heads=32,
                              num_kv_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,

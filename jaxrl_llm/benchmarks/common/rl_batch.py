@@ -58,7 +58,7 @@ def rl_length_mix(target_tokens: int, mix: LengthMix, vocab: int, seed: int = 0)
 def body_params(cfg: DecoderConfig, experts: int | None = None) -> int:
     """Matmul weights of the layers one token passes through: q, k, v, o and the MLP; a mixture of
     experts' MLP is its router and `experts` experts' gate / up / down (default: the k it routes to,
-    the active parameters; E: what `models.moe.experts_swiglu` computes, every expert on every token)."""
+    the active parameters; E: what the dense form `models.moe.experts_swiglu` computes, every expert on every token)."""
     d, hd = cfg.hidden_size, cfg.head_dim
     attention = d * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * d
     if cfg.is_moe:
@@ -72,7 +72,7 @@ def body_params(cfg: DecoderConfig, experts: int | None = None) -> int:
 def learner_flops(cfg: DecoderConfig, seq: SequenceBatch) -> dict[str, float]:
     """The module docstring's FLOP count of one update on `seq`, and its parts. A mixture of experts
     counts its active parameters (router + k experts); ``dense_work_flops`` is the same count with
-    all E experts, the work the dense expert computation really does (E / k times the experts')."""
+    all E experts, the work the dense expert form really does (E / k times the experts')."""
     lengths = seq.attention_mask.sum(1).astype(np.float64)
     completion = float(seq.completion_mask.sum())
     tokens = float(lengths.sum())

@@ -41,10 +41,11 @@ LM head charged only on completion tokens, which is all the learner computes it 
 N_body = the matmul weights of the layers, L_i the length of sequence i. MFU = FLOPs / time /
 datasheet dense bf16 peak (`learner_gpu.PEAK_TFLOPS`); also given against the measured matmul rate.
 A mixture of experts counts its ACTIVE parameters in N_body (router + the k experts a token routes
-to: `rl_batch.body_params`), so "mfu" is MFU on active parameters. The experts are computed densely
-today (every expert on every token, `models.moe.experts_swiglu`), so the device does E / k times the
-experts' needed FLOPs (16x at 128 experts, top-8): its row also gives "dense_work_tflops" and
-"mfu_dense_work", the same count with all E experts, which is the work the device really does.
+to: `rl_batch.body_params`), so "mfu" is MFU on active parameters. Its row names the experts' form
+(`DecoderConfig.moe_experts`, "auto": ragged on an accelerator, dense on CPU): ragged (grouped
+matmuls, `models.moe.experts_ragged`) does the needed FLOPs; dense (every expert on every token,
+`models.moe.experts_swiglu`) E / k times them (16x at 128 experts, top-8). The row also gives
+"dense_work_tflops" and "mfu_dense_work", the same count with all E experts: the dense form's work.
 """
 from __future__ import annotations
 
@@ -123,13 +124,19 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
     return row
 
 
+def experts_form(setting: str, backend: str) -> str:
+    """The form `DecoderConfig.moe_experts` takes on this backend ("auto": dense on CPU, else ragged)."""
+    return ("dense" if backend == "cpu" else "ragged") if setting == "auto" else setting
+
+
 def moe_fields(cfg, flops: dict[str, float], seconds: float, peak_tflops: float | None) -> dict[str, Any]:
-    """A mixture-of-experts row's extra numbers: MFU is on active parameters (the row's "mfu"); the
-    experts run densely, so the dense-work rate (all E experts counted) is what the device achieved."""
+    """A mixture-of-experts row's extra numbers: MFU is on active parameters (the row's "mfu"); in the
+    dense form the dense-work rate (all E experts counted) is what the device achieved."""
     dense = flops["dense_work_flops"] / seconds
-    return {"moe": True, "mfu_basis": "active parameters", "params": cfg.num_params(),
+    form = experts_form(cfg.moe_experts, jax.default_backend())
+    return {"moe": True, "mfu_basis": "active parameters", "params": cfg.num_params(), "experts_form": form,
             "active_params": cfg.num_active_params(), "experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
-            "expert_work_over_needed": cfg.num_experts / cfg.num_experts_per_tok,
+            "expert_work_over_needed": cfg.num_experts / cfg.num_experts_per_tok if form == "dense" else 1.0,
             "dense_work_flops_per_step": flops["dense_work_flops"], "dense_work_tflops": dense / 1e12,
             "mfu_dense_work": None if peak_tflops is None else dense / (peak_tflops * 1e12)}
 

@@ -117,12 +117,14 @@ def moe_lines(rows: list[dict[str, Any]]) -> list[str]:
     if not moe:
         return []
     lines = ["### Mixture of experts: MFU on active parameters", "",
-             "The experts run densely (every expert on every token), so the device does E/k times the experts' "
-             "needed FLOPs; \"dense work\" counts all E experts, \"active\" the router + k experts a token uses.", "",
-             "| model | params | active | E / k | TFLOP/s active | MFU active | TFLOP/s dense work | MFU dense work |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "Experts \"dense\": every expert on every token, E/k times the experts' needed FLOPs; \"ragged\": "
+             "grouped matmuls over each expert's tokens. \"dense work\" counts all E experts, \"active\" the "
+             "router + k experts a token uses.", "",
+             "| model | experts | params | active | E / k | TFLOP/s active | MFU active | TFLOP/s dense work | "
+             "MFU dense work |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in moe:
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:,.1f}M | {r['active_params'] / 1e6:,.1f}M | "
+        lines.append(f"| {r['model']} | {r.get('experts_form', 'dense')} | {r['params'] / 1e6:,.1f}M | {r['active_params'] / 1e6:,.1f}M | "
                      f"{r['experts']} / {r['top_k']} | {r['model_tflops']:.1f} | {_pct(r['mfu'])} | "
                      f"{r['dense_work_tflops']:.1f} | {_pct(r['mfu_dense_work'])} |")
     return lines + [""]
