@@ -110,10 +110,17 @@ def _half_environment(tmp_path: Path) -> list[str]:
       "valid: train.routing_replay='off'"]),
     (lambda tmp_path: ["rollout.engine=jax", "rollout.mesh.tensor=2"], ONE_DEVICE,
      ["rollout.mesh: sampler mesh data=-1 x tensor=2", "does not divide the 1 devices", "valid:"]),
+    # issue 60: mixture-of-experts options on a dense policy were ValueError tracebacks, exit 1
+    (lambda tmp_path: ["rollout.engine=jax", "train.router_aux_loss_coef=0.01"], {},
+     ["train.router_aux_loss_coef=0.01 needs a mixture-of-experts policy", "LlamaForCausalLM (dense)",
+      "valid: train.router_aux_loss_coef=0.0"]),
+    (lambda tmp_path: ["rollout.engine=jax", "rollout.return_routed_experts=true"], {},
+     ["rollout.return_routed_experts=true needs a mixture-of-experts policy", "LlamaForCausalLM (dense)",
+      "valid: rollout.return_routed_experts=false"]),
 ], ids=["resume-unreadable", "mesh-too-large", "server-not-listening", "env-without-step", "replay-dense-policy",
-        "sampler-mesh-too-large"])
+        "sampler-mesh-too-large", "aux-loss-dense-policy", "routed-experts-dense-policy"])
 def test_refused_runs_are_one_line_with_exit_status_2(tmp_path, learning_model_dir, setup, env, names):
-    """Four refusals that were tracebacks (exit 1) or a silently different run (issue 35); each
+    """Refusals that were tracebacks (exit 1) or a silently different run (issues 35, 49, 60); each
     before any training step, with the tiny model so it costs seconds."""
     args = setup(tmp_path)
     done = jaxrl("train", "--config", str(REPO / "experiments/demo.py"), f"model.source={learning_model_dir}",

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -284,3 +285,28 @@ def test_recipe_names_are_the_names_core_knows():
     assert ADVANTAGE_NAMES == tuple(core.ADVANTAGES)
     with pytest.raises(ConfigError, match=r"recipe.loss = 'ppo' is invalid; valid: one of 'pg', 'ppo_clip'"):
         apply_overrides(Config(), ["recipe.loss=ppo"])
+
+
+@pytest.mark.parametrize("section, override, shown", [
+    ("train", "router_aux_loss_coef=0.01", "train.router_aux_loss_coef=0.01"),
+    ("train", "router_z_loss_coef=0.001", "train.router_z_loss_coef=0.001"),
+    ("train", "routing_replay=sampler", "train.routing_replay='sampler'"),
+    ("rollout", "return_routed_experts=true", "rollout.return_routed_experts=true"),
+])
+def test_moe_only_fields_are_refused_for_a_dense_policy(section, override, shown):
+    """Each mixture-of-experts-only field, set on a dense policy, is a ConfigError naming the field,
+    the architecture and the dense value; a MoE policy takes it."""
+    from jaxrl_llm.models.config import tiny_decoder_config
+    from jaxrl_llm.train.config.checks import check_policy_fields
+
+    overrides = [f"{section}.{override}"] + (["rollout.return_routed_experts=true"] if "routing_replay" in override
+                                              else [])
+    cfg = apply_overrides(Config(), overrides)
+    sections = {"train": cfg.train, "rollout": cfg.rollout}
+    dense = tiny_decoder_config()
+    with pytest.raises(ConfigError, match=re.escape(f"{shown} needs a mixture-of-experts policy; the policy is "
+                                                    f"{dense.architecture} (dense); valid: {section}.")):
+        check_policy_fields(dense, **sections)
+    moe = tiny_decoder_config(family="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
+    check_policy_fields(moe, **sections)  # no error
+    check_policy_fields(dense)  # no section given: nothing to check

@@ -2,7 +2,9 @@
 loop cannot run (e.g. GAE advantages without a critic loss, dynamic sampling with groups of one,
 VinePPO on an environment). Every `Config` runs `check_runnable` when it is built (without the
 task object: the config's task section decides whether it is an environment); the run planner
-(train/plan.py) runs it again with the task object the loop built.
+(train/plan.py) runs it again with the task object the loop built. `check_policy_fields` refuses
+what needs the policy's architecture (a mixture-of-experts option on a dense policy); the learner
+and the rollout engine run it when they are built from a config (`make_learner`, `make_engine`).
 
 `RunFacts` are the facts of a run that follow from its config alone; the planner builds the
 `RunPlan` from them. Nothing here imports the planner.
@@ -19,6 +21,29 @@ from jaxrl_llm.utils.typed_config import ConfigError
 
 if TYPE_CHECKING:  # schema.py imports this module to check every Config it builds
     from jaxrl_llm.train.config.schema import Config
+
+
+# The fields only a mixture-of-experts policy can use: (section, field, the value a dense policy must leave).
+MOE_ONLY_FIELDS = (("train", "router_aux_loss_coef", 0.0), ("train", "router_z_loss_coef", 0.0),
+                   ("train", "routing_replay", "off"), ("rollout", "return_routed_experts", False))
+
+
+def _shown(value) -> str:
+    """A value as an override writes it: true / false for bools, repr otherwise."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def check_policy_fields(model_cfg, **sections) -> None:
+    """ConfigError naming the first of `MOE_ONLY_FIELDS` set on a dense policy (`model_cfg`, a
+    `models.DecoderConfig`), with the policy's architecture and the valid value; `sections`: the
+    config's sections by name (train=..., rollout=...), only those given are checked."""
+    if model_cfg.is_moe:
+        return
+    for section, name, dense_value in MOE_ONLY_FIELDS:
+        if section in sections and getattr(sections[section], name) != dense_value:
+            field = f"{section}.{name}"
+            raise ConfigError(f"{field}={_shown(getattr(sections[section], name))} needs a mixture-of-experts policy; "
+                              f"the policy is {model_cfg.architecture} (dense); valid: {field}={_shown(dense_value)}")
 
 
 class RunFacts(NamedTuple):

@@ -14,6 +14,7 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.train.run.checkpoint import Checkpointer
 from jaxrl_llm.train.config import Config
+from jaxrl_llm.train.config.checks import check_policy_fields
 from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.learn.learner import Learner, LearnerState
 from jaxrl_llm.train.policy import Policy
@@ -41,6 +42,7 @@ def position_of(restored_state: dict) -> RunPosition:
 def make_learner(cfg: Config, policy: Policy, recipe: core.Recipe, *, mesh=None, teacher=None) -> Learner:
     """The run's learner of `recipe` (the run plan's, `plan.plan_run`); `teacher` (train.teacher.Teacher) the
     distillation teacher of a recipe that distils (only evaluation and export may leave it out)."""
+    check_policy_fields(policy.cfg, train=cfg.train, rollout=cfg.rollout)  # before the engine: one line, exit 2
     return Learner(policy.cfg, recipe, cfg.train, total_steps=cfg.total_steps,
                    temperature=cfg.rollout.temperature, mesh=mesh, critic_cfg=cfg.critic, teacher=teacher,
                    batch_invariant=cfg.rollout.batch_invariant)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxrl_llm.rollout.types import SamplingParams
 from jaxrl_llm.train.config import Config, ModelConfig, RolloutConfig
 from jaxrl_llm.train.config import PRECISION_DTYPES
+from jaxrl_llm.train.config.checks import check_policy_fields
 from jaxrl_llm.train.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ def check_server_urls(rollout: RolloutConfig) -> None:
 def make_engine(spec: EngineSpec, policy: Policy, params, *, initial_version: int = 0, stack: contextlib.ExitStack):
     """The rollout engine of `spec` serving `params`; servers it starts are stopped by `stack`."""
     rollout = spec.rollout
+    check_policy_fields(policy.cfg, rollout=rollout)  # e.g. routing records of a dense policy: ConfigError
     if rollout.engine == "jax":
         from jaxrl_llm.rollout.jax_sampler import JaxSampler
         from jaxrl_llm.train.distributed import rollout_mesh
