@@ -153,3 +153,19 @@ def test_gems_python_tool_runs_in_the_projects_sandbox(policy):
     assert step.info["tool_call"] and step.info["tool_error"] and not step.terminated
     assert "FileNotFoundError" in step.observation and "'etc'" not in step.observation
     assert "['bin', 'dev', 'job'" in step.observation  # the sandbox's own root
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"env_id": EASY, "tools": ["bash"]}, ["task.kwargs.tools = ['bash']", "valid: a list of 'python'"]),
+    ({"env_id": EASY, "tools": "python"}, ["task.kwargs.tools = 'python'", "a list of"]),
+    ({"env_id": 7}, ["task.kwargs.env_id = 7 is not a GEM environment", "game:GuessTheNumber-v0-easy"]),
+    ({"env_id": "game:Crosswords-v0-random"}, ["'game:Crosswords-v0-random'", "could not be built",
+                                               "No words found"]),  # broken in gem-llm 0.1.0 itself
+])
+def test_bad_arguments_name_the_value_and_what_is_valid(kwargs, words):
+    from jaxrl_llm.data.gem_envs import GemEnvError
+
+    with pytest.raises(GemEnvError) as err:
+        make_task("gem", **kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
