@@ -226,17 +226,17 @@ class GemTask(EnvTask):
 
     def _build(self, gem, tool_reward: float, tool_success_reward: float, max_tool_uses: int):
         """The prototype: the env (and its tool wrapper) built on a seeded global random state."""
+        from gem.tools.tool_env_wrapper import ToolEnvWrapper
+
+        from jaxrl_llm.data.gem_tools import SandboxPythonTool
         try:
             with GlobalRng.seeded(PROTOTYPE_SEED).installed():
                 env = gem.make(self.env_id, **self.env_kwargs)
                 if self.tools:
-                    from gem.tools.tool_env_wrapper import ToolEnvWrapper
-
-                    from jaxrl_llm.data.gem_tools import SandboxPythonTool
                     env = ToolEnvWrapper(env, tools=[SandboxPythonTool(self.limits)], tool_reward=tool_reward,
                                          tool_success_reward=tool_success_reward, max_tool_uses=max_tool_uses)
                 copy.deepcopy(env)  # each episode copies it: fail here, once, if it cannot be copied
-        except ImportError as err:
+        except ImportError as err:  # gem.make: an env module whose own dependency is missing
             raise ImportError(f"GEM environment {self.env_id!r} needs a package that cannot be imported ({err}); "
                               f"install: {INSTALL}") from None
         except Exception as err:

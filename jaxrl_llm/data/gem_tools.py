@@ -4,13 +4,13 @@ GEM's ``PythonCodeTool`` parses ``<python>...</python>`` or a ```` ```python ```
 the model's turn and runs it with ``gem.utils.sandbox.run_python``, whose default
 ``sandbox_type="none"`` is a plain ``python -c`` subprocess guarded by a string match on
 imports. :class:`SandboxPythonTool` keeps GEM's parsing, instructions and observation text
-("Code execution result: ...") and runs the code with :func:`jaxrl_llm.rewards.run_in_sandbox`
+("Code execution result: ...") and runs the code with :func:`jaxrl_llm.rewards.run_calls`
 instead: no network, no file system outside its own /tmp, CPU, memory, process and output
 limits (``task.kwargs.sandbox``, the code tasks' :class:`SandboxLimits`).
 
 Differences from GEM's tool, by design: stdout and stderr come back as one stream (the
 sandbox merges them, in order); a run is successful when the code ran to its end without
-raising (``SystemExit`` included); GEM's second attempt with its preset imports (numpy,
+raising (``SystemExit`` included: a function defined after the code is then called); GEM's second attempt with its preset imports (numpy,
 pandas, ...) prepended is not made, since the sandbox's Python has the standard library only.
 
 The sandbox is started from a worker process (one per trainer, ``forkserver``: started from a
@@ -29,7 +29,9 @@ import multiprocessing
 
 from gem.tools.python_code_tool import PythonCodeTool
 
-from jaxrl_llm.rewards import SandboxLimits, run_in_sandbox
+from jaxrl_llm.rewards import Call, SandboxLimits, run_calls
+
+RAN = "__jaxrl_tool_code_ran__"  # a function defined after the model's code: callable iff the code ran to its end
 
 
 
@@ -52,9 +54,9 @@ class SandboxPythonTool(PythonCodeTool):
         code, parsed_action, found = self._parse_action(action)
         if not found:
             return False, True, "", action
-        # the test "pass" passes iff the code ran to its end
-        run = sandbox_worker().submit(run_in_sandbox, code, ["pass"], self.limits).result()
-        failed = run.passed != frozenset({0})
+        program = f"{code}\n\n\ndef {RAN}():\n    return True\n"
+        results, run = sandbox_worker().submit(run_calls, program, [Call(RAN, ())], self.limits).result()
+        failed = results[0].error is not None
         output = run.output
         if run.timed_out:
             output += f"\nExecution timed out after {self.limits.wall_s:g} seconds."
