@@ -22,8 +22,8 @@ Counting (as for every grader in a :class:`GraderPool`): a sandbox killed at its
 deadline raises :class:`GraderTimeout` (status "timeout"); one that printed past its output
 cap, or stopped answering (a CPU, memory or process limit hit, a crash, its result channel
 closed), raises :class:`CodeRunError` (status "error"). Both score 0, partial passes included.
-A program that returned something not plain data (an object with its own ``__eq__``, a ``str``
-subclass) or put bytes on the result channel that the runner never writes gets
+A program whose result's class has an ``__eq__`` of its own (an always-equal object or ``str``
+subclass), or that put bytes on the result channel that the runner never writes, gets
 :class:`Suspected` (the reward of the tests it passed honestly, counted as a suspected
 forgery). A sandbox that cannot run at all (:func:`probe_sandbox`, run by each grading worker
 before its first answer) stops the batch with ``SandboxUnavailable`` instead of scoring everything 0.

@@ -6,10 +6,14 @@ only the program, the runner (``sandbox_runner.py``), the plain-data codec (``pl
 and the mountpoint of its own ``/tmp`` (``scratch``): no test, no expected value.
 :meth:`SandboxSession.call` sends a batch of calls (function name + plain-data arguments) on
 the sandbox's stdin and reads one line of outcomes from a pipe of its own; the sandbox may be
-asked several batches while it lives (its wall-clock deadline counts from the start). Every byte that comes back is untrusted: :func:`parse_outcomes` accepts one JSON
-list of ``{"value": wire}`` / ``{"raised": str}`` / ``{"not_plain": str}``, one per call, and
-decodes values with :func:`plain_data.decode`'s rules; anything else fails those calls and is
-reported as a sign of forgery (:attr:`CallResult.suspect`), since the runner never writes it.
+asked several batches while it lives (its wall-clock deadline counts from the start).
+
+Every byte that comes back is untrusted: :func:`parse_outcomes` accepts one JSON list of
+``{"value": wire}`` / ``{"raised": str}`` / ``{"not_plain": str}``, one per call, and decodes
+values with :func:`plain_data.decode`'s rules; anything else fails those calls and is reported
+as a sign of forgery (:attr:`CallResult.suspect`), since the runner never writes it. So is the
+runner's ``flag`` (a result whose class has its own ``__eq__``; its value, read by its plain
+base type's own methods, is still judged).
 """
 from __future__ import annotations
 
@@ -51,9 +55,9 @@ class CallResult:
     value:   the plain value returned (meaningful only when ``error`` is None).
     error:   None, or why there is no value: the call raised, its result was not plain data,
              or no answer came (``unanswered`` then True).
-    suspect: a sign that the program tried to forge its result: a result the runner could not
-             write as plain data (an object with its own ``__eq__``, a ``str`` subclass), or
-             bytes on the result channel that the runner never writes. None otherwise.
+    suspect: a sign that the program tried to forge its result: a result whose class has its own
+             ``__eq__`` (an always-equal object, a ``str`` subclass comparing equal to
+             anything), or bytes on the result channel that the runner never writes. None otherwise.
     """
 
     value: Any = None
@@ -93,18 +97,20 @@ def parse_outcomes(line: bytes, n_calls: int) -> list[CallResult]:
 
 
 def _outcome(item: Any) -> CallResult:
-    if type(item) is dict and len(item) == 1:
-        (kind, body), = item.items()
-        if kind == "value":
-            try:
-                return CallResult(value=plain_data.from_wire(body))
-            except (plain_data.NotPlainData, RecursionError) as exc:
-                return CallResult(error=f"result not plain data: {exc}", suspect=f"forged result encoding: {exc}")
-        if kind == "raised" and type(body) is str:
-            return CallResult(error=f"raised {body[:200]}")
-        if kind == "not_plain" and type(body) is str:
-            return CallResult(error=f"result not plain data: {body[:200]}",
-                              suspect=f"a result that is not plain data: {body[:200]}")
+    """One outcome: ``{"value": wire}``, ``{"raised": str}`` or ``{"not_plain": str}``, the first
+    and last with an optional ``"flag": str`` (the result's class had its own ``__eq__``)."""
+    flag = item.get("flag") if type(item) is dict else None
+    kinds = set(item) - {"flag"} if type(item) is dict and (flag is None or type(flag) is str) else set()
+    suspect = None if flag is None else f"a result whose class has its own __eq__: {flag[:200]}"
+    if kinds == {"value"}:
+        try:
+            return CallResult(value=plain_data.from_wire(item["value"]), suspect=suspect)
+        except (plain_data.NotPlainData, RecursionError) as exc:
+            return CallResult(error=f"result not plain data: {exc}", suspect=f"forged result encoding: {exc}")
+    if kinds == {"raised"} and flag is None and type(item["raised"]) is str:
+        return CallResult(error=f"raised {item['raised'][:200]}")
+    if kinds == {"not_plain"} and type(item["not_plain"]) is str:
+        return CallResult(error=f"result not plain data: {item['not_plain'][:200]}", suspect=suspect)
     return CallResult(error="malformed outcome", suspect="the result channel carried an outcome the runner "
                       "never writes")
 

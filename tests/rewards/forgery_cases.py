@@ -53,10 +53,10 @@ class_1 = [
             "import builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: None\n" + WRONG),
     Forgery("patching_the_runner_through_sys_modules_main",
             "import sys\nmain = sys.modules['__main__']\n"
-            "main.run_call = lambda namespace, name, args: {'value_text': 'true'}\n" + WRONG),
+            "main.run_call = lambda namespace, name, args: '{\"value\": true}'\n" + WRONG),
     Forgery("forged_encoding_from_the_patched_runner",
             "import sys\nmain = sys.modules['__main__']\n"
-            "main.run_call = lambda namespace, name, args: {'value_text': '{\"eq\": \"always\"}'}\n" + WRONG,
+            "main.run_call = lambda namespace, name, args: '{\"value\": {\"eq\": \"always\"}}'\n" + WRONG,
             suspected=True),
     Forgery("rewriting_the_caller_s_frames_via_sys_getframe",
             "import sys\nframe = sys._getframe(1)\n"
@@ -105,6 +105,6 @@ class_1 = [
             "sys.stdin = open(os.devnull)\n" + WRONG),
     Forgery("decoder_bomb_nested_past_the_depth_limit", PIPES +
             "import sys\nmain = sys.modules['__main__']\n"
-            "main.run_call = lambda namespace, name, args: {'value_text': '[' * 100000 + ']' * 100000}\n" + WRONG,
+            "main.run_call = lambda namespace, name, args: '{\"value\": ' + '[' * 100000 + ']' * 100000 + '}'\n" + WRONG,
             suspected=True),
 ]

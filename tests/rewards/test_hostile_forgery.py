@@ -98,3 +98,19 @@ def test_rewards_outside_the_grader_s_range_are_clipped_and_counted():
 
 def test_code_reward_declares_its_range():
     assert code_reward.reward_range == (0.0, 1.0)
+
+
+def test_honest_results_of_plain_subclasses_travel_by_value():
+    """A Counter, a namedtuple and an IntEnum are judged as the dict, tuple and int they hold
+    (read by the base type's own methods); a generator is not plain data and fails, uncounted."""
+    require_sandbox()
+    tests = ["assert f('abca') == {'a': 2, 'b': 1, 'c': 1}", "assert f(1) == (1, 2)", "assert f(2) == 3"]
+    example = CodeExample(answer="", metadata={"tests": tests, "sandbox": {}})
+    programs = {
+        "from collections import Counter, namedtuple\nimport enum\nPair = namedtuple('Pair', 'a b')\n"
+        "Three = enum.IntEnum('Three', {'THREE': 3})\n"
+        "def f(x):\n    return Counter(x) if isinstance(x, str) else Pair(1, 2) if x == 1 else Three.THREE\n": 1.0,
+        "def f(x):\n    return (c for c in 'not plain')\n": 0.0,
+    }
+    result = grade_in_process(code_reward, [fenced(p) for p in programs], [example] * len(programs))
+    assert result.rewards == tuple(programs.values()) and result.n_forgery_suspected == 0, result
