@@ -144,14 +144,22 @@ class SamplerLayout:
                                    repeat=self.kv_repeat)
         return jax.jit(repeat, out_shardings=self.param_shardings(jax.eval_shape(repeat, params_or_shapes)))
 
-    def rows(self, x: jax.Array, axis: int = 0) -> jax.Array:
-        """``x`` with dimension ``axis`` (rows) split over "data", the rest replicated (inside jit)."""
-        spec = [None] * x.ndim
+    def rows_sharding(self, shape: Sequence[int], axis: int = 0) -> NamedSharding:
+        """Dimension ``axis`` (rows) of an array of ``shape`` split over "data", the rest replicated."""
+        spec = [None] * len(shape)
         spec[axis] = "data"
-        return jax.lax.with_sharding_constraint(x, _fit(self.mesh, x.shape, spec))
+        return _fit(self.mesh, shape, spec)
 
-    def cache(self, kv: jax.Array, split_rows: bool = True) -> jax.Array:
+    def cache_sharding(self, shape: Sequence[int], split_rows: bool = True) -> NamedSharding:
         """A KV cache [nL, rows, slots, Hkv, hd]: rows over "data" (``split_rows``; else on every device, as
         the prompts' cache that any slot may copy from), KV heads over "tensor" (when split)."""
         spec = (None, "data" if split_rows else None, None, "tensor" if self.split_heads else None, None)
-        return jax.lax.with_sharding_constraint(kv, _fit(self.mesh, kv.shape, spec))
+        return _fit(self.mesh, shape, spec)
+
+    def rows(self, x: jax.Array, axis: int = 0) -> jax.Array:
+        """``x`` laid out by `rows_sharding` (inside jit)."""
+        return jax.lax.with_sharding_constraint(x, self.rows_sharding(x.shape, axis))
+
+    def cache(self, kv: jax.Array, split_rows: bool = True) -> jax.Array:
+        """``kv`` laid out by `cache_sharding` (inside jit)."""
+        return jax.lax.with_sharding_constraint(kv, self.cache_sharding(kv.shape, split_rows))

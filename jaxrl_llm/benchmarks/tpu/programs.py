@@ -13,7 +13,8 @@ Each program is the function the run itself jits, called as the run calls it:
   the decoder over one token per slot with the KV cache, then the LM head), or of the compacting
   decode (``rollout.decode="compact"``: `models.forward` with the cache, `jax_sampler._generate`'s body);
 * ``weight_handoff``: the learner's float32 weights (LoRA merged) cast to the sampler's dtype and
-  moved into the sampler's layout (`sampler_param_shardings`).
+  moved into the sampler's layout (`sampler_param_shardings`; with ``rollout.mesh``, the sampler's own
+  mesh over the same chips and `rollout.sampler_mesh.SamplerLayout`: KV heads repeated, tensor-parallel).
 
 Choices that depend on the hardware follow the mesh's devices (`models.platform.compiling_for`).
 """
@@ -35,6 +36,7 @@ from jaxrl_llm.models.platform import compiling_for, mesh_platform
 from jaxrl_llm.models.sharding import BATCH_AXES, batch_sharding, cache_shardings
 from jaxrl_llm.rollout.decode_slots import prefill_prompts
 from jaxrl_llm.rollout.jax_sampler import decode_path
+from jaxrl_llm.rollout.sampler_mesh import SamplerLayout, repeat_kv_heads, sampler_mesh
 from jaxrl_llm.train.learn import critic as critic_lib
 from jaxrl_llm.train.learn import packing
 from jaxrl_llm.train.learn.learner import Learner, LearnerState
@@ -83,10 +85,16 @@ def _placed(tree, shardings):
 
 
 def sampler_param_shardings(shapes, mesh: jax.sharding.Mesh):
-    """Where the sampler's weights live. Today the JAX sampler decodes in the learner's layout
-    (`models.param_shardings`: FSDP over every chip); the sampler's own mesh (rollout.mesh) replaces
-    this one function."""
+    """Where the sampler's weights live without ``rollout.mesh``: the learner's layout
+    (`models.param_shardings`: FSDP over every chip)."""
     return param_shardings(shapes, mesh)
+
+
+def sampler_layout(rollout_mesh, sampler_cfg: DecoderConfig, mesh) -> SamplerLayout | None:
+    """The sampler's own layout of ``rollout.mesh`` (a `SamplerMeshConfig`) over ``mesh``'s chips; None when unset."""
+    if rollout_mesh is None or not rollout_mesh.enabled:
+        return None
+    return SamplerLayout.plan(sampler_cfg, sampler_mesh(*rollout_mesh.sizes(), devices=list(mesh.devices.flat)))
 
 
 def _abstract_state(learner: Learner, model_cfg: DecoderConfig, mesh) -> tuple[LearnerState, Any, Any]:
@@ -202,13 +210,19 @@ def _compact_decode_step(params, cfg: DecoderConfig, cache, tokens, active, cach
 
 
 def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path: str, kernel: str,
-                     slots: int | None, cache_window: int = 32, batch_invariant: bool = False) -> list[Program]:
-    """``sampler_prefill`` and ``sampler_decode_step`` in the sampler's dtype and layout."""
+                     slots: int | None, cache_window: int = 32, batch_invariant: bool = False,
+                     layout: SamplerLayout | None = None) -> list[Program]:
+    """``sampler_prefill`` and ``sampler_decode_step`` in the sampler's dtype and layout (``layout``: the
+    sampler's own mesh, `sampler_layout`; None: the learner's ``mesh`` and layout)."""
+    if layout is not None:
+        sampler_cfg, mesh = layout.model_config(sampler_cfg), layout.mesh
     shapes = param_shapes(sampler_cfg)
-    params = _placed(shapes, sampler_param_shardings(shapes, mesh))
+    params = _placed(shapes, sampler_param_shardings(shapes, mesh) if layout is None
+                     else layout.param_shardings(shapes))
     replicated = jax.sharding.NamedSharding(mesh, P())
-    prompts = _spec((shape.prompts, shape.prompt_len), jnp.int32, batch_sharding(mesh, 2))
-    mask = _spec((shape.prompts, shape.prompt_len), bool, batch_sharding(mesh, 2))
+    rows_of = (lambda s: batch_sharding(mesh, len(s))) if layout is None else layout.rows_sharding
+    prompts = _spec((shape.prompts, shape.prompt_len), jnp.int32, rows_of((shape.prompts, shape.prompt_len)))
+    mask = _spec((shape.prompts, shape.prompt_len), bool, rows_of((shape.prompts, shape.prompt_len)))
     prefill = jax.jit(lambda p, t, m: prefill_prompts(
         p, sampler_cfg, t, m, lambda h: lm_head_logits(h, params=p, cfg=sampler_cfg), batch_invariant))
     programs = [Program("sampler_prefill", prefill.lower(params, prompts, mask),
@@ -216,15 +230,20 @@ def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path
     batch = slots or shape.sequences
     capacity = -(-shape.width // CACHE_MULTIPLE) * CACHE_MULTIPLE
     cache = jax.eval_shape(lambda: init_cache(sampler_cfg, batch, capacity))
-    cache = _placed(cache, cache_shardings(cache, mesh))
-    rows = _spec((batch,), jnp.int32, batch_sharding(mesh, 1))
+    if layout is None:
+        cache = _placed(cache, cache_shardings(cache, mesh))
+    else:
+        cache = _placed(cache, {"k": layout.cache_sharding(cache["k"].shape),
+                                "v": layout.cache_sharding(cache["v"].shape), "mask": rows_of(cache["mask"].shape),
+                                "end": replicated, "next_pos": rows_of((batch,))})
+    rows = _spec((batch,), jnp.int32, rows_of((batch,)))
     if path == "slots":
         step = jax.jit(_slot_decode_step, static_argnames=("cfg", "kernel"))
         lowered = step.lower(params, sampler_cfg, {"k": cache["k"], "v": cache["v"]}, rows, rows, kernel=kernel)
         notes = {"path": "slots", "kernel": kernel}
     else:
         step = jax.jit(_compact_decode_step, static_argnames=("cfg", "cache_window"))
-        active = _spec((batch,), bool, batch_sharding(mesh, 1))
+        active = _spec((batch,), bool, rows_of((batch,)))
         cache = dict(cache, end=_spec((), jnp.int32, replicated))
         lowered = step.lower(params, sampler_cfg, cache, rows, active, cache_window=cache_window)
         notes = {"path": "compact", "cache_window": cache_window}
@@ -233,16 +252,21 @@ def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path
     return programs
 
 
-def handoff_program(learner: Learner, model_cfg: DecoderConfig, dtype: str, mesh) -> Program:
+def handoff_program(learner: Learner, model_cfg: DecoderConfig, dtype: str, mesh,
+                    layout: SamplerLayout | None = None) -> Program:
     """``weight_handoff``: the learner's float32 weights (LoRA: adapters merged into the frozen base,
-    `Learner.full_params`) cast to the sampler's dtype, in the sampler's layout."""
+    `Learner.full_params`) cast to the sampler's dtype, in the sampler's layout (``layout``: its own mesh,
+    KV heads repeated as `SamplerLayout.placer` does; None: the learner's layout)."""
     state, frozen, _ = _abstract_state(learner, model_cfg, mesh)
-    target = sampler_param_shardings(param_shapes(model_cfg, dtype), mesh)
+    repeat = 1 if layout is None else layout.kv_repeat
 
     def handoff(params, frozen):
         full = params if frozen is None else lora.merge(frozen, params, learner.lora.scale)
-        return jax.tree.map(lambda x: x.astype(dtype), full)
+        cast = jax.tree.map(lambda x: x.astype(dtype), full)
+        return repeat_kv_heads(cast, model_cfg.num_kv_heads, model_cfg.head_dim, repeat)
 
+    out = jax.eval_shape(handoff, state.params, frozen)
+    target = sampler_param_shardings(out, mesh) if layout is None else layout.param_shardings(out)
     lowered = jax.jit(handoff, out_shardings=target).lower(state.params, frozen)
     return Program("weight_handoff", lowered, {"dtype": dtype, "lora_merged": frozen is not None})
 
@@ -274,8 +298,10 @@ def step_programs(cfg, model_cfg: DecoderConfig, mesh, *, prompt_len: int, remat
         sampler_cfg = model_cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
         path = decode_path(cfg.rollout.decode, platform)
         kernel = resolve_decode_kernel(cfg.rollout.decode_kernel, platform)
+        layout = sampler_layout(cfg.rollout.mesh, sampler_cfg, mesh)
         programs += sampler_programs(sampler_cfg, shape, mesh, path=path, kernel=kernel,
-                                     slots=cfg.rollout.decode_slots, batch_invariant=cfg.rollout.batch_invariant)
-        programs.append(handoff_program(learner, model_cfg, dtype, mesh))
+                                     slots=cfg.rollout.decode_slots, batch_invariant=cfg.rollout.batch_invariant,
+                                     layout=layout)
+        programs.append(handoff_program(learner, model_cfg, dtype, mesh, layout))
     return programs
 
