@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
 	bench-batch-invariance bench-sandbox bench-humaneval-grading bench-moe-experts \
-	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight experiments-quick experiments results-table clean
+	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight tpu-compile experiments-quick experiments results-table clean
 
 # The libtpu that jax[tpu] pins for the project's jax (the `tpu` extra; tests/tpu check that they agree).
 LIBTPU := libtpu==0.0.42.1
@@ -133,6 +133,13 @@ gpu-check:
 # benchmarks/results/gpu-sweep-<device>-<date>.json, rewritten after each. GPU_SWEEP_ARGS="--tiny": CPU size.
 gpu-sweep:
 	PY=$${PY:-python3} GPU_MODULE=jaxrl_llm.benchmarks.gpu.gpu_sweep bash launch/gpu_check.sh $(GPU_SWEEP_ARGS)
+
+# The RL step of Qwen2.5-1.5B/7B/32B and Qwen3-30B-A3B compiled for TPU slices from shapes on this CPU
+# machine (libtpu from make venv; <= 45 min on 2 cores), the smallest slice each fits, the decode and learner
+# efficiency figures: benchmarks/results/tpu/tpu-compile-matrix.json (rewritten after each cell; a rerun
+# resumes) and docs/benchmarks.md's TPU tables. TPU_COMPILE_ARGS: e.g. --only step:qwen2.5-1.5b, or --table.
+tpu-compile: venv
+	JAX_PLATFORMS=cpu $(PY) -m jaxrl_llm.benchmarks.tpu.matrix $(TPU_COMPILE_ARGS)
 
 # Before a GPU session: the GPU scripts end to end at tiny sizes on CPU (gpu-check's every
 # section, gpu-sweep's every variant, gpu_rl's learning run; ~6 min on 2 cores). Also in make test-all.

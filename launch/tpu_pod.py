@@ -18,7 +18,7 @@ Rollouts:
                       default), so the dev endpoints are never exposed off-host. Weight sync needs a
                       filesystem both VMs mount (--shared-dir, e.g. a Filestore/GCS-fuse
                       path) because DiskWeightSync writes safetensors there.
---setup prepends an install step (repo + jax[tpu]) on every worker.
+--setup prepends an install step (the checkout with its `tpu` extra: jax[tpu] at the project's jax) on every worker.
 """
 from __future__ import annotations
 
@@ -62,8 +62,9 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """(role, command) in launch order; a role ending in '&' runs in the background."""
     steps: list[tuple[str, list[str]]] = []
     if args.setup:
+        # the tpu extra: jax[tpu] pinned to the project's jax (libtpu from PyPI), as `jaxrl compile` used it
         steps.append(("setup", ssh(args, args.tpu, "all", f"cd {args.repo_dir} && {args.python} -m pip install "
-                                   "-e . 'jax[tpu]' -f https://storage.googleapis.com/jax-releases/libtpu_releases.html")))
+                                   "-e '.[tpu]'")))
     urls: list[str] = []
     if args.rollout == "vllm-tpu":
         if not args.rollout_tpu or not args.model_dir:

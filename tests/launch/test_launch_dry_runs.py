@@ -105,8 +105,7 @@ def test_tpu_pod_jax_sampler():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "gcloud compute tpus tpu-vm ssh pod --zone=us-east5-a --project=proj --worker=all "
-        "'--command=cd ~/jaxrl_llm && python3 -m pip install -e . '\"'\"'jax[tpu]'\"'\"' -f "
-        "https://storage.googleapis.com/jax-releases/libtpu_releases.html'",
+        "'--command=cd ~/jaxrl_llm && python3 -m pip install -e '\"'\"'.[tpu]'\"'\"''",
         "gcloud compute tpus tpu-vm ssh pod --zone=us-east5-a --project=proj --worker=all "
         "'--command=cd ~/jaxrl_llm && JAXRL_DISTRIBUTED=tpu python3 -m jaxrl_llm.cli train --config "
         "experiments/demo.py rollout.engine=jax mesh.data=1 mesh.fsdp=-1'",

@@ -51,6 +51,20 @@ def oom_bytes(message: str) -> float | None:
     return float(used.group(1)) * _UNIT[used.group(2)] if used else None
 
 
+def compile_uncached(lowered):
+    """``lowered.compile()`` without writing to JAX's persistent compilation cache: an executable for
+    deviceless TPU devices cannot be loaded back on this machine (a later lookup would fail and warn),
+    so none is stored (a minimum compile time no compile reaches; JAX reads it at each write)."""
+    import jax
+
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e12)
+    try:
+        return lowered.compile()
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+
+
 class ProgramReport(NamedTuple):
     name: str
     row: dict  # JSON-ready
@@ -81,7 +95,7 @@ def analyse(program: Program, slice_: Slice, *, refuse: bool = True) -> ProgramR
     fit; else the row says ``fits: false``."""
     t0 = time.perf_counter()
     try:
-        compiled = program.lowered.compile()
+        compiled = compile_uncached(program.lowered)
     except Exception as err:  # XLA's compile-time OOM: the same refusal, with the bytes it names
         text = str(err)
         if not _OOM.search(text):
@@ -118,7 +132,7 @@ def choose_remat_for(lower_update, slice_: Slice, modes=("off", "dots", "full"),
 
     def compile_mode(mode: str) -> Any:
         try:
-            return lower_update(mode).compile()
+            return compile_uncached(lower_update(mode))
         except Exception as err:
             if not _OOM.search(str(err)):
                 raise

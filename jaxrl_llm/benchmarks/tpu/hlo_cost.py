@@ -17,8 +17,8 @@ What is counted:
   beside as ``xla_flops``, once per loop body).
 * ``hbm_bytes``: for every instruction outside fusions, the bytes of its operands and results,
   with in-place and sliced accesses counted as XLA's cost model does: a dynamic-slice or gather
-  reads only its result's bytes, a dynamic-update-slice writes only its update (its buffer is
-  updated in place), and a fusion parameter read only through such slices counts only them.
+  reads only its result's bytes, a dynamic-update-slice or scatter writes only its update (its
+  buffer is updated in place), and a fusion parameter read only through such slices counts only them.
   Arrays in TPU's on-chip memory spaces (layout ``S(n)``, n >= 1) are not HBM traffic.
   Bookkeeping ops (parameter, tuple, get-tuple-element, bitcast, constant, loop and call
   wrappers, ``*-done`` halves of async pairs) move nothing.
@@ -41,6 +41,7 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "coll
 FREE_OPS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
             "after-all", "partition-id", "replica-id", "iota", "opt-barrier", "add-dependency", "domain"}
 SLICING = {"dynamic-slice", "slice", "gather"}
+IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # opcode -> operand holding the update (operand 0: the buffer)
 def dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
     """2 x multiply-adds of a dot or convolution (``shapes``: the names' result types)."""
     out = math.prod(dims(instr.shape))
@@ -161,8 +162,10 @@ class _Counter:
         for user in users:
             if user.opcode in SLICING and user.operands[0] == param:
                 total += shape_bytes(user.shape, hbm_only=False)
-            elif user.opcode == "dynamic-update-slice" and user.operands[0] == param:
+            elif user.opcode in IN_PLACE and user.operands[0] == param:
                 continue  # updated in place: the buffer is not read
+            elif user.opcode == "tuple" and user.root:
+                continue  # passed through to the fusion's output untouched (an async collective's buffer)
             elif user.opcode == "bitcast" and seen < 4:
                 total += self._param_read(comp, user.name, seen + 1)
             elif user.opcode == "fusion" and seen < 4 and called(user) and called(user)[0] in self.comps:
@@ -188,10 +191,12 @@ class _Counter:
         outputs = [comp.by_name().get(o) for o in root.operands] if root.opcode == "tuple" else [root]
         out_shapes = split_top(instr.shape[1:-1]) if instr.shape.startswith("(") else [instr.shape]
         for out, shape in zip(outputs, out_shapes):
-            if shape_bytes(shape, hbm_only=True) == 0:
-                continue
-            if out is not None and out.opcode == "dynamic-update-slice":
-                total += shape_bytes(self.shapes.get(out.operands[1], ""))
+            if shape_bytes(shape, hbm_only=True) == 0 or out is None or out.opcode == "parameter":
+                continue  # on-chip, or a parameter passed through
+            if out.opcode in COLLECTIVES:
+                continue  # a fused collective's result: counted once per channel (`_fused_collectives`)
+            if out is not None and out.opcode in IN_PLACE:
+                total += shape_bytes(self.shapes.get(out.operands[IN_PLACE[out.opcode]], ""))
             else:
                 total += shape_bytes(shape)
         return total
@@ -199,11 +204,14 @@ class _Counter:
     def _plain_bytes(self, instr: Instr) -> float:
         if instr.opcode in SLICING:
             return 2 * shape_bytes(instr.shape, hbm_only=True)
-        if instr.opcode == "dynamic-update-slice":
-            return 2 * shape_bytes(self.shapes.get(instr.operands[1], ""), hbm_only=True)
+        if instr.opcode in IN_PLACE:  # the update read and written; the buffer is updated in place
+            return 2 * shape_bytes(self.shapes.get(instr.operands[IN_PLACE[instr.opcode]], ""), hbm_only=True)
         if instr.opcode.endswith("-start") and instr.shape.startswith("("):
-            # async pair: the start's tuple holds operand and result (and context); count operand + result once
+            # async pair: the start's tuple holds operand(s) and result (and context): operand + result once,
+            # a slice's result twice (it reads only what it returns)
             parts = split_top(instr.shape[1:-1])
+            if instr.opcode[:-len("-start")] in SLICING and len(parts) > 1:
+                return 2 * shape_bytes(parts[1], hbm_only=True)
             return sum(shape_bytes(p, hbm_only=True) for p in parts[:2])
         operands = sum(shape_bytes(self.shapes.get(o, ""), hbm_only=True) for o in instr.operands)
         return operands + shape_bytes(instr.shape, hbm_only=True)
@@ -245,6 +253,22 @@ class _Counter:
                 cost.hbm_bytes += self._plain_bytes(instr)
         return cost
 
+    def fused_collectives(self) -> Cost:
+        """Collectives inside fusions (TPU's async collective fusions: XLA splits one collective into
+        pieces across several fusions, in and around loops, each holding the same instruction):
+        each channel id counted once for the program, its result written to HBM once."""
+        cost, channels = Cost(), set()
+        fused = {c for comp in self.comps.values() for i in comp.instrs if i.opcode == "fusion" for c in called(i)}
+        for name in sorted(fused & set(self.comps)):
+            for inner in self.comps[name].instrs:
+                kind = inner.opcode[:-len("-start")] if inner.opcode.endswith("-start") else inner.opcode
+                channel = attr(inner.attrs, "channel_id") or inner.name
+                if kind in COLLECTIVES and channel not in channels:
+                    channels.add(channel)
+                    self._collective(cost, inner, kind)
+                    cost.hbm_bytes += shape_bytes(inner.shape, hbm_only=True)
+        return cost
+
     def _collective(self, cost: Cost, instr: Instr, kind: str) -> None:
         result = instr.shape
         if instr.opcode.endswith("-start") and result.startswith("("):
@@ -265,4 +289,7 @@ def program_cost(hlo_text: str) -> Cost:
     comps = parse_module(hlo_text)
     partitions = int((re.search(r"num_partitions=(\d+)", hlo_text) or [0, 1])[1])
     counter = _Counter(comps, partitions)
-    return counter.computation(comps["__entry__"].name)
+    cost = Cost()
+    cost.add(counter.computation(comps["__entry__"].name))
+    cost.add(counter.fused_collectives())
+    return cost

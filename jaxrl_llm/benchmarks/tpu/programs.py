@@ -90,6 +90,17 @@ def sampler_param_shardings(shapes, mesh: jax.sharding.Mesh):
     return param_shardings(shapes, mesh)
 
 
+def _batch_split(mesh) -> int:
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def _learner_rows(mesh, shape) -> jax.sharding.NamedSharding:
+    """Rows split over the learner mesh's batch axes (`models.batch_sharding`) when they divide them; else
+    replicated (a step of fewer prompts than chips)."""
+    return batch_sharding(mesh, len(shape)) if shape[0] % _batch_split(mesh) == 0 else \
+        jax.sharding.NamedSharding(mesh, P())
+
+
 def sampler_layout(rollout_mesh, sampler_cfg: DecoderConfig, mesh) -> SamplerLayout | None:
     """The sampler's own layout of ``rollout.mesh`` (a `SamplerMeshConfig`) over ``mesh``'s chips; None when unset."""
     if rollout_mesh is None or not rollout_mesh.enabled:
@@ -220,7 +231,7 @@ def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path
     params = _placed(shapes, sampler_param_shardings(shapes, mesh) if layout is None
                      else layout.param_shardings(shapes))
     replicated = jax.sharding.NamedSharding(mesh, P())
-    rows_of = (lambda s: batch_sharding(mesh, len(s))) if layout is None else layout.rows_sharding
+    rows_of = (lambda s: _learner_rows(mesh, s)) if layout is None else layout.rows_sharding
     prompts = _spec((shape.prompts, shape.prompt_len), jnp.int32, rows_of((shape.prompts, shape.prompt_len)))
     mask = _spec((shape.prompts, shape.prompt_len), bool, rows_of((shape.prompts, shape.prompt_len)))
     prefill = jax.jit(lambda p, t, m: prefill_prompts(
@@ -231,7 +242,7 @@ def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path
     capacity = -(-shape.width // CACHE_MULTIPLE) * CACHE_MULTIPLE
     cache = jax.eval_shape(lambda: init_cache(sampler_cfg, batch, capacity))
     if layout is None:
-        cache = _placed(cache, cache_shardings(cache, mesh))
+        cache = _placed(cache, cache_shardings(cache, mesh) if batch % _batch_split(mesh) == 0 else replicated)
     else:
         cache = _placed(cache, {"k": layout.cache_sharding(cache["k"].shape),
                                 "v": layout.cache_sharding(cache["v"].shape), "mask": rows_of(cache["mask"].shape),
@@ -247,7 +258,7 @@ def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path
         cache = dict(cache, end=_spec((), jnp.int32, replicated))
         lowered = step.lower(params, sampler_cfg, cache, rows, active, cache_window=cache_window)
         notes = {"path": "compact", "cache_window": cache_window}
-    notes.update(batch=batch, cache_slots=capacity, live_kv_slots=shape.width)
+    notes.update(batch=batch, cache_slots=capacity, live_kv_slots=shape.width, **_layout_notes(layout))
     programs.append(Program("sampler_decode_step", lowered, notes))
     return programs
 
@@ -268,7 +279,15 @@ def handoff_program(learner: Learner, model_cfg: DecoderConfig, dtype: str, mesh
     out = jax.eval_shape(handoff, state.params, frozen)
     target = sampler_param_shardings(out, mesh) if layout is None else layout.param_shardings(out)
     lowered = jax.jit(handoff, out_shardings=target).lower(state.params, frozen)
-    return Program("weight_handoff", lowered, {"dtype": dtype, "lora_merged": frozen is not None})
+    return Program("weight_handoff", lowered, {"dtype": dtype, "lora_merged": frozen is not None,
+                                               **_layout_notes(layout)})
+
+
+def _layout_notes(layout: SamplerLayout | None) -> dict:
+    if layout is None:
+        return {"sampler_layout": "learner (FSDP)"}
+    return {"sampler_layout": f"rollout.mesh data {layout.mesh.shape['data']} x tensor {layout.mesh.shape['tensor']}",
+            "kv_repeat": layout.kv_repeat, "split_heads": layout.split_heads}
 
 
 def step_programs(cfg, model_cfg: DecoderConfig, mesh, *, prompt_len: int, remat: str | None = None,

@@ -1,0 +1,209 @@
+"""`make tpu-compile`: the RL step of four models compiled for TPU slices, plus the compiled
+programs' efficiency figures, into one results file rewritten after every cell (a rerun resumes).
+
+The step: GRPO, 8 prompts x 8 samples, 512-token prompts and 512 new tokens (the GPU benchmarks'
+1.5B step: 64 x 512 new tokens, 64k token slots per learner step), bf16 compute with float32 master
+weights, remat "full" (the least memory), micro-batches of 8192 token slots (8 rows x 1024). Scaled
+for slices of more chips so that every chip holds whole rows: prompts per step = max(8, chips),
+micro-batch tokens = max(8192, chips x 1024).
+
+Smallest slice (the documented rule): per model, the slices of `SLICE_ORDER` are tried from the fewest
+chips (then the least HBM per slice) until the whole step fits; the ones before it are refused by
+the compile (each row names the program and the bytes), the rest are not compiled. The mesh there
+is the project's default (`mesh` section: data 1, fsdp -1, tensor 1: parameters, gradients and
+optimiser state FSDP-sharded over every chip, batch rows split over them).
+
+Efficiency (`efficiency` cells):
+* decode bytes ratio, Qwen2.5-1.5B on v5e-8: the decode step's HBM bytes counted through loops, summed
+  over the chips, / (the bf16 weights + the KV cache of the batch's 1024 slots, each read once), at
+  batch 64 and 256, slot and compact decode, in the learner's layout (FSDP over 8 chips) and on the
+  sampler's own mesh (``rollout.mesh`` data 2 x tensor 4; slots also data 1 x tensor 8);
+* learner FLOPs ratio, Qwen2.5-1.5B on v5p-8: the learner update's matrix FLOPs counted through loops,
+  summed over the chips, / model FLOPs (6 x weights in matmuls x tokens, the LM head on completion
+  tokens only, + 12 x layers x heads x head_dim x the causal context of every token), per remat mode.
+
+Run: ``python -m jaxrl_llm.benchmarks.tpu.matrix [--out FILE] [--only CELL ...]``; ``--table`` rewrites
+docs/benchmarks.md's TPU table from the results file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from jaxrl_llm.benchmarks.common.results import RESULTS_DIR, git_commit
+from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit
+from jaxrl_llm.benchmarks.tpu.chips import parse_slice
+from jaxrl_llm.benchmarks.tpu.compile_step import compile_step, provenance, write_json
+from jaxrl_llm.benchmarks.tpu.shapes import model_shape
+
+MODELS = ("qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b")
+# fewest chips first, then the least HBM per slice (v4-8: 4 x 32 GiB; v5p-8: 4 x 95 GiB; ...)
+SLICE_ORDER = ("v4-8", "v5p-8", "v5e-8", "v6e-8", "v5p-64", "v5e-256", "v6e-256")
+PROMPT_LEN, NEW_TOKENS, SAMPLES, WIDTH = 512, 512, 8, 1024
+DEFAULT_OUT = RESULTS_DIR / "tpu" / "tpu-compile-matrix.json"
+
+
+def step_overrides(chips: int, **extra: str) -> list[str]:
+    """The matrix's step for a slice of ``chips`` chips (module doc), as `jaxrl compile` overrides."""
+    prompts = max(8, chips)
+    values = {"recipe.name": "grpo", "rollout.prompts_per_step": prompts, "rollout.samples_per_prompt": SAMPLES,
+              "rollout.max_tokens": NEW_TOKENS, "train.precision": "bf16", "train.remat": "full",
+              "train.micro_batch_tokens": max(8192, chips * WIDTH), **extra}
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def _config(overrides: list[str]):
+    from jaxrl_llm.train.config.schema import Config, apply_overrides
+
+    return apply_overrides(Config(name="tpu-compile"), overrides)
+
+
+def compile_cell(model: str, topology: str, **extra: str) -> dict:
+    """One cell: the step of ``model`` on ``topology``; a refusal is a result ({"fits": false, "refusal": ...})."""
+    spec = parse_slice(topology)
+    overrides = step_overrides(spec.chips, **extra)
+    t0 = time.perf_counter()
+    try:
+        result = compile_step(_config(overrides), topology, model=model, prompt_len=PROMPT_LEN, log=_log)
+    except DoesNotFit as err:
+        result = {"topology": topology, "chips": spec.chips, "chip": spec.chip.generation, "fits": False,
+                  "refusal": str(err)}
+    except Exception as err:  # noqa: BLE001 - a cell that cannot compile is a result: the reason is recorded
+        result = {"topology": topology, "chips": spec.chips, "chip": spec.chip.generation, "fits": False,
+                  "error": f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"}
+    return {"model": model, "overrides": overrides, "wall_s": round(time.perf_counter() - t0, 1), **result}
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def decode_ratio(path: str, batch: int, layout: tuple[int, int] | None) -> dict:
+    """The decode step's compiled HBM bytes (all chips) / ideal bytes, Qwen2.5-1.5B on v5e-8 (module doc),
+    in the learner's layout (``layout`` None) or on ``rollout.mesh`` (data, tensor)."""
+    from jaxrl_llm.benchmarks.tpu.analysis import analyse
+    from jaxrl_llm.benchmarks.tpu.compile_step import slice_mesh
+    from jaxrl_llm.benchmarks.tpu.programs import StepShape, sampler_layout, sampler_programs
+    from jaxrl_llm.models.platform import compiling_for
+
+    spec = parse_slice("v5e-8")
+    mesh_overrides = {} if layout is None else {"rollout.mesh.data": layout[0], "rollout.mesh.tensor": layout[1]}
+    cfg = _config(step_overrides(spec.chips, **mesh_overrides))
+    mesh, axes = slice_mesh(cfg, spec)
+    model = model_shape("qwen2.5-1.5b").with_dtypes(param_dtype="bfloat16", compute_dtype="bfloat16")
+    shape = StepShape(batch // SAMPLES, SAMPLES, PROMPT_LEN, NEW_TOKENS)
+    with compiling_for("tpu"):
+        plan = sampler_layout(cfg.rollout.mesh, model, mesh)
+        programs = sampler_programs(model, shape, mesh, path=path, kernel="dense", slots=batch, layout=plan)
+    row = analyse(programs[1], spec, refuse=False).row
+    kv = 2 * model.num_layers * batch * row["cache_slots"] * model.num_kv_heads * model.head_dim * 2
+    weights = 2 * model.num_params()
+    compiled = row["hbm_bytes_accessed"] * spec.chips
+    return {"metric": "decode_bytes_ratio", "model": "qwen2.5-1.5b", "topology": spec.name,
+            "layout": row["sampler_layout"], "path": path, "batch": batch, "cache_slots": row["cache_slots"],
+            "ideal_bytes": weights + kv, "compiled_bytes_all_chips": compiled, "ratio": compiled / (weights + kv),
+            "all_gather_bytes_per_chip": row["collectives"].get("all-gather", {}).get("bytes", 0.0),
+            "goal": 1.25, "program": row}
+
+
+def model_flops(model, sequences: int, width: int, completion: int) -> float:
+    """Model FLOPs of one forward + backward over ``sequences`` full rows (module doc)."""
+    d, hd = model.hidden_size, model.head_dim
+    experts = model.num_experts_per_tok if model.is_moe else 1
+    width_mlp = model.moe_intermediate_size if model.is_moe else model.intermediate_size
+    layer = d * hd * (model.num_heads + 2 * model.num_kv_heads) + model.num_heads * hd * d + 3 * d * width_mlp * experts
+    tokens = sequences * width
+    context = sequences * width * (width + 1) / 2
+    return (6.0 * model.num_layers * layer * tokens + 6.0 * d * model.vocab_size * sequences * completion
+            + 12.0 * model.num_layers * model.num_heads * hd * context)
+
+
+def learner_ratio(remat: str, micro_batch_tokens: int = 4096) -> dict:
+    """The learner update's compiled matrix FLOPs (all chips) / model FLOPs, Qwen2.5-1.5B on v5p-8."""
+    from jaxrl_llm.benchmarks.tpu.analysis import analyse
+    from jaxrl_llm.benchmarks.tpu.compile_step import slice_mesh
+    from jaxrl_llm.benchmarks.tpu.programs import step_programs
+
+    spec = parse_slice("v5p-8")
+    cfg = _config(step_overrides(spec.chips, **{"train.remat": remat, "train.micro_batch_tokens": micro_batch_tokens}))
+    mesh, axes = slice_mesh(cfg, spec)
+    model = model_shape("qwen2.5-1.5b")
+    update = step_programs(cfg, model, mesh, prompt_len=PROMPT_LEN, remat=remat)[0]
+    row = analyse(update, spec, refuse=False).row
+    sequences = cfg.rollout.prompts_per_step * SAMPLES
+    ideal = model_flops(model, sequences, WIDTH, NEW_TOKENS)
+    compiled = row.get("flops", math.nan) * spec.chips
+    return {"metric": "learner_flops_ratio", "model": "qwen2.5-1.5b", "topology": spec.name, "mesh": axes,
+            "remat": remat, "micro_batch_tokens": micro_batch_tokens, "sequences": sequences,
+            "model_flops": ideal, "compiled_flops_all_chips": compiled, "ratio": compiled / ideal,
+            "fits": row["fits"], "hbm_bytes": row.get("hbm_bytes"),
+            "goal": {"off": 1.10, "full": 1.40}.get(remat), "program": row}
+
+
+def _jobs() -> list[tuple[str, callable]]:
+    layouts = {"slots": (None, (2, 4), (1, 8)), "compact": (None, (2, 4))}
+    jobs = [(f"efficiency:decode:{path}:{batch}:{'learner' if lay is None else 'd%dt%d' % lay}",
+             lambda p=path, b=batch, la=lay: decode_ratio(p, b, la))
+            for path, lays in layouts.items() for lay in lays for batch in (64, 256)]
+    jobs += [(f"efficiency:learner:{mode}", lambda m=mode: learner_ratio(m)) for mode in ("off", "dots", "full")]
+    return jobs
+
+
+def run(out: Path, only: list[str] | None = None) -> dict:
+    """Every cell not yet in ``out`` (a rerun resumes), the file rewritten after each."""
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data.update(provenance(), commit=git_commit(), step={"prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
+                                                         "samples": SAMPLES, "rule": __doc__.split("\n\n")[1]})
+    cells = data.setdefault("cells", {})
+
+    def record(key: str, make) -> dict:
+        if key not in cells and (not only or any(key.startswith(o) for o in only)):
+            print(f"== {key}", flush=True)
+            cells[key] = make()
+            write_json(out, data)
+        return cells.get(key, {})
+
+    for model in MODELS:
+        for topology in SLICE_ORDER:
+            if record(f"step:{model}:{topology}", lambda m=model, t=topology: compile_cell(m, t)).get("fits"):
+                break
+    smallest = next((t for t in SLICE_ORDER if cells.get(f"step:qwen2.5-1.5b:{t}", {}).get("fits")), "v5p-8")
+    record(f"variant:fp16:qwen2.5-1.5b:{smallest}",
+           lambda: compile_cell("qwen2.5-1.5b", smallest, **{"train.precision": "fp16"}))
+    record(f"variant:batch_invariant:qwen2.5-1.5b:{smallest}",
+           lambda: compile_cell("qwen2.5-1.5b", smallest, **{"rollout.batch_invariant": "true"}))
+    for key, make in _jobs():
+        record(key, make)
+    data["missing"] = missing(data)
+    write_json(out, data)
+    return data
+
+
+def missing(data: dict) -> list[str]:
+    """Models without a compiled cell that fits, and efficiency figures not yet measured."""
+    cells = data.get("cells", {})
+    out = [f"step:{m}" for m in MODELS if not any(k.startswith(f"step:{m}:") and c.get("fits") for k, c in cells.items())]
+    return out + [key for key, _ in _jobs() if key not in cells]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--only", nargs="*", default=None, help="cell key prefixes, e.g. step:qwen2.5-1.5b efficiency")
+    parser.add_argument("--table", action="store_true", help="only rewrite docs/benchmarks.md's TPU table from --out")
+    args = parser.parse_args(argv)
+    if not args.table:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        run(args.out, args.only)
+    from jaxrl_llm.benchmarks.tpu.table import write_table
+
+    print(f"-> {write_table(json.loads(args.out.read_text()))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
