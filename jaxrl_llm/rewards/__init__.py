@@ -25,6 +25,7 @@ from jaxrl_llm.rewards.graders import (
     trusted_in_process,
     warm_up_with,
 )
+from jaxrl_llm.rewards.judge import JudgeReward, ScoreFormat, check_rubric, grades_in_batches, judge_prompt
 from jaxrl_llm.rewards.pool_worker import GraderTimeout, Suspected
 from jaxrl_llm.rewards.sandbox import SandboxLimits, SandboxUnavailable, sandbox_tool
 from jaxrl_llm.rewards.sandbox_session import Call, CallResult, SandboxSession, run_calls
@@ -35,6 +36,11 @@ __all__ = [
     "SCORINGS",
     "CodeRunError",
     "GraderTimeout",
+    "JudgeReward",
+    "ScoreFormat",
+    "check_rubric",
+    "grades_in_batches",
+    "judge_prompt",
     "SandboxLimits",
     "SandboxUnavailable",
     "code_reward",

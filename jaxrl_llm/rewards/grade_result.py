@@ -26,6 +26,7 @@ class GradeResult:
     n_forgery_suspected: answers whose grader returned :class:`Suspected`, or a reward outside
                 the grader's ``reward_range`` (clipped into it).
     suspicions: one message per such answer, naming the completion index, in index order.
+    metrics:    a grader's own counts for the step's metrics (the LLM judge's judge_calls, ...).
     """
 
     rewards: tuple[float, ...]
@@ -36,10 +37,20 @@ class GradeResult:
     wall_s: float
     n_forgery_suspected: int = 0
     suspicions: tuple[str, ...] = ()
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+
+def summed_metrics(results) -> dict[str, float]:
+    """The GradeResult.metrics of several results, summed by name (a count of 0 stays)."""
+    total: dict[str, float] = {}
+    for result in results:
+        for name, value in result.metrics.items():
+            total[name] = total.get(name, 0.0) + value
+    return total
 
 
 class Collector:

@@ -38,6 +38,7 @@ import weakref
 from typing import Any, Sequence
 
 from jaxrl_llm.rewards.grade_result import Collector, GradeResult, RewardFn, reward_range_of
+from jaxrl_llm.rewards.judge import grades_in_batches
 from jaxrl_llm.rewards.pool_worker import (OK, TIMEOUT, GraderTimeout, Worker, describe_error,
                                           kill_worker, new_worker_temp_dir, shutdown_workers, worker_main)
 
@@ -142,8 +143,14 @@ class GraderPool:
         in_process: True grades in this process (no timeout), False in the
           workers; None (default) follows the grader's ``trusted_in_process``
           mark.
+
+        A grader that grades whole batches itself (``grades_in_batches``: the LLM
+        judge, rewards/judge.py) is handed the batch: ``reward_fn.grade_batch(self,
+        completions, examples)``, in this process; it keeps its own deadlines.
         """
         _check_batch(completions, examples)
+        if grades_in_batches(reward_fn):
+            return reward_fn.grade_batch(self, completions, examples)
         if in_process is None:
             in_process = getattr(reward_fn, "trusted_in_process", False)
         if in_process or not completions:

@@ -240,7 +240,7 @@ class VLLMClient:
                 time.sleep(self.backoff_s * 2 ** attempt)
         raise VLLMUnavailableError(
             f"POST {path} failed {attempts} times over {time.monotonic() - started:.1f} s "
-            f"(servers tried: {sorted(set(tried))}); last error: {last_error!r}")
+            f"(servers tried: {sorted(set(tried))}); last error: {last_error!r}") from last_error
 
     def post_all(self, path: str, body: dict[str, Any] | None = None,
                  timeout_s: float | None = None) -> list[Any]:

@@ -24,6 +24,7 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 from jaxrl_llm.train.config.distill import DistillConfig
+from jaxrl_llm.train.config.judge import JudgeConfig
 from jaxrl_llm.train.config.mesh import MeshConfig, SamplerMeshConfig
 from jaxrl_llm.train.config.recipe import (ADVANTAGE_NAMES, AGGREGATION_NAMES, CORRECTION_NAMES, KL_ESTIMATOR_NAMES,
                                           POLICY_LOSS_NAMES, RECIPE_NAMES, RecipeConfig)
@@ -33,7 +34,7 @@ from jaxrl_llm.utils import config_files, typed_config
 from jaxrl_llm.utils.typed_config import ConfigError, JsonDict, Section, field, section
 
 __all__ = [
-    "CheckpointConfig", "Config", "PRECISION_DTYPES", "ConfigError", "CriticConfig", "DistillConfig", "MeshConfig", "MetricsConfig",
+    "CheckpointConfig", "Config", "PRECISION_DTYPES", "ConfigError", "CriticConfig", "DistillConfig", "JudgeConfig", "MeshConfig", "MetricsConfig",
     "ModelConfig", "RecipeConfig", "RolloutConfig", "ShapingConfig", "TaskConfig", "TrainConfig", "VinePPOConfig",
     "apply_overrides", "config_from_dict", "load_config", "load_config_json", "parse_overrides", "replace_values",
     "save_config", "schema_help"]
@@ -242,6 +243,8 @@ class TaskConfig(Section):
     max_turns: int = field(4, ge=1)  # policy turns per episode
     turn_max_tokens: int = field(0, ge=0)  # tokens per policy turn; 0: rollout.max_tokens (the episode budget)
     discount: float = field(1.0, gt=0.0, le=1.0)  # episode reward = sum_t discount**t * reward_t
+    # An LLM judge as the reward, alone or as the grader "judge" of task.reward_fn(s) (train/config/judge.py).
+    judge: JudgeConfig = section(JudgeConfig)
     _path_prefix = "task."
 
     def _check_consistency(self) -> None:

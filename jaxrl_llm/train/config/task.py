@@ -20,6 +20,8 @@ Everything a researcher brings is named in the config, so nothing in the library
                   its question and answer in the columns task.prompt_field / task.answer_field.
   task.env        an environment class "package.module:Class" in which the task's examples are
                   played as multi-turn episodes (data/environments.py), built with task.env_kwargs.
+  task.judge      an LLM judge (train/config/judge.py, rewards/judge.py): with task.judge.model set it
+                  is the reward, or, named "judge" in task.reward_fns, one weighted part of it.
 
 Every name is checked when the config is built (`check_task_section`), so a typo fails before
 any model loads, with a ConfigError naming the field. Data files are opened only when the task
@@ -39,12 +41,13 @@ from jaxrl_llm.data.registry import TASK_FACTORIES
 from jaxrl_llm.data.files import data_file_format
 from jaxrl_llm.data.plugins import PluginError, load_object
 from jaxrl_llm.data.code_tasks import CODE_TASKS
-from jaxrl_llm.rewards import BUILTIN_GRADERS, RewardFn, SandboxLimits, WeightedRewards
+from jaxrl_llm.rewards import BUILTIN_GRADERS, JudgeReward, RewardFn, SandboxLimits, ScoreFormat, WeightedRewards
 from jaxrl_llm.utils.typed_config import ConfigError, did_you_mean
 
 
 # Tasks read from a file, and the field naming it.
 FILE_TASKS = {"jsonl": "jsonl_path", "data_file": "data_path"}
+JUDGE = "judge"  # the grader name of task.judge in task.reward_fn / task.reward_fns
 
 
 def _load_callable(spec: str, field: str, valid: str) -> Any:
@@ -84,6 +87,37 @@ def resolve_reward_fn(spec: str, field: str = "task.reward_fn") -> RewardFn:
         raise ConfigError(f"{field} = {spec!r} cannot be sent to a grader worker ({err}); "
                           "valid: a module-level function, not a lambda or a nested function") from None
     return fn
+
+
+def make_judge(task_cfg) -> JudgeReward:
+    """The (unconnected) judge reward of task.judge; train/sample/judge.py connects it to its server."""
+    judge = task_cfg.judge
+    return JudgeReward(judge.rubric, ScoreFormat.parse(judge.score_format), cache_size=judge.cache_size)
+
+
+def task_grader(task_cfg, spec: str, field: str) -> RewardFn:
+    """The grader `spec` names in `field` of the task section: "judge" (task.judge's), or as resolve_reward_fn."""
+    if spec != JUDGE:
+        return resolve_reward_fn(spec, field)
+    if not task_cfg.judge.enabled:
+        raise ConfigError(f"{field} names {JUDGE!r} but task.judge.model is not set; valid: task.judge.model="
+                          "smollm2 or a judge model directory, or another grader")
+    return make_judge(task_cfg)
+
+
+def check_judge_use(task_cfg) -> None:
+    """With task.judge.model set, task.reward_fn / task.reward_fns either name "judge" or are unset."""
+    if not task_cfg.judge.enabled:
+        return
+    if is_env_task(task_cfg):
+        raise ConfigError(f"task.judge.model = {task_cfg.judge.model!r} with an environment task (task.name = "
+                          f"{task_cfg.name!r}, task.env = {task_cfg.env!r}): the environment's step rewards are the "
+                          "rewards; valid: leave task.judge.model unset")
+    named = [task_cfg.reward_fn] if task_cfg.reward_fn is not None else list(task_cfg.reward_fns)
+    if named and JUDGE not in named:
+        raise ConfigError(f"task.judge.model = {task_cfg.judge.model!r}, but the graders named ({named}) do not "
+                          f"include {JUDGE!r}; valid: add {JUDGE!r} to task.reward_fns (weighted with the others), "
+                          "or unset task.reward_fn/reward_fns (the judge alone)")
 
 
 def task_arguments(task_cfg) -> tuple[str, dict[str, Any]]:
@@ -130,7 +164,7 @@ def check_task_section(task_cfg) -> None:
         _check_name_and_kwargs(task_cfg)
     _check_sandbox_deadline(task_cfg)
     if task_cfg.reward_fn is not None:
-        resolve_reward_fn(task_cfg.reward_fn)
+        task_grader(task_cfg, task_cfg.reward_fn, "task.reward_fn")
     if task_cfg.reward_fns or task_cfg.reward_weights:
         task_graders(task_cfg)
     if task_cfg.env is not None:
@@ -143,6 +177,7 @@ def check_task_section(task_cfg) -> None:
             raise ConfigError(f"task.{field} = {getattr(task_cfg, field)!r} with an environment task (task.name = "
                               f"{task_cfg.name!r}, task.env = {task_cfg.env!r}): the environment's step rewards are "
                               f"the rewards; valid: leave task.{field} unset")
+    check_judge_use(task_cfg)
 
 
 def _check_sandbox_deadline(task_cfg) -> None:
@@ -176,7 +211,7 @@ def task_graders(task_cfg) -> WeightedRewards:
     if len(set(names)) != len(names):
         raise ConfigError(f"task.reward_fns = {fns!r} names two graders alike ({names}); valid: graders whose "
                           "function names differ (each reward is logged as reward_<name>)")
-    return WeightedRewards(names, tuple(resolve_reward_fn(spec, "task.reward_fns") for spec in fns),
+    return WeightedRewards(names, tuple(task_grader(task_cfg, spec, "task.reward_fns") for spec in fns),
                            tuple(weights) or (1.0,) * len(fns))
 
 
@@ -224,9 +259,11 @@ def build_task(task_cfg) -> Task:
     except (TypeError, ValueError, ImportError) as err:  # ImportError: an optional package missing, named
         raise ConfigError(f"task.name = {name!r} with task.kwargs = {dict(task_cfg.kwargs)!r}: {err}") from err
     if task_cfg.reward_fn is not None:
-        task.reward_fn = resolve_reward_fn(task_cfg.reward_fn)  # this task's grader only
+        task.reward_fn = task_grader(task_cfg, task_cfg.reward_fn, "task.reward_fn")  # this task's grader only
     if task_cfg.reward_fns:
         task.reward_fn = task_graders(task_cfg)  # called as one grader: the weighted sum
+    if task_cfg.judge.enabled and task_cfg.reward_fn is None and not task_cfg.reward_fns:
+        task.reward_fn = make_judge(task_cfg)  # the judge alone
     if task_cfg.env is not None:
         env_class = resolve_env_class(task_cfg.env)
         return PluginEnvTask(task, env_class, dict(task_cfg.env_kwargs))

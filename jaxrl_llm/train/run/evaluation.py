@@ -27,6 +27,7 @@ from jaxrl_llm.utils.atomic_files import write_text_atomic
 from jaxrl_llm.train.sample.engines import engine_spec, make_engine, sampling_params
 from jaxrl_llm.train.sample.episodes import EpisodeLimits, run_episodes
 from jaxrl_llm.train.sample.grading import grade
+from jaxrl_llm.train.sample.judge import connect_judges
 from jaxrl_llm.train.run.metrics import EVAL_FILE, read_metrics, truncate_metrics
 from jaxrl_llm.train.policy import Policy, decode_completions, encode_prompts
 from jaxrl_llm.train.sample.prompts import heldout_examples, task_from_config
@@ -102,7 +103,9 @@ def evaluate_params(cfg: Config, policy: Policy, params, *, samples: int | None 
         engine = make_engine(engine_spec(cfg), policy, params, stack=stack)
         if cfg.rollout.engine == "vllm" and params is not policy.params:
             engine.update_weights(params)  # the server starts from the base weights
-        result = evaluate(engine, policy, task or task_from_config(cfg), held_out(cfg), samples=samples, seed=seed)
+        task = task or task_from_config(cfg)
+        connect_judges(cfg.task.judge, task.reward_fn, seed=cfg.seed, run_path=os.fspath(cfg.run_path), stack=stack)
+        result = evaluate(engine, policy, task, held_out(cfg), samples=samples, seed=seed)
     if step is not None:
         append_eval(cfg.run_path, step, result)
     return result

@@ -62,6 +62,7 @@ from jaxrl_llm.train.learn.learner import Learner, LearnerState
 from jaxrl_llm.train.run.metrics import GroupLog, MetricsWriter
 from jaxrl_llm.train.policy import Policy, load_policy
 from jaxrl_llm.train.run.progress import Progress
+from jaxrl_llm.train.sample.judge import check_judge, connect_judges
 from jaxrl_llm.train.sample.prompts import task_from_config
 from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.sample.stage import step_sampling
@@ -119,6 +120,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
     run_dir = os.fspath(cfg.run_path)
     os.makedirs(run_dir, exist_ok=True)
     task = task or task_from_config(cfg)  # before the model: a bad task config fails fast
+    check_judge(cfg.task.judge)  # a missing judge model too
     plan = plan_run(cfg, task, processes=jax.process_count())  # refuses what the task cannot run
     mesh = distributed.learner_mesh(cfg.mesh)  # refuses sizes the devices cannot hold
     distributed.rollout_mesh(cfg.rollout.mesh)  # the sampler's mesh: refused here too, before any model loads
@@ -151,6 +153,7 @@ def train(cfg: Config, *, task: Task | None = None, resume: bool = False, policy
             engine.update_weights(engine_weights(spec, learner, state.params))
             weight_check.wait_verified(engine)
         pool = stack.enter_context(GraderPool(num_workers=cfg.task.reward_workers, timeout_s=cfg.task.reward_timeout_s))
+        connect_judges(cfg.task.judge, task.reward_fn, seed=cfg.seed, run_path=run_dir, stack=stack)  # task.judge
         sampling = step_sampling(cfg, plan, policy, task, pool)
         producer = AsyncRolloutProducer(
             engine, sampling.job, first_step=start.step + 1, last_step=cfg.total_steps, max_lag=cfg.rollout.max_lag,

@@ -11,6 +11,7 @@ import numpy as np
 from jaxrl_llm import core
 from jaxrl_llm.data import Example, Task
 from jaxrl_llm.rewards import GraderPool, reward_parts
+from jaxrl_llm.rewards.grade_result import summed_metrics
 from jaxrl_llm.rollout.types import RolloutBatch
 
 
@@ -33,6 +34,8 @@ class Graded:
     # answers whose grader suspected a forged reward (GradeResult.n_forgery_suspected: a reward
     # outside the grader's range, clipped; a program returning non-plain data), counted, not failed
     forgery_suspected: int = 0
+    # graders' own counts (GradeResult.metrics, e.g. the LLM judge's judge_calls), summed over the graders
+    grader_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def learner_rewards(self) -> np.ndarray:
@@ -51,8 +54,10 @@ class Graded:
         return core.StepInputs(self.learner_rewards, correct=is_correct(self.judged), extras=dict(self.extras))
 
     def part_metrics(self) -> dict[str, float]:
-        """`reward_<name>`: the mean of each named grader's reward (several task.reward_fns)."""
-        return {f"reward_{name}": float(np.mean(r)) for name, r in self.parts.items() if name != "reward"}
+        """`reward_<name>`: the mean of each named grader's reward (several task.reward_fns), and the
+        graders' own counts (`grader_metrics`)."""
+        return {**{f"reward_{name}": float(np.mean(r)) for name, r in self.parts.items() if name != "reward"},
+                **self.grader_metrics}
 
 
 def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence[Example],
@@ -67,7 +72,8 @@ def grade(pool: GraderPool, task: Task, texts: Sequence[str], examples: Sequence
     rewards = sum(np.float32(w) * r for w, r in zip(graders.weights, parts.values()))
     return Graded(rewards.astype(np.float32), sum(r.n_errors for r in results), sum(r.n_timeouts for r in results),
                   sum(r.wall_s for r in results), parts=parts,
-                  forgery_suspected=sum(r.n_forgery_suspected for r in results))
+                  forgery_suspected=sum(r.n_forgery_suspected for r in results),
+                  grader_metrics=summed_metrics(results))
 
 
 def learner_rollouts(rollouts: RolloutBatch, graded: Graded) -> RolloutBatch:
