@@ -62,6 +62,25 @@ def sandbox_uid_processes() -> list[int]:
     return found
 
 
+def sandbox_processes_under(folders) -> list[int]:
+    """Live sandbox-uid processes of runs whose job folder is under one of ``folders`` (a pool's
+    worker temp folders: named in bwrap's command line, or in the mount table of a process
+    inside). Other sessions' sandboxes on a shared machine are not the test's to count."""
+    ours = []
+    for pid in sandbox_uid_processes():
+        try:
+            seen = open(f"/proc/{pid}/cmdline", "rb").read() + open(f"/proc/{pid}/mountinfo", "rb").read()
+        except OSError:
+            continue
+        if any(folder.encode() in seen for folder in folders):
+            ours.append(pid)
+    return ours
+
+
+def worker_temp_dirs(pool) -> list[str]:
+    return [worker.temp_dir for worker in pool._workers]
+
+
 def _state(pid: str) -> str:
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().rpartition(")")[2].split()[0]

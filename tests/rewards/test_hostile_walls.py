@@ -24,25 +24,11 @@ import pytest
 from jaxrl_llm.rewards import GraderPool, GradeResult, code_reward
 from jaxrl_llm.rewards.sandbox_walls import IPC_SYSCTLS, MB, PAGE, SandboxLimits, memory_bound_mb, socket_buffer_filter
 from tests.rewards import wall_cases
-from tests.rewards.sandbox_cases import PWNED_TEST, CodeExample, fenced, require_sandbox, sandbox_uid_processes
+from tests.rewards.sandbox_cases import (PWNED_TEST, CodeExample, fenced, require_sandbox, sandbox_processes_under,
+                                         worker_temp_dirs)
 
 STATIC_CASES = wall_cases.ENVIRONMENT_CASES + wall_cases.MEMORY_CASES + wall_cases.HOLDING_CASES
 RUNTIME_CASE_NAMES = ("delete and write host files", "connect to a port the grader's host listens on")
-
-
-def sandbox_processes_under(folders: list[str]) -> list[int]:
-    """Live sandbox-uid processes of runs whose job folder is under one of ``folders`` (named in
-    bwrap's command line, or in the mount table of a process inside); other sessions' sandboxes
-    on a shared machine are not ours to count."""
-    ours = []
-    for pid in sandbox_uid_processes():
-        try:
-            seen = open(f"/proc/{pid}/cmdline", "rb").read() + open(f"/proc/{pid}/mountinfo", "rb").read()
-        except OSError:
-            continue
-        if any(folder.encode() in seen for folder in folders):
-            ours.append(pid)
-    return ours
 
 
 def default_limits_example() -> CodeExample:
@@ -83,7 +69,7 @@ def battery(tmp_path_factory) -> Battery:
                                     wall_cases.connect_case(listener.getsockname()[1])]
             grader = wall_cases.code_reward_holding_a_secret
             pool.grade(grader, [fenced("def f():\n    return 'pwned'")] * 2, [default_limits_example()] * 2)
-            pids, temp_dirs = pool.worker_pids, [worker.temp_dir for worker in pool._workers]
+            pids, temp_dirs = pool.worker_pids, worker_temp_dirs(pool)
             completions = [fenced(case.program) for case in cases] + [fenced(wall_cases.HONEST_NEIGHBOUR)]
             started = time.monotonic()
             result = pool.grade(grader, completions, [default_limits_example()] * len(completions))
@@ -136,7 +122,7 @@ def test_killed_workers_job_folder_is_removed():
     seen: list[str] = []
     with GraderPool(1, timeout_s=1.5) as pool:
         pool.grade(code_reward, [fenced("def f():\n    return 'pwned'")], [default_limits_example()])
-        temp_dir = pool._workers[0].temp_dir
+        temp_dir, = worker_temp_dirs(pool)
         stop = threading.Event()
 
         def watch():

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from jaxrl_llm.rewards import GraderPool, code_reward
-from tests.rewards.sandbox_cases import example, fenced, require_sandbox, sandbox_uid_processes
+from tests.rewards.sandbox_cases import example, fenced, require_sandbox, sandbox_processes_under, worker_temp_dirs
 
 HONEST = fenced("def f():\n    return 'pwned'")  # passes PWNED_TEST: the pool still works
 
@@ -25,12 +25,13 @@ def pool():
 
 def grade_hostile(pool, program, **limits):
     """Grade the hostile program then an honest one in one batch; check nothing lingers."""
-    pids_before = pool.worker_pids
+    pids_before, folders = pool.worker_pids, worker_temp_dirs(pool)
     started = time.monotonic()
     result = pool.grade(code_reward, [fenced(program), HONEST], [example(**limits)] * 2)
     elapsed = time.monotonic() - started
     assert result.rewards == (0.0, 1.0), result
-    assert sandbox_uid_processes() == [], "a sandboxed process outlived its grading call"
+    folders += worker_temp_dirs(pool)  # workers started by this batch (other sessions' sandboxes are not ours)
+    assert sandbox_processes_under(folders) == [], "a sandboxed process outlived its grading call"
     if pids_before:
         assert pool.worker_pids == pids_before, f"the grading worker was replaced: {result.errors}"
     return result, elapsed
@@ -139,14 +140,16 @@ def test_printing_a_gigabyte_is_cut_off(pool):
 
 
 def test_sandbox_dies_with_a_killed_grading_worker():
-    # the pool's deadline (1 s) comes before the sandbox's own (20 s): the worker is killed
+    # the pool's deadline (3 s) comes before the sandbox's own (20 s): the worker is killed
     # mid-run, and the sandboxed program must go with it rather than sleep on
     require_sandbox()
-    with GraderPool(1, timeout_s=1.0) as short_pool:
+    with GraderPool(1, timeout_s=3.0) as short_pool:
+        short_pool.grade(code_reward, [HONEST], [example()])  # the worker up: its folder is known
+        folders = worker_temp_dirs(short_pool)
         result = short_pool.grade(code_reward, [fenced("import time\ntime.sleep(30)")],
                                   [example(wall_s=20.0, cpu_s=20)])
         assert result.statuses == ("timeout",)
         deadline = time.monotonic() + 5
-        while sandbox_uid_processes() and time.monotonic() < deadline:
+        while sandbox_processes_under(folders) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert sandbox_uid_processes() == []
+        assert sandbox_processes_under(folders) == []
