@@ -127,7 +127,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     """A config that does not fit the slice is a user error: one line (program, chip HBM, bytes needed), exit 2."""
-    from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit
+    from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit, NotCompilable
     from jaxrl_llm.benchmarks.tpu.chips import LIBTPU_HINT
     from jaxrl_llm.benchmarks.tpu.compile_step import compile_step, provenance, write_json
 
@@ -137,7 +137,7 @@ def _compile(args: argparse.Namespace) -> int:
     try:
         result = compile_step(cfg, args.topology, model=args.model, num_layers=args.num_layers,
                               prompt_len=args.prompt_len, refuse=not args.report_all)
-    except DoesNotFit as err:
+    except (DoesNotFit, NotCompilable) as err:
         raise UserError(str(err)) from None
     except ValueError as err:  # a bad --topology / --model / mesh size names the value and the valid ones
         raise UserError(str(err)) from None

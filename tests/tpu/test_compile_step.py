@@ -92,3 +92,17 @@ def test_sampler_mesh_layout_gathers_no_layer_weight():
                for name, r in rows.items()}
     assert gathers["sampler"] <= embed
     assert gathers["learner"] > embed
+
+
+def test_fp16_is_refused_for_tpu_with_xla_reason(capsys, monkeypatch):
+    """fp16 (the Precision-RL recipe) has f16 x f16 -> f32 dots, which XLA's TPU compiler does not
+    implement: refused in one line naming the program and XLA's reason, exit 2."""
+    from jaxrl_llm.benchmarks.tpu import compile_step as compile_module
+
+    monkeypatch.setattr(compile_module, "policy_config", lambda *_: tiny_decoder_config(vocab_size=1024, num_layers=1))
+    code = cli.main(["compile", "--config", "experiments/demo.py", "--topology", "v5e-4", "--prompt-len", "16",
+                     *TINY_STEP, "train.precision=fp16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == cli.USAGE_ERROR and len(err) == 1, err
+    assert err[0].startswith("jaxrl compile: error: learner_update cannot be compiled for v5e-4: ")
+    assert "UNIMPLEMENTED" in err[0] and "F16" in err[0]

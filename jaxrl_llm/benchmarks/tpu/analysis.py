@@ -34,6 +34,11 @@ class DoesNotFit(Exception):
     """A program needs more HBM than a chip has (one line: program, chip HBM, bytes needed)."""
 
 
+class NotCompilable(Exception):
+    """XLA's compiler for the slice has no implementation of something the program needs (one line:
+    the program and XLA's reason), e.g. fp16's f16 x f16 -> f32 dots on TPU."""
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
@@ -98,6 +103,9 @@ def analyse(program: Program, slice_: Slice, *, refuse: bool = True) -> ProgramR
         compiled = compile_uncached(program.lowered)
     except Exception as err:  # XLA's compile-time OOM: the same refusal, with the bytes it names
         text = str(err)
+        if "UNIMPLEMENTED" in text:
+            reason = " ".join(text.split())[:300]
+            raise NotCompilable(f"{program.name} cannot be compiled for {slice_.name}: {reason}") from None
         if not _OOM.search(text):
             raise
         needed = oom_bytes(text)

@@ -17,7 +17,7 @@ Efficiency (`efficiency` cells):
 * decode bytes ratio, Qwen2.5-1.5B on v5e-8: the decode step's HBM bytes counted through loops, summed
   over the chips, / (the bf16 weights + the KV cache of the batch's 1024 slots, each read once), at
   batch 64 and 256, slot and compact decode, in the learner's layout (FSDP over 8 chips) and on the
-  sampler's own mesh (``rollout.mesh`` data 2 x tensor 4; slots also data 1 x tensor 8);
+  sampler's own mesh (``rollout.mesh`` data 2 x tensor 4);
 * learner FLOPs ratio, Qwen2.5-1.5B on v5p-8: the learner update's matrix FLOPs counted through loops,
   summed over the chips, / model FLOPs (6 x weights in matmuls x tokens, the LM head on completion
   tokens only, + 12 x layers x heads x head_dim x the causal context of every token), per remat mode.
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from jaxrl_llm.benchmarks.common.results import RESULTS_DIR, git_commit
-from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit
+from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit, NotCompilable
 from jaxrl_llm.benchmarks.tpu.chips import parse_slice
 from jaxrl_llm.benchmarks.tpu.compile_step import compile_step, provenance, write_json
 from jaxrl_llm.benchmarks.tpu.shapes import model_shape
@@ -69,7 +69,7 @@ def compile_cell(model: str, topology: str, **extra: str) -> dict:
     t0 = time.perf_counter()
     try:
         result = compile_step(_config(overrides), topology, model=model, prompt_len=PROMPT_LEN, log=_log)
-    except DoesNotFit as err:
+    except (DoesNotFit, NotCompilable) as err:
         result = {"topology": topology, "chips": spec.chips, "chip": spec.chip.generation, "fits": False,
                   "refusal": str(err)}
     except Exception as err:  # noqa: BLE001 - a cell that cannot compile is a result: the reason is recorded
@@ -145,7 +145,7 @@ def learner_ratio(remat: str, micro_batch_tokens: int = 4096) -> dict:
 
 
 def _jobs() -> list[tuple[str, callable]]:
-    layouts = {"slots": (None, (2, 4), (1, 8)), "compact": (None, (2, 4))}
+    layouts = {"slots": (None, (2, 4)), "compact": (None, (2, 4))}
     jobs = [(f"efficiency:decode:{path}:{batch}:{'learner' if lay is None else 'd%dt%d' % lay}",
              lambda p=path, b=batch, la=lay: decode_ratio(p, b, la))
             for path, lays in layouts.items() for lay in lays for batch in (64, 256)]
@@ -154,32 +154,52 @@ def _jobs() -> list[tuple[str, callable]]:
 
 
 def run(out: Path, only: list[str] | None = None) -> dict:
-    """Every cell not yet in ``out`` (a rerun resumes), the file rewritten after each."""
-    data = json.loads(out.read_text()) if out.exists() else {}
-    data.update(provenance(), commit=git_commit(), step={"prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
-                                                         "samples": SAMPLES, "rule": __doc__.split("\n\n")[1]})
-    cells = data.setdefault("cells", {})
+    """Every cell not yet in ``out`` (a rerun resumes), the file rewritten after each. Several processes
+    may share ``out`` (e.g. one per ``--only`` prefix): each write merges its cell into the file's."""
+    data = _read(out)
+    done = set(data.get("cells", {}))
 
     def record(key: str, make) -> dict:
-        if key not in cells and (not only or any(key.startswith(o) for o in only)):
+        if key not in done and (not only or any(key.startswith(o) for o in only)):
             print(f"== {key}", flush=True)
-            cells[key] = make()
-            write_json(out, data)
-        return cells.get(key, {})
+            cell = make()
+            done.add(key)
+            _merge(out, {key: cell})
+            return cell
+        return _read(out).get("cells", {}).get(key, {})
 
     for model in MODELS:
         for topology in SLICE_ORDER:
             if record(f"step:{model}:{topology}", lambda m=model, t=topology: compile_cell(m, t)).get("fits"):
                 break
-    smallest = next((t for t in SLICE_ORDER if cells.get(f"step:qwen2.5-1.5b:{t}", {}).get("fits")), "v5p-8")
+    cells = _read(out).get("cells", {})
+    smallest = next((t for t in SLICE_ORDER if cells.get(f"step:qwen2.5-1.5b:{t}", {}).get("fits")), "v4-8")
     record(f"variant:fp16:qwen2.5-1.5b:{smallest}",
            lambda: compile_cell("qwen2.5-1.5b", smallest, **{"train.precision": "fp16"}))
     record(f"variant:batch_invariant:qwen2.5-1.5b:{smallest}",
            lambda: compile_cell("qwen2.5-1.5b", smallest, **{"rollout.batch_invariant": "true"}))
     for key, make in _jobs():
         record(key, make)
-    data["missing"] = missing(data)
-    write_json(out, data)
+    return _merge(out, {})
+
+
+def _read(out: Path) -> dict:
+    return json.loads(out.read_text()) if out.exists() else {}
+
+
+def _merge(out: Path, cells: dict) -> dict:
+    """The results file with ``cells`` added, under a lock (several processes may write it)."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _read(out)
+        data.update(provenance(), commit=git_commit(), step={"prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
+                                                             "samples": SAMPLES, "rule": __doc__.split("\n\n")[1]})
+        data.setdefault("cells", {}).update(cells)
+        data["missing"] = missing(data)
+        write_json(out, data)
     return data
 
 
