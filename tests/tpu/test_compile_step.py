@@ -32,7 +32,8 @@ def test_tiny_step_compiles_for_tpu(topology, kind):
         + 3 * c.hidden_size * c.intermediate_size
     attention = 2 * 2 * decode["cache_slots"] * c.num_heads * c.head_dim
     hand = (8 // 4) * (c.num_layers * (2 * layer + attention) + 2 * c.hidden_size * c.vocab_size)
-    assert decode["flops"] == hand
+    assert decode["decode_steps"] == 16  # rollout.max_tokens steps in one loop, counted through it
+    assert decode["flops"] == 16 * hand
     # the master weights and Adam's two moments (float32) are arguments, split over the 4 chips
     assert rows["learner_update"]["argument_bytes"] >= 3 * 4 * result["params"] / 4
     assert rows["pi_old"]["reference"] and all(row["fits"] for row in rows.values())

@@ -3,7 +3,8 @@ shapes only, with the run's mesh (`mesh` section, resolved against the slice's c
 rules; one result per program (`analysis.analyse`) and an ESTIMATE of the whole step's time.
 
 The step estimate adds the programs' roofline estimates as one synchronous step runs them: the
-prefill, ``rollout.max_tokens`` decode steps per round of slots (ceil(sequences / slots) rounds),
+prefill, ``rollout.max_tokens`` decode steps per round of slots (ceil(sequences / slots) rounds; the
+decode program is one round's loop),
 the weight hand-off, the pi_old pass and epochs x mini-batches learner updates.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ def step_estimate(rows: dict[str, dict], cfg) -> dict:
     rounds = math.ceil(cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt / decode["batch"])
     updates = cfg.train.epochs_per_batch * cfg.train.minibatches_per_batch
     parts = {"prefill_s": rows["sampler_prefill"]["roofline"]["seconds"],
-             "decode_s": rounds * cfg.rollout.max_tokens * decode["roofline"]["seconds"],
+             "decode_s": rounds * cfg.rollout.max_tokens * decode["roofline"]["seconds"] / decode.get("decode_steps", 1),
              "handoff_s": rows["weight_handoff"]["roofline"]["seconds"],
              "pi_old_s": rows["pi_old"]["roofline"]["seconds"],
              "learner_s": updates * rows["learner_update"]["roofline"]["seconds"]}

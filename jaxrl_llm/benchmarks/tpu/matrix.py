@@ -14,8 +14,9 @@ is the project's default (`mesh` section: data 1, fsdp -1, tensor 1: parameters,
 optimiser state FSDP-sharded over every chip, batch rows split over them).
 
 Efficiency (`efficiency` cells):
-* decode bytes ratio, Qwen2.5-1.5B on v5e-8: the decode step's HBM bytes counted through loops, summed
-  over the chips, / (the bf16 weights + the KV cache of the batch's 1024 slots, each read once), at
+* decode bytes ratio, Qwen2.5-1.5B on v5e-8: a decode step's HBM bytes counted through loops (512 steps
+  in one loop, as the sampler runs them, / 512), summed over the chips, / (the bf16 weights + the KV
+  cache of the batch's 1024 slots, each read once), at
   batch 64 and 256, slot and compact decode, in the learner's layout (FSDP over 8 chips) and on the
   sampler's own mesh (``rollout.mesh`` data 2 x tensor 4);
 * learner FLOPs ratio, Qwen2.5-1.5B on v5p-8: the learner update's matrix FLOPs counted through loops,
@@ -98,15 +99,16 @@ def decode_ratio(path: str, batch: int, layout: tuple[int, int] | None) -> dict:
     shape = StepShape(batch // SAMPLES, SAMPLES, PROMPT_LEN, NEW_TOKENS)
     with compiling_for("tpu"):
         plan = sampler_layout(cfg.rollout.mesh, model, mesh)
-        programs = sampler_programs(model, shape, mesh, path=path, kernel="dense", slots=batch, layout=plan)
+        programs = sampler_programs(model, shape, mesh, path=path, kernel="dense", slots=batch, layout=plan,
+                                    decode_steps=NEW_TOKENS)
     row = analyse(programs[1], spec, refuse=False).row
     kv = 2 * model.num_layers * batch * row["cache_slots"] * model.num_kv_heads * model.head_dim * 2
     weights = 2 * model.num_params()
-    compiled = row["hbm_bytes_accessed"] * spec.chips
+    compiled = row["hbm_bytes_accessed"] * spec.chips / row["decode_steps"]  # per step, all chips
     return {"metric": "decode_bytes_ratio", "model": "qwen2.5-1.5b", "topology": spec.name,
             "layout": row["sampler_layout"], "path": path, "batch": batch, "cache_slots": row["cache_slots"],
             "ideal_bytes": weights + kv, "compiled_bytes_all_chips": compiled, "ratio": compiled / (weights + kv),
-            "all_gather_bytes_per_chip": row["collectives"].get("all-gather", {}).get("bytes", 0.0),
+            "all_gather_bytes_per_chip": row["collectives"].get("all-gather", {}).get("bytes", 0.0) / row["decode_steps"],
             "goal": 1.25, "program": row}
 
 

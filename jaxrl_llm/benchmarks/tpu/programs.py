@@ -9,9 +9,10 @@ Each program is the function the run itself jits, called as the run calls it:
 * ``pi_old``: `Learner._logprobs` (the pi_old pass over the step's sequences, with the reference
   policy's log-probs when the recipe has a KL term and the critic's values when set);
 * ``sampler_prefill``: `rollout.decode_slots.prefill_prompts` over the step's distinct prompts;
-* ``sampler_decode_step``: one step of the slot decode (`decode_slots.generate_slots`' loop body:
-  the decoder over one token per slot with the KV cache, then the LM head), or of the compacting
-  decode (``rollout.decode="compact"``: `models.forward` with the cache, `jax_sampler._generate`'s body);
+* ``sampler_decode_step``: the slot decode's steps (`decode_slots.generate_slots`' loop body: the
+  decoder over one token per slot with the KV cache, then the LM head), ``rollout.max_tokens`` of them
+  in one loop as the sampler runs them (per-step figures: the loop's / its steps), or the compacting
+  decode's (``rollout.decode="compact"``: `models.forward` with the cache, `jax_sampler._generate`'s body);
 * ``weight_handoff``: the learner's float32 weights (LoRA merged) cast to the sampler's dtype and
   moved into the sampler's layout (`sampler_param_shardings`; with ``rollout.mesh``, the sampler's own
   mesh over the same chips and `rollout.sampler_mesh.SamplerLayout`: KV heads repeated, tensor-parallel).
@@ -220,11 +221,34 @@ def _compact_decode_step(params, cfg: DecoderConfig, cache, tokens, active, cach
     return cache, lm_head_logits(hidden[:, 0], params=params, cfg=cfg)
 
 
+def _slot_decode_loop(params, cfg: DecoderConfig, kv, tokens, lengths, kernel: str, steps: int):
+    """``steps`` slot-decode steps in one loop, as `generate_slots` runs them (its state stays in the loop,
+    so XLA lays the cache out once per loop, not once per step); the next token is the argmax."""
+    def body(_, carry):
+        kv, tokens, lengths = carry
+        kv, logits = _slot_decode_step(params, cfg, kv, tokens, lengths, kernel)
+        return kv, jnp.argmax(logits, axis=-1).astype(tokens.dtype), lengths + 1
+
+    return jax.lax.fori_loop(0, steps, body, (kv, tokens, lengths))
+
+
+def _compact_decode_loop(params, cfg: DecoderConfig, cache, tokens, active, cache_window: int, steps: int):
+    """``steps`` compacting-decode steps in one loop (`_slot_decode_loop`'s reason)."""
+    def body(_, carry):
+        cache, tokens = carry
+        cache, logits = _compact_decode_step(params, cfg, cache, tokens, active, cache_window)
+        return cache, jnp.argmax(logits, axis=-1).astype(tokens.dtype)
+
+    return jax.lax.fori_loop(0, steps, body, (cache, tokens))
+
+
 def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path: str, kernel: str,
                      slots: int | None, cache_window: int = 32, batch_invariant: bool = False,
-                     layout: SamplerLayout | None = None) -> list[Program]:
+                     layout: SamplerLayout | None = None, decode_steps: int = 1) -> list[Program]:
     """``sampler_prefill`` and ``sampler_decode_step`` in the sampler's dtype and layout (``layout``: the
-    sampler's own mesh, `sampler_layout`; None: the learner's ``mesh`` and layout)."""
+    sampler's own mesh, `sampler_layout`; None: the learner's ``mesh`` and layout). ``decode_steps`` > 1:
+    the decode program is that many steps in one loop (`_slot_decode_loop`); its figures are the loop's,
+    ``decode_steps`` in its notes (the report divides by it for per-step figures)."""
     if layout is not None:
         sampler_cfg, mesh = layout.model_config(sampler_cfg), layout.mesh
     shapes = param_shapes(sampler_cfg)
@@ -248,17 +272,21 @@ def sampler_programs(sampler_cfg: DecoderConfig, shape: StepShape, mesh, *, path
                                 "v": layout.cache_sharding(cache["v"].shape), "mask": rows_of(cache["mask"].shape),
                                 "end": replicated, "next_pos": rows_of((batch,))})
     rows = _spec((batch,), jnp.int32, rows_of((batch,)))
+    loop = {"steps": decode_steps} if decode_steps > 1 else {}
     if path == "slots":
-        step = jax.jit(_slot_decode_step, static_argnames=("cfg", "kernel"))
-        lowered = step.lower(params, sampler_cfg, {"k": cache["k"], "v": cache["v"]}, rows, rows, kernel=kernel)
+        fn = _slot_decode_loop if loop else _slot_decode_step
+        step = jax.jit(fn, static_argnames=("cfg", "kernel", *loop))
+        lowered = step.lower(params, sampler_cfg, {"k": cache["k"], "v": cache["v"]}, rows, rows, kernel=kernel,
+                             **loop)
         notes = {"path": "slots", "kernel": kernel}
     else:
-        step = jax.jit(_compact_decode_step, static_argnames=("cfg", "cache_window"))
+        fn = _compact_decode_loop if loop else _compact_decode_step
+        step = jax.jit(fn, static_argnames=("cfg", "cache_window", *loop))
         active = _spec((batch,), bool, rows_of((batch,)))
         cache = dict(cache, end=_spec((), jnp.int32, replicated))
-        lowered = step.lower(params, sampler_cfg, cache, rows, active, cache_window=cache_window)
+        lowered = step.lower(params, sampler_cfg, cache, rows, active, cache_window=cache_window, **loop)
         notes = {"path": "compact", "cache_window": cache_window}
-    notes.update(batch=batch, cache_slots=capacity, live_kv_slots=shape.width, **_layout_notes(layout))
+    notes.update(decode_steps=decode_steps, batch=batch, cache_slots=capacity, live_kv_slots=shape.width, **_layout_notes(layout))
     programs.append(Program("sampler_decode_step", lowered, notes))
     return programs
 
@@ -320,7 +348,7 @@ def step_programs(cfg, model_cfg: DecoderConfig, mesh, *, prompt_len: int, remat
         layout = sampler_layout(cfg.rollout.mesh, sampler_cfg, mesh)
         programs += sampler_programs(sampler_cfg, shape, mesh, path=path, kernel=kernel,
                                      slots=cfg.rollout.decode_slots, batch_invariant=cfg.rollout.batch_invariant,
-                                     layout=layout)
+                                     layout=layout, decode_steps=shape.new_tokens)
         programs.append(handoff_program(learner, model_cfg, dtype, mesh, layout))
     return programs
 

@@ -21,7 +21,8 @@ def _collectives(row: dict) -> str:
 
 
 def step_table(cells: dict) -> list[str]:
-    lines = ["| model | slice (chips) | mesh | result | step estimate (s) |", "|---|---|---|---|---|"]
+    lines = ["| model | slice (chips) | mesh | result | learner state + sampler (GiB per chip) | step estimate (s) |",
+             "|---|---|---|---|---|---|"]
     for key, cell in cells.items():
         if not key.startswith(("step:", "variant:")):
             continue
@@ -34,9 +35,22 @@ def step_table(cells: dict) -> list[str]:
         else:
             result = cell.get("refusal") or cell.get("error", "not compiled")
         estimate = cell.get("step_estimate", {}).get("seconds")
-        lines.append(f"| {label} | {cell['topology']} ({cell['chips']}) | {mesh_text} | {result} | "
+        lines.append(f"| {label} | {cell['topology']} ({cell['chips']}) | {mesh_text} | {result} | {colocated(cell)} | "
                      f"{'-' if estimate is None else f'{estimate:.2f}'} |")
     return lines
+
+
+def colocated(cell: dict) -> str:
+    """The learner's resident state (its update's arguments: weights, optimizer moments, the step's rows)
+    plus the larger sampler program, per chip: what the chips hold at once when the sampler shares them."""
+    rows = {r["program"]: r for r in cell.get("programs", [])}
+    if "learner_update" not in rows or "sampler_decode_step" not in rows:
+        return "-"
+    state = rows["learner_update"]["argument_bytes"]
+    sampler = max(rows[p]["hbm_bytes"] for p in ("sampler_prefill", "sampler_decode_step") if p in rows)
+    chip = cell.get("chip_hbm_bytes")
+    verdict = "" if chip is None else (" (fits)" if state + sampler <= chip else " (DOES NOT FIT)")
+    return f"{_gib(state)} + {_gib(sampler)} = {_gib(state + sampler)}{verdict}"
 
 
 def program_table(cells: dict) -> list[str]:
