@@ -40,7 +40,7 @@ def test_sampler_layouts_gather_no_weight(devices, data, tensor, kv_heads):
     row = decode_step_report(CFG, SHAPE, None, layout)
     assert row["sampler_kv_heads"] == kv_heads  # tensor 4 > 2 KV heads: each stored twice
     assert row["weight_bytes_all_gathered_per_step"] == 0 and row["all_gather_bytes_per_step"] == 0
-    assert row["collectives_per_step"]["all-reduce"]["count"] > 0  # the row-parallel o and down
+    assert row["collectives"]["all-reduce"]["count"] > 0  # the row-parallel o and down
 
 
 def test_rollout_mesh_is_the_layout_jaxrl_compile_compiles(devices):
