@@ -12,7 +12,9 @@ An environment is one episode's counterpart of the policy, in the style of Gymna
 `terminated` means the episode reached its end (an answer was given); `truncated` that
 the environment stopped it early. The rollout side (train/sample/episodes.py) adds its own
 limits (turns, tokens) on top. Known `info` keys the runner counts: ``tool_call`` and
-``tool_error`` (bools).
+``tool_error`` (bools). An observation is a str (one user turn) or a list of chat messages
+(``{"role": ..., "content": str}`` dicts: a system prompt, few-shot turns, tool results), which
+the runner renders with the policy's chat template.
 
 A task whose episodes run in an environment is an :class:`EnvTask`: a `Task` (examples,
 splits, `is_correct`) that also makes environments. :class:`SingleTurnEnv` is the
@@ -33,7 +35,7 @@ from jaxrl_llm.data.task_base import Task
 class StepResult(NamedTuple):
     """What `Environment.step` returns (fields by name; a plain 5-tuple is refused)."""
 
-    observation: str  # the environment's next user message ("" when the episode ends)
+    observation: str | list  # the next user message, or chat messages (see the module docstring); "" at the end
     reward: float
     terminated: bool
     truncated: bool = False
@@ -98,9 +100,13 @@ def checked_step(env: Any, action_text: str) -> StepResult:
 
 
 def _check_observation(env: Any, observation: Any, method: str) -> None:
-    if not isinstance(observation, str):
-        raise EnvironmentOutputError(f"environment {_name(env)}.{method} returned observation {observation!r:.80} "
-                                     f"of type {type(observation).__name__}; expected a str")
+    if isinstance(observation, str) or (isinstance(observation, list) and observation and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in observation)):
+        return
+    raise EnvironmentOutputError(f"environment {_name(env)}.{method} returned observation {observation!r:.80} "
+                                 f"of type {type(observation).__name__}; expected a str or a non-empty list of "
+                                 "{'role': str, 'content': str} chat messages")
 
 
 def _check_info(env: Any, info: Any, method: str) -> None:

@@ -21,6 +21,8 @@ Tasks:
   calculator_tool, guess_number   multi-turn environments (data/builtin_envs.py)
   gem               any GEM environment that builds offline: make_task("gem", env_id="game:Mastermind-v0-easy")
                     (data/gem_envs.py; the optional gem extra)
+  verifiers         any verifiers environment (0.3 classic API): make_task("verifiers", env_id="my_mod:load_env")
+                    (data/verifiers_envs.py; the optional verifiers extra)
 
 Every task is registered with :func:`jaxrl_llm.data.register_task` (data/registry.py),
 the decorator a user's own tasks use too.
@@ -38,6 +40,7 @@ from jaxrl_llm.data.builtin_envs import CalculatorTask, GuessNumberTask
 from jaxrl_llm.data.chain_of_thought import COT_INSTRUCTION, COT_TASKS
 from jaxrl_llm.data.files import JsonlTask  # noqa: F401  (registers "jsonl" and "data_file")
 from jaxrl_llm.data.gem_envs import GemTask
+from jaxrl_llm.data.verifiers_envs import VerifiersTask
 from jaxrl_llm.data.many_answers import multiple_of_stream, multiple_reward
 from jaxrl_llm.data.records import (
     Example,
@@ -294,3 +297,4 @@ register_task("reasoning_gym")(ReasoningGymTask)
 register_task("calculator_tool")(CalculatorTask)
 register_task("guess_number")(GuessNumberTask)
 register_task("gem")(GemTask)
+register_task("verifiers")(VerifiersTask)

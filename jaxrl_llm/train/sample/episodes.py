@@ -3,7 +3,7 @@
 Each episode is one :class:`~jaxrl_llm.data.environments.Environment` instance. Its
 token history is
 
-    prompt (the reset observation as a chat-template user turn)
+    prompt (the reset observation as chat-template turns: a str is one user turn)
     | policy turn 1 | observation 1 | policy turn 2 | observation 2 | ...
 
 and becomes ONE `RolloutRecord`: `prompt_token_ids` = the prompt, `completion_token_ids`
@@ -127,13 +127,18 @@ class _Episode:
         self.logprobs += [float(x) for x in logprobs] if policy else [0.0] * len(ids)
 
 
-def observation_text(policy: Policy, observation: str, *, turn_closed: bool) -> str:
+def chat_turns(observation: str | list[dict]) -> list[dict]:
+    """An observation as chat messages: a str is one user turn."""
+    return [{"role": "user", "content": observation}] if isinstance(observation, str) else list(observation)
+
+
+def observation_text(policy: Policy, observation: str | list[dict], *, turn_closed: bool) -> str:
     """The text between a policy turn and the next one: the end of the assistant turn, the
-    observation as a user turn, and the assistant header, as the chat template renders them.
+    observation's turns (a str: one user turn), and the assistant header, as the chat template renders them.
     `turn_closed`: the policy's turn already ends with the end-of-turn (EOS) token, whose
     text is then left out here."""
     rendered = policy.chat.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_END_MARK},
-                                   {"role": "user", "content": observation}], add_generation_prompt=True)
+                                   *chat_turns(observation)], add_generation_prompt=True)
     text = rendered[rendered.index(_TURN_END_MARK) + len(_TURN_END_MARK):]
     eos = policy.chat.special_tokens.get("eos_token")
     if turn_closed and eos and text.startswith(eos):
@@ -141,7 +146,7 @@ def observation_text(policy: Policy, observation: str, *, turn_closed: bool) -> 
     return text
 
 
-def observation_ids(policy: Policy, observation: str, *, turn_closed: bool) -> list[int]:
+def observation_ids(policy: Policy, observation: str | list[dict], *, turn_closed: bool) -> list[int]:
     return policy.tokenizer.encode(observation_text(policy, observation, turn_closed=turn_closed),
                                    add_special_tokens=False).ids
 
@@ -162,7 +167,8 @@ def run_episodes(engine, policy: Policy, task: EnvTask, examples: Sequence[Examp
         for _ in range(n):
             env = task.make_env()
             observation, _ = checked_reset(env, example)
-            prompt = policy.tokenizer.encode(policy.chat.render_prompt(observation), add_special_tokens=False).ids
+            prompt = policy.tokenizer.encode(policy.chat.render(chat_turns(observation), add_generation_prompt=True),
+                                             add_special_tokens=False).ids
             episodes.append(_Episode(env, prompt))
     eos = set(policy.eos_token_ids)
     for turn in range(limits.max_turns):
