@@ -9,8 +9,13 @@ JAXRL_DISTRIBUTED=tpu makes `train.distributed.initialize_from_env` call
 from the TPU metadata, and the mesh in the config spans every chip of the slice.
 
 Rollouts:
-  --rollout jax       (default) the built-in JAX sampler, sharded over the same chips:
-                      no second engine, no weight transfer.
+  --rollout jax       (default) the built-in JAX sampler on the same chips: no second engine.
+                      Without rollout.mesh it decodes from the learner's FSDP shards and
+                      gathers every weight at every decode step (Qwen2.5-1.5B on v5e-8:
+                      2.2 GB per step, docs/benchmarks.md); add the overrides
+                      rollout.mesh.data=D rollout.mesh.tensor=T (D x T = one worker's chips)
+                      for its own tensor-parallel layout, the weights copied into it once
+                      per version and none gathered per step.
   --rollout vllm-tpu  a second TPU VM (--rollout-tpu, single host) runs vLLM's TPU build
                       (`pip install vllm-tpu`) bound to 127.0.0.1; every learner worker
                       first opens an SSH tunnel to it (`gcloud ... ssh -- -f -N -L`, run ON

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 
 from jaxrl_llm.benchmarks.tpu.chips import parse_slice, slice_devices
-from jaxrl_llm.benchmarks.tpu.programs import StepShape
+from jaxrl_llm.benchmarks.tpu.programs import StepShape, sampler_layout
 from jaxrl_llm.benchmarks.tpu.sampler_gathers import decode_step_report
 from jaxrl_llm.models import make_mesh
 from jaxrl_llm.models.config import tiny_decoder_config
 from jaxrl_llm.rollout.sampler_mesh import SamplerLayout, sampler_mesh
+from jaxrl_llm.train.config import Config, apply_overrides
 
 CFG = tiny_decoder_config(family="qwen2", qkv_bias=True, vocab_size=1024, hidden_size=256, intermediate_size=512,
                           num_heads=4, num_kv_heads=2, head_dim=64,
@@ -39,4 +40,14 @@ def test_sampler_layouts_gather_no_weight(devices, data, tensor, kv_heads):
     row = decode_step_report(CFG, SHAPE, None, layout)
     assert row["sampler_kv_heads"] == kv_heads  # tensor 4 > 2 KV heads: each stored twice
     assert row["weight_bytes_all_gathered_per_step"] == 0 and row["all_gather_bytes_per_step"] == 0
-    assert row["collectives_per_step"]["all-reduce"]["count"] > 0  # the row-parallel o and down
+    assert row["collectives"]["all-reduce"]["count"] > 0  # the row-parallel o and down
+
+
+def test_rollout_mesh_is_the_layout_jaxrl_compile_compiles(devices):
+    """`step_programs` lays the sampler's programs and the hand-off out by rollout.mesh (unset: the learner's)."""
+    mesh = make_mesh(fsdp=-1, devices=devices)
+    cfg = apply_overrides(Config(), ["rollout.engine=jax", "rollout.mesh.tensor=4"])
+    layout = sampler_layout(cfg.rollout.mesh, CFG, mesh)
+    assert dict(layout.mesh.shape) == {"data": 1, "tensor": 4} and (layout.kv_repeat, layout.split_heads) == (2, True)
+    assert list(layout.mesh.devices.flat) == list(mesh.devices.flat)
+    assert sampler_layout(Config().rollout.mesh, CFG, mesh) is None

@@ -114,6 +114,18 @@ def libtpu_path() -> str | None:
     return next((c for c in candidates if os.path.isfile(c)), None)
 
 
+def libtpu_version() -> str | None:
+    """The version of the libtpu `libtpu_path` finds (its wheel's dist-info beside it), None if none."""
+    import glob
+    import os
+
+    path = libtpu_path()
+    if path is None:
+        return None
+    infos = glob.glob(os.path.join(os.path.dirname(os.path.dirname(path)), "libtpu-*.dist-info"))
+    return os.path.basename(infos[0])[len("libtpu-"):-len(".dist-info")] if infos else "unknown"
+
+
 def slice_devices(spec: Slice) -> list:
     """The deviceless TPU devices of a slice (JAX's topology description; no TPU needed): ordered
     as JAX lists them. RuntimeError with `LIBTPU_HINT` when libtpu is missing."""

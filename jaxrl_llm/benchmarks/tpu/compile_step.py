@@ -115,14 +115,10 @@ def _line(row: dict, spec: Slice) -> str:
 def provenance() -> dict:
     import jax
 
-    try:
-        from importlib.metadata import version
+    from jaxrl_llm.benchmarks.tpu.chips import libtpu_version
 
-        libtpu = version("libtpu")
-    except Exception:  # noqa: BLE001 - the version is a record, not a requirement
-        libtpu = None
-    return {"jax": jax.__version__, "libtpu": libtpu, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "cpu_count": os.cpu_count()}
+    return {"jax": jax.__version__, "libtpu": libtpu_version(),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu_count": os.cpu_count()}
 
 
 def write_json(path: str | os.PathLike, data: dict) -> Path:

@@ -9,7 +9,7 @@ collectives come from `hlo_cost.program_cost` beside it. The program is the one 
 reports as ``sampler_decode_step`` (`programs.sampler_programs`), compiled from shapes only.
 
     python -m jaxrl_llm.benchmarks.tpu.sampler_gathers --topology v5e-8 --model qwen2.5-1.5b \\
-        --out benchmarks/results/tpu/sampler-mesh-v5e-8.json
+        [--batch 64] [--steps 1] --out benchmarks/results/tpu/sampler-mesh-v5e-8.json
 """
 from __future__ import annotations
 
@@ -96,12 +96,13 @@ def weight_gathers(gathers: list[Gather], sizes: set[int], dtype: str, rows: int
     return {"count": sum(g.times for g in hits), "bytes": sum(g.bytes * g.times for g in hits)}
 
 
-def decode_step_report(sampler_cfg, shape: StepShape, mesh, layout: SamplerLayout | None) -> dict:
-    """Compile one slot-decode step (learner's layout on ``mesh``, or ``layout``) and count its gathers."""
+def decode_step_report(sampler_cfg, shape: StepShape, mesh, layout: SamplerLayout | None, steps: int = 1) -> dict:
+    """Compile ``steps`` slot-decode steps in one loop (1: the step alone; learner's layout on ``mesh``, or
+    ``layout``) and count its gathers per step (the program's / ``steps``)."""
     t0 = time.perf_counter()
     with compiling_for("tpu"):
         program = sampler_programs(sampler_cfg, shape, mesh, path="slots", kernel="dense", slots=None,
-                                   layout=layout)[1]
+                                   layout=layout, decode_steps=steps)[1]
         try:
             hlo = program.lowered.compile().as_text()
         except jax.errors.JaxRuntimeError as err:  # XLA refuses a program larger than the chip's HBM
@@ -113,9 +114,10 @@ def decode_step_report(sampler_cfg, shape: StepShape, mesh, layout: SamplerLayou
     gathers = all_gathers(hlo)
     weights = weight_gathers(gathers, weight_sizes(param_shapes(model_cfg)), "bf16", shape.sequences)
     cost = program_cost(hlo)
-    return {"fits": True, "weight_all_gathers_per_step": weights["count"], "weight_bytes_all_gathered_per_step": weights["bytes"],
-            "all_gather_bytes_per_step": sum(g.bytes * g.times for g in gathers),
-            "collectives_per_step": cost.as_dict()["collectives"],
+    return {"fits": True, "decode_steps": steps, "weight_all_gathers_per_step": weights["count"] / steps,
+            "weight_bytes_all_gathered_per_step": weights["bytes"] / steps,
+            "all_gather_bytes_per_step": sum(g.bytes * g.times for g in gathers) / steps,
+            "collectives": cost.as_dict()["collectives"],
             "largest_all_gathers": sorted({g.shape: g.bytes * g.times for g in gathers}.items(),
                                           key=lambda kv: -kv[1])[:6],
             "sampler_kv_heads": model_cfg.num_kv_heads, "compile_s": round(time.perf_counter() - t0, 1)}
@@ -123,9 +125,10 @@ def decode_step_report(sampler_cfg, shape: StepShape, mesh, layout: SamplerLayou
 
 def measure(topology: str = "v5e-8", model: str = "qwen2.5-1.5b", batch: int = 64, prompt_len: int = 512,
             new_tokens: int = 512, meshes: tuple[tuple[int, int], ...] = ((2, 4), (4, 2), (8, 1), (1, 8)),
-            log=print) -> dict:
+            steps: int = 1, log=print) -> dict:
     """The decode step of ``model`` (bf16 sampler) at ``batch`` slots over a prompt_len + new_tokens cache on
-    ``topology``: the learner's layout (mesh.fsdp = all chips) and each sampler mesh (data, tensor)."""
+    ``topology``: the learner's layout (mesh.fsdp = all chips) and each sampler mesh (data, tensor); ``steps``
+    steps in one loop (as `generate_slots` runs them: XLA could hoist a gather out of it), counted per step."""
     spec = parse_slice(topology)
     devices = slice_devices(spec)
     model_cfg = model_shape(model)
@@ -134,17 +137,18 @@ def measure(topology: str = "v5e-8", model: str = "qwen2.5-1.5b", batch: int = 6
     weight_bytes = sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(param_shapes(sampler_cfg)))
     rows = {}
     learner = make_mesh(fsdp=-1, devices=devices)
-    rows[f"learner fsdp={spec.chips}"] = {"mesh": {"fsdp": spec.chips}, **decode_step_report(sampler_cfg, shape,
-                                                                                            learner, None)}
+    rows[f"learner fsdp={spec.chips}"] = {"mesh": {"fsdp": spec.chips},
+                                          **decode_step_report(sampler_cfg, shape, learner, None, steps)}
     log(_line(f"learner fsdp={spec.chips}", rows[f"learner fsdp={spec.chips}"]))
     for data, tensor in meshes:
         layout = SamplerLayout.plan(sampler_cfg, sampler_mesh(data, tensor, devices=devices))
         name = f"sampler data={data} tensor={tensor}"
         rows[name] = {"mesh": {"data": data, "tensor": tensor}, "kv_repeat": layout.kv_repeat,
-                      "heads_split": layout.split_heads, **decode_step_report(sampler_cfg, shape, learner, layout)}
+                      "heads_split": layout.split_heads,
+                      **decode_step_report(sampler_cfg, shape, learner, layout, steps)}
         log(_line(name, rows[name]))
     return {"what": "weights all-gathered per slot-decode step, from the compiled HLO (deviceless TPU compile)",
-            "topology": spec.name, "model": model, "sampler_dtype": "bfloat16", "batch": batch,
+            "topology": spec.name, "model": model, "sampler_dtype": "bfloat16", "batch": batch, "decode_steps": steps,
             "cache_slots": prompt_len + new_tokens, "weight_bytes": weight_bytes,
             "layouts": rows, "provenance": provenance()}
 
@@ -162,9 +166,10 @@ def main(argv=None) -> None:
     parser.add_argument("--topology", default="v5e-8")
     parser.add_argument("--model", default="qwen2.5-1.5b")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=1, help="decode steps in one loop (1: the step alone)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    result = measure(args.topology, args.model, args.batch)
+    result = measure(args.topology, args.model, args.batch, steps=args.steps)
     if args.out:
         print(f"wrote {write_json(args.out, result)}")
 
