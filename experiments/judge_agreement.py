@@ -8,12 +8,14 @@ score and their mean score. Needs a running vLLM server serving the judge:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from jaxrl_llm.rewards import ScoreFormat, judge_prompt
 from jaxrl_llm.rollout.judge_client import JudgeClient, served_model
+from jaxrl_llm.train.config import load_config
 from jaxrl_llm.train.config.judge import DEFAULT_FORMAT, DEFAULT_RUBRIC
 
-from experiments.judge import RUBRIC
+RUBRIC = load_config(Path(__file__).with_name("judge.py")).task.judge.rubric
 
 
 def main() -> None:
