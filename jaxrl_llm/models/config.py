@@ -148,8 +148,9 @@ class DecoderConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     # How the experts are computed (models.moe.MOE_EXPERT_FORMS): "ragged" (grouped matmuls over each
-    # expert's tokens: the active FLOPs), "dense" (every expert on every token: E/k times those), or
-    # "auto": dense when compiled for a CPU (no ragged matmul in XLA:CPU), ragged for TPU/GPU. Not in config.json.
+    # expert's tokens: the active FLOPs forward), "dense" (every expert on every token: E/k times those),
+    # or "auto": dense when compiled for a CPU (no ragged matmul in XLA:CPU); for TPU/GPU the ragged
+    # forward with the dense form's gradient. Not in config.json.
     moe_experts: str = "auto"
     param_dtype: str = "float32"
     compute_dtype: str = "float32"

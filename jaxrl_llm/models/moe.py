@@ -28,11 +28,16 @@ No token is dropped (there is no capacity limit). The experts run in one of two 
   the active FLOPs. On TPU ragged_dot is one instruction; on GPU XLA's or a Triton kernel.
 * ``"dense"`` (``experts_swiglu``): every expert's SwiGLU on every token, the gates of unselected
   experts exactly 0: E/k times the active FLOPs (16x for Qwen3-30B-A3B), but plain dense matmuls.
-* ``"auto"`` (the default): dense where the program is compiled for a CPU, ragged elsewhere, chosen
-  by the platform the program is lowered for (``jax.lax.platform_dependent``), not the local
-  backend, so an ahead-of-time compile for a TPU topology on a CPU machine gets the ragged form.
-  XLA:CPU has no ragged matmul: JAX lowers ragged_dot there to a masked dense product over all E
-  groups of all N*k rows, k times the dense form's FLOPs (measured: docs/benchmarks.md, "MoE experts").
+* ``"auto"`` (the default): chosen by the platform the program is lowered for
+  (``jax.lax.platform_dependent``), not the local backend, so an ahead-of-time compile for a TPU
+  topology on a CPU machine gets the TPU's form. On CPU the dense form: XLA:CPU has no ragged matmul,
+  JAX lowers ragged_dot there to a masked dense product over all E groups of all N*k rows (k times
+  the dense form's FLOPs). On TPU and GPU ``experts_ragged_dense_grad``: the ragged forward (the
+  sampler, the pi_old and reference passes: the active FLOPs) with the dense form's gradient, because
+  XLA:TPU computes ragged_dot's weight gradient as a masked product over all E groups (a Qwen3-30B-A3B
+  block's forward + backward: ragged 43x the active FLOPs, dense 14x). Measured: docs/benchmarks.md,
+  "MoE experts". A grouped weight-gradient kernel (megablox's tgmm: 1.02x, but a Pallas call that the
+  SPMD partitioner cannot split without a shard_map) is left for later.
 
 Both forms give the same numbers up to float rounding (tests/models/test_moe_experts.py). The
 batch-invariant blocks (``models.batch_invariant``) always take the dense form: a ragged product's
@@ -149,6 +154,35 @@ def experts_ragged(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax
     return (y + bad).astype(dtype)
 
 
+@jax.custom_vjp
+def experts_ragged_dense_grad(x, weights, experts, gates):
+    """``experts_ragged``'s values with the dense form's gradients: what "auto" computes on TPU and GPU.
+    XLA:TPU computes ragged_dot's weight gradient (its transpose in the contracting dimension) as a
+    masked product over all E groups: E times the active FLOPs of that matmul, 43x a Qwen3-30B-A3B
+    block's active forward + backward against the dense form's 14x (docs/benchmarks.md). So the
+    forward (the sampler, the pi_old and reference passes) takes the active FLOPs and a gradient costs
+    what the dense form's does (its forward recomputed, then its backward)."""
+    return experts_ragged(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], experts, gates)
+
+
+def _hybrid_fwd(x, weights, experts, gates):
+    return experts_ragged_dense_grad(x, weights, experts, gates), (x, weights, experts, gates)
+
+
+def _hybrid_bwd(residual, grad):
+    x, weights, experts, gates = residual
+
+    def dense(x, weights, gates):
+        combine = combine_weights(gates, experts, weights["expert_gate"].shape[0])
+        return experts_swiglu(x, weights["expert_gate"], weights["expert_up"], weights["expert_down"], combine)
+
+    d_x, d_weights, d_gates = jax.vjp(dense, x, weights, gates)[1](grad)
+    return d_x, d_weights, None, d_gates
+
+
+experts_ragged_dense_grad.defvjp(_hybrid_fwd, _hybrid_bwd)
+
+
 MOE_EXPERT_FORMS = ("auto", "ragged", "dense")
 
 
@@ -168,7 +202,7 @@ def routed_experts(x: jax.Array, weights: Mapping[str, jax.Array], experts: jax.
     if form == "ragged":
         return ragged(x, weights, experts, gates)
     if form == "auto":
-        return jax.lax.platform_dependent(x, weights, experts, gates, cpu=dense, default=ragged)
+        return jax.lax.platform_dependent(x, weights, experts, gates, cpu=dense, default=experts_ragged_dense_grad)
     raise ValueError(f"moe_experts={form!r}; valid: {MOE_EXPERT_FORMS}")
 
 

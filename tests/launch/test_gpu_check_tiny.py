@@ -47,15 +47,18 @@ def test_moe_learner_flops_count_active_parameters_by_hand():
 
 
 def test_moe_row_names_the_experts_form_and_its_work():
-    """"auto" is dense on CPU (E/k = 2 times the needed expert FLOPs for tiny-moe), ragged on a GPU (1x)."""
-    assert [gpu_check.experts_form("auto", b) for b in ("cpu", "gpu", "tpu")] == ["dense", "ragged", "ragged"]
+    """"auto" is dense on CPU (E/k = 2 times the needed expert FLOPs for tiny-moe), off CPU the ragged
+    forward (1x) with the dense gradient (2 x 2: the dense forward again and its backward): 5/3."""
+    auto_off_cpu = "ragged forward, dense gradient"
+    assert [gpu_check.experts_form("auto", b) for b in ("cpu", "gpu", "tpu")] == ["dense", auto_off_cpu, auto_off_cpu]
     assert gpu_check.experts_form("dense", "gpu") == "dense"
     flops = {"dense_work_flops": 8e12}
     cfg = model_config("tiny-moe", 64)
     row = gpu_check.moe_fields(cfg, flops, seconds=2.0, peak_tflops=None)  # on this CPU
     assert (row["experts_form"], row["expert_work_over_needed"], row["dense_work_tflops"]) == ("dense", 2.0, 4.0)
+    assert gpu_check.expert_work_over_needed(auto_off_cpu, 4, 2) == (1 + 3 * 2) / 3
     ragged = gpu_check.moe_fields(dataclasses.replace(cfg, moe_experts="ragged"), flops, 2.0, None)
-    assert (ragged["experts_form"], ragged["expert_work_over_needed"]) == ("ragged", 1.0)
+    assert (ragged["experts_form"], ragged["expert_work_over_needed"]) == ("ragged", None)
 
 
 def test_rl_length_mix_reaches_its_target_in_whole_groups():

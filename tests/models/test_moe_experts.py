@@ -136,3 +136,28 @@ def test_a_bad_expert_index_gives_nan_in_both_forms():
 def test_an_unknown_form_is_refused():
     with pytest.raises(ValueError, match=r"moe_experts='sparse' is not supported; valid: \('auto', 'ragged', 'dense'\)"):
         dataclasses.replace(CFG, moe_experts="sparse")
+
+
+def test_auto_on_an_accelerator_has_ragged_values_and_dense_gradients(params):
+    """What "auto" computes off CPU (`experts_ragged_dense_grad`): the ragged form's values, the dense
+    form's gradients (with respect to x, the experts' weights and the gates), both bitwise."""
+    from jaxrl_llm.models.moe import experts_ragged_dense_grad, experts_ragged
+
+    params, recorded = params
+    layer = {n: params["layers"][n][0] for n in ("expert_gate", "expert_up", "expert_down")}
+    x = jax.random.normal(jax.random.PRNGKey(3), (*TOKENS.shape, CFG.hidden_size))
+    experts = recorded[:, :, 0]
+    gates = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(4), experts.shape), axis=-1)
+    weights = jax.random.normal(jax.random.PRNGKey(1), x.shape)
+    hybrid = jax.jit(lambda x, w, g: experts_ragged_dense_grad(x, w, experts, g))
+    ragged = jax.jit(lambda x, w, g: experts_ragged(x, w["expert_gate"], w["expert_up"], w["expert_down"], experts, g))
+    np.testing.assert_array_equal(np.asarray(hybrid(x, layer, gates)), np.asarray(ragged(x, layer, gates)))
+
+    def grads(form):
+        loss = lambda x, w, g: jnp.sum(routed_experts(x, w, experts, g, form) * weights)  # noqa: E731
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, layer, gates)
+
+    dense = grads("dense")
+    got = jax.jit(jax.grad(lambda x, w, g: jnp.sum(hybrid(x, w, g) * weights), argnums=(0, 1, 2)))(x, layer, gates)
+    for d, h in zip(jax.tree_util.tree_leaves(dense), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_array_equal(np.asarray(h), np.asarray(d))

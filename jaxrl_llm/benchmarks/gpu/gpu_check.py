@@ -42,9 +42,9 @@ N_body = the matmul weights of the layers, L_i the length of sequence i. MFU = F
 datasheet dense bf16 peak (`learner_gpu.PEAK_TFLOPS`); also given against the measured matmul rate.
 A mixture of experts counts its ACTIVE parameters in N_body (router + the k experts a token routes
 to: `rl_batch.body_params`), so "mfu" is MFU on active parameters. Its row names the experts' form
-(`DecoderConfig.moe_experts`, "auto": ragged on an accelerator, dense on CPU): ragged (grouped
-matmuls, `models.moe.experts_ragged`) does the needed FLOPs; dense (every expert on every token,
-`models.moe.experts_swiglu`) E / k times them (16x at 128 experts, top-8). The row also gives
+(`DecoderConfig.moe_experts`; "auto": dense on CPU, on a GPU the ragged forward with the dense
+form's gradient): dense (every expert on every token, `models.moe.experts_swiglu`) does E / k times
+the needed FLOPs (16x at 128 experts, top-8); the ragged forward (grouped matmuls) the needed ones. The row also gives
 "dense_work_tflops" and "mfu_dense_work", the same count with all E experts: the dense form's work.
 """
 from __future__ import annotations
@@ -124,9 +124,20 @@ def learner_row(model: str, tokens_per_step: int, pack: bool, *, micro_batch_tok
     return row
 
 
+AUTO_OFF_CPU = "ragged forward, dense gradient"  # models.moe.experts_ragged_dense_grad
+
+
 def experts_form(setting: str, backend: str) -> str:
-    """The form `DecoderConfig.moe_experts` takes on this backend ("auto": dense on CPU, else ragged)."""
-    return ("dense" if backend == "cpu" else "ragged") if setting == "auto" else setting
+    """The form `DecoderConfig.moe_experts` takes on this backend ("auto": dense on CPU, else AUTO_OFF_CPU)."""
+    return ("dense" if backend == "cpu" else AUTO_OFF_CPU) if setting == "auto" else setting
+
+
+def expert_work_over_needed(form: str, experts: int, top_k: int) -> float | None:
+    """The experts' FLOPs of a learner update over the needed ones: dense E / k; the ragged forward with
+    the dense gradient (1 + 3 E / k) / 3 (the forward, then the dense forward again and its backward);
+    ragged None (its weight gradient costs what the compiler's ragged_dot transpose does)."""
+    dense = experts / top_k
+    return {"dense": dense, AUTO_OFF_CPU: (1 + 3 * dense) / 3}.get(form)
 
 
 def moe_fields(cfg, flops: dict[str, float], seconds: float, peak_tflops: float | None) -> dict[str, Any]:
@@ -136,7 +147,7 @@ def moe_fields(cfg, flops: dict[str, float], seconds: float, peak_tflops: float 
     form = experts_form(cfg.moe_experts, jax.default_backend())
     return {"moe": True, "mfu_basis": "active parameters", "params": cfg.num_params(), "experts_form": form,
             "active_params": cfg.num_active_params(), "experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
-            "expert_work_over_needed": cfg.num_experts / cfg.num_experts_per_tok if form == "dense" else 1.0,
+            "expert_work_over_needed": expert_work_over_needed(form, cfg.num_experts, cfg.num_experts_per_tok),
             "dense_work_flops_per_step": flops["dense_work_flops"], "dense_work_tflops": dense / 1e12,
             "mfu_dense_work": None if peak_tflops is None else dense / (peak_tflops * 1e12)}
 
