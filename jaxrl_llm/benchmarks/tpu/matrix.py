@@ -209,6 +209,8 @@ def missing(data: dict) -> list[str]:
     """Models without a compiled cell that fits, and efficiency figures not yet measured."""
     cells = data.get("cells", {})
     out = [f"step:{m}" for m in MODELS if not any(k.startswith(f"step:{m}:") and c.get("fits") for k, c in cells.items())]
+    variants = [f"variant:{v}:qwen2.5-1.5b" for v in ("fp16", "batch_invariant")]
+    out += [v for v in variants if not any(k.startswith(v) for k in cells)]
     return out + [key for key, _ in _jobs() if key not in cells]
 
 
