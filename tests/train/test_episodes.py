@@ -11,7 +11,7 @@ import pytest
 from jaxrl_llm.data import make_task
 from jaxrl_llm.data.environments import EnvironmentOutputError, PluginEnvTask, SingleTurnEnv, StepResult
 from jaxrl_llm.rewards import addition_reward
-from jaxrl_llm.rollout.types import RolloutBatch, RolloutRecord, SamplingParams
+from jaxrl_llm.rollout.types import RolloutBatch, SamplingParams
 from jaxrl_llm.train.run import loop
 from jaxrl_llm.train.learn.batch import build_sequences
 from jaxrl_llm.train.sample.engines import engine_spec, make_engine
@@ -21,31 +21,8 @@ from jaxrl_llm.train.policy import encode_prompts, load_policy
 from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.run.run_state import make_learner
 from jaxrl_llm.rewards import GraderPool
+from tests.envs.scripted_engine import FAKE_LOGPROB, FakeScriptedEngine
 from tests.train.tiny_run import model_metrics, tiny_config
-
-FAKE_LOGPROB = -0.25  # the scripted policy's "log-prob" of each token it emits
-
-
-class FakeScriptedEngine:
-    """A scripted policy as a rollout engine (a real model would not follow a script):
-    `script(history_text) -> reply text`; the reply is tokenised and closed with EOS."""
-
-    weight_version = 0
-
-    def __init__(self, policy, script):
-        self.policy, self.script, self.calls = policy, script, []
-
-    def generate(self, prompts, n, params):
-        self.calls.append(len(prompts))
-        eos = self.policy.eos_token_ids[0]
-        records = []
-        for i, prompt in enumerate(prompts):
-            history = self.policy.tokenizer.decode(list(prompt), skip_special_tokens=False)
-            ids = self.policy.tokenizer.encode(self.script(history), add_special_tokens=False).ids + [eos]
-            finish = "stop" if len(ids) <= params.max_tokens else "length"
-            ids = ids[:params.max_tokens]
-            records.append(RolloutRecord(i, 0, prompt, ids, [FAKE_LOGPROB] * len(ids), finish, 0))
-        return RolloutBatch(records, len(prompts), 1)
 
 
 @pytest.fixture(scope="module")
