@@ -6,8 +6,8 @@ folder as before (memory is released between folders).
 Why lanes: a folder's pytest process keeps about 1.2 of the CI machine's 2 cores busy (XLA
 compiles one program at a time, the tiny models run short single-threaded programs, vLLM tests
 wait on a server), so make test ran at 124 % CPU. Two lanes fill the second core. Each lane
-takes the next folder from one queue, longest first (FOLDER_MINUTES: the sequential fresh-clone
-run of 2026-11-26, docs/benchmarks.md), so tests/train/ (the longest) starts at once and the other
+takes the next folder from one queue, longest first (FOLDER_MINUTES: the two-lane fresh-clone
+run of 2026-11-29 at acab080, docs/benchmarks.md), so tests/train/ (the longest) starts at once and the other
 lane works through the rest beside it.
 
 Each folder's output is printed whole when it finishes (lanes never interleave lines). Each lane
@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-FOLDER_MINUTES = {"tests/train/": 18.6, "tests/rollout/": 6.4, "tests/launch/": 3.7, "tests/models/": 2.6,
-                  "tests/experiments/": 1.9, "tests/core/": 1.8, "tests/bridge/": 0.9, "tests/cli/": 0.5}
+FOLDER_MINUTES = {"tests/train/": 23.8, "tests/rollout/": 14.6, "tests/experiments/": 5.0, "tests/models/": 4.4,
+                  "tests/launch/": 2.9, "tests/envs/": 2.4, "tests/core/": 2.2, "tests/bridge/": 1.6,
+                  "tests/cli/": 1.5, "tests/tpu/": 1.0, "tests/rewards/": 1.0, "tests/data/": 0.6}
 
 
 class FolderResult(NamedTuple):

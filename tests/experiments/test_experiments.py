@@ -18,6 +18,7 @@ from tests.experiments.experiment_helpers import TINY, load_experiment, png_shap
 
 
 # ------------------------------------------------------------------ length bias
+@pytest.mark.slow  # 54 s, make test-all since 2026-11-29 (make test time)
 def test_length_bias_reduced_runs_three_recipes_from_one_seed_and_reruns_keep_them(tiny_model_dir, tmp_path,
                                                                                       capsys):
     exp = load_experiment("length_bias")
@@ -133,6 +134,7 @@ def test_difficulty_experiment_on_a_fake_logged_run(tmp_path):
     assert png_shape(out / "difficulty_bias.png")[1] > 500
 
 
+@pytest.mark.slow  # 21 s, make test-all since 2026-11-29 (make test time); the weights by hand and a fake logged run stay
 def test_difficulty_experiment_samples_groups_per_seed_and_writes_its_result(tiny_model_dir, tmp_path):
     """The deciding command's path on the tiny random decoder: per seed 3 batches of 8 x 8 sampled and
     graded into base_s<seed>/groups.jsonl (kept on a rerun), one replicate per seed in the result."""
@@ -194,6 +196,7 @@ def test_precision_with_the_real_vllm_server_fp32_and_bf16(tiny_model_dir, tmp_p
 
 
 # ------------------------------------------------------------------ sanity check
+@pytest.mark.slow  # 70 s; make test keeps the precision experiment's reduced run
 def test_sanity_check_reduced_runs_each_precision(tiny_model_dir, tmp_path):
     exp = load_experiment("sanity_check")
     assert exp.main(["--quick", "--out", str(tmp_path), "--seeds", "0", "--results", str(tmp_path / "result.json"),

@@ -93,6 +93,7 @@ def test_run_row_measures_threshold_k3_and_collapse_by_hand(exp):
     assert exp.run_row(bad, [{"pass@1": 0.3}], 2)["collapsed"]  # non-finite loss
 
 
+@pytest.mark.slow  # 62 s; make test keeps the rule, table and row checks on hand values
 def test_reduced_runner_writes_every_field(exp, tmp_path):
     assert exp.main(["--quick", "--out", str(tmp_path)]) == 0
     rows = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]

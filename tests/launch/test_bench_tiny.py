@@ -18,6 +18,7 @@ TINY_PARAMS = 512 * 64 + 2 * TINY_LAYER + 64
 LORA_PER_RANK_LAYER = (64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128)
 
 
+@pytest.mark.slow  # 21 s; make test-all since 2026-11-29 (make test time)
 def test_lora_tiny_counts_state_bytes_by_hand():
     out = lora.main(["--tiny"])
     assert list(out) == ["full", "lora r=4"]
@@ -46,6 +47,7 @@ def check_against_grpo(out: dict) -> None:
     assert out["grpo"]["vs_grpo"] == 1.0 and out["grpo"]["reference_bytes"] == 0
 
 
+@pytest.mark.slow  # 19 s; make test-all since 2026-11-29 (make test time)
 def test_objectives_tiny_kl_term_costs_one_float32_copy_of_the_weights():
     out = objectives.main(["--tiny", "--only", "grpo_kl"])
     assert set(out) == {"grpo", "grpo_kl"}

@@ -53,6 +53,7 @@ def test_two_proportion_z_by_hand():
     assert out["p_value_one_sided_increase"] == pytest.approx(out["p_value_two_sided"] / 2)
 
 
+@pytest.mark.slow  # 18 s; make test-all since 2026-11-29 (make test time)
 def test_rl_step_split_parts_sum_to_at_most_the_step():
     out = gpu_rl.rl_step_at_scale(tiny=True)
     parts = out["sample_s"] + out["grade_s"] + out["learn_s"] + out["sync_s"]

@@ -41,6 +41,7 @@ def test_run_recorded_skips_over_budget_and_records_errors():
     assert gpu_sweep.estimate([], 99) == 99
 
 
+@pytest.mark.slow  # 18 s; make test-all since 2026-11-29 (make test time); make test keeps gpu_check's failing-section test
 def test_a_failing_variant_is_recorded_and_the_next_one_runs():
     """Chunk 0 is a bad LM-head chunk: the learner's trace reads it from the environment and fails
     (so the switch reaches a fresh Learner's trace); the next variant still runs."""

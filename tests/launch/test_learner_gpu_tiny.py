@@ -44,6 +44,7 @@ def test_packing_keeps_every_token_once_in_fewer_rows():
     assert packed["loss_mask"].sum() == padded["loss_mask"].sum() == (lengths - 1).sum()
 
 
+@pytest.mark.slow  # 19 s; make test-all since 2026-11-29 (make test time); packed = padded stays in tests/train/test_packing.py
 def test_tiny_run_packed_loss_equals_padded_loss():
     rows = bench.run("tiny", "fp32", batch=8, seq_len=64, steps=1, peak_tflops=1.0, matmul_n=128, micro_batch=4)
     by_variant = {r["variant"]: r for r in rows}

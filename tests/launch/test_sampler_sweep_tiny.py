@@ -2,6 +2,8 @@
 variant runs and is recorded with the decode path and kernel it asked for."""
 import json
 
+import pytest
+
 from jaxrl_llm.benchmarks.gpu.gpu_sampler import main, sweep_variants
 
 
@@ -12,6 +14,7 @@ def test_full_sweep_lists_every_batch_cache_path_and_kernel():
     assert sum(v["decode"] == "slots" and v["kernel"] == "pallas" for v in variants) == 4
 
 
+@pytest.mark.slow  # 17 s; make test-all since 2026-11-29 (make test time)
 def test_tiny_sweep_runs_and_records_every_variant(tmp_path):
     out = tmp_path / "sweep.json"
     assert main(["--out", str(out), "--tiny"]) == 0

@@ -113,6 +113,7 @@ def test_smollm2_64_sequences_bitwise_on_policy_and_not_without_it(smollm2, dtyp
     assert sum(off.values()) > 0, off
 
 
+@pytest.mark.slow  # 19 s, make test-all since 2026-11-29 (make test time); the MoE sampler's bitwise match stays in test_sampler_routing.py
 def test_tiny_moe_sampler_logprobs_equal_learner_in_every_composition(tiny_moe):
     """Issue 49: a mixture-of-experts policy (router, top-k and experts in `models.batch_invariant`'s
     tiles): 0 differing log-probs in every composition, as for the dense model."""

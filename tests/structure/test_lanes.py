@@ -12,9 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_longest_first_by_the_measured_minutes_unmeasured_as_one():
-    order = lanes.longest_first(["tests/zeta/", "tests/cli/", "tests/train/", "tests/alpha/", "tests/rollout/"])
-    # train 18.6, rollout 6.4, then alpha / zeta (1.0, alphabetical), then cli 0.5
-    assert order == ["tests/train/", "tests/rollout/", "tests/alpha/", "tests/zeta/", "tests/cli/"]
+    order = lanes.longest_first(["tests/zeta/", "tests/data/", "tests/train/", "tests/alpha/", "tests/rollout/"])
+    # train 23.8, rollout 14.6, then alpha / zeta (1.0, alphabetical), then data 0.6
+    assert order == ["tests/train/", "tests/rollout/", "tests/alpha/", "tests/zeta/", "tests/data/"]
 
 
 def test_nothing_collected_passes_only_for_slow_only_folders():

@@ -108,7 +108,7 @@ def test_after_warmup_the_policy_moves_too(model):
     assert held == [True, True, False]
 
 
-@pytest.mark.parametrize("variant", ["sharded", "lora"])
+@pytest.mark.parametrize("variant", ["sharded", pytest.param("lora", marks=pytest.mark.slow)])  # lora: 14 s, make test-all since 2026-11-29 (make test time)
 def test_sharded_and_lora_learners_train_the_critic(model, variant):
     model_cfg, params = model
     one_step = {"epochs_per_batch": 1, "minibatches_per_batch": 1}  # one update: both see the same hidden states

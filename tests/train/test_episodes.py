@@ -255,7 +255,8 @@ def test_training_loop_runs_episodes_with_metrics_and_eval(tiny_model_dir, tmp_p
 MISMATCH_K1_BOUND = 1e-5
 
 
-@pytest.mark.timeout(900)  # three tiny runs, ~2-3 min under load; in make test (CI)
+@pytest.mark.slow  # 78 s; make test resumes a multi-turn GEM run instead (tests/envs/test_gem_cli.py)
+@pytest.mark.timeout(900)  # three tiny runs, ~2-3 min under load
 def test_kill_9_then_resume_is_exact_for_a_multi_turn_run(tiny_model_dir, tmp_path):  # noqa: F811
     """A user environment named by task.env (two turns, parity rewards, so the policy moves),
     killed with SIGKILL after step 2 and resumed: every step's metrics equal an uninterrupted

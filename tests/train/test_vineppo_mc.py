@@ -5,6 +5,7 @@ pi(token | prefix), computed exactly from one forward pass."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxrl_llm import core
 from jaxrl_llm.models import forward
@@ -17,6 +18,7 @@ EOS = 95  # odd: an immediate stop scores 0, like an odd token
 PREFIXES = [[5, 17, 3], [5, 17, 3, 10], [5, 17, 3, 10, 41], [9, 2, 44, 61, 8, 22]]
 
 
+@pytest.mark.slow  # 32 s; make test keeps the in-loop closed form (test_vineppo_loop.py)
 def test_mc_values_match_the_closed_form_continuation_success():
     cfg, params = our_config_and_params(hf_model("llama_tied", seed=5))
     even = np.arange(cfg.vocab_size) % 2 == 0
