@@ -135,9 +135,10 @@ gpu-sweep:
 	PY=$${PY:-python3} GPU_MODULE=jaxrl_llm.benchmarks.gpu.gpu_sweep bash launch/gpu_check.sh $(GPU_SWEEP_ARGS)
 
 # The RL step of Qwen2.5-1.5B/7B/32B and Qwen3-30B-A3B compiled for TPU slices from shapes on this CPU
-# machine (libtpu from make venv; <= 45 min on 2 cores), the smallest slice each fits, the decode and learner
-# efficiency figures: benchmarks/results/tpu/tpu-compile-matrix.json (rewritten after each cell; a rerun
-# resumes) and docs/benchmarks.md's TPU tables. TPU_COMPILE_ARGS: e.g. --only step:qwen2.5-1.5b, or --table.
+# machine (libtpu from make venv; <= 45 min on 2 cores, one worker process per core), the smallest slice each
+# fits, the decode and learner efficiency figures: benchmarks/results/tpu/tpu-compile-matrix.json (rewritten
+# after each cell, with its wall and CPU seconds; a rerun resumes) and docs/benchmarks.md's TPU tables.
+# TPU_COMPILE_ARGS: e.g. --only step:qwen2.5-1.5b, --jobs 1, --out FILE, or --table.
 tpu-compile: venv
 	JAX_PLATFORMS=cpu $(PY) -m jaxrl_llm.benchmarks.tpu.matrix $(TPU_COMPILE_ARGS)
 

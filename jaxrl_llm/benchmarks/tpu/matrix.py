@@ -23,8 +23,15 @@ Efficiency (`efficiency` cells):
   summed over the chips, / model FLOPs (6 x weights in matmuls x tokens, the LM head on completion
   tokens only, + 12 x layers x heads x head_dim x the causal context of every token), per remat mode.
 
-Run: ``python -m jaxrl_llm.benchmarks.tpu.matrix [--out FILE] [--only CELL ...]``; ``--table`` rewrites
-docs/benchmarks.md's TPU table from the results file.
+Jobs: each model's smallest-slice search (its cells in `SLICE_ORDER`, stopping at the first that fits;
+Qwen2.5-1.5B's then goes on to the fp16 and batch-invariant variants on its slice) and each efficiency
+cell is one job; ``--jobs N`` processes (default: one per CPU core) take them longest first (`JOBS`'
+order, from a quiet run's CPU seconds), so the compiles of both cores overlap. Every cell records its
+wall and CPU seconds and the load average when it ended; the file's ``run`` records the whole run's
+wall and CPU seconds and the load average sampled through it.
+
+Run: ``python -m jaxrl_llm.benchmarks.tpu.matrix [--out FILE] [--only CELL ...] [--jobs N]``; ``--table``
+rewrites docs/benchmarks.md's TPU table from the results file.
 """
 from __future__ import annotations
 
@@ -32,8 +39,10 @@ import argparse
 import json
 import math
 import os
+import resource
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from jaxrl_llm.benchmarks.common.results import RESULTS_DIR, git_commit
 from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit, NotCompilable
@@ -63,20 +72,19 @@ def _config(overrides: list[str]):
     return apply_overrides(Config(name="tpu-compile"), overrides)
 
 
-def compile_cell(model: str, topology: str, **extra: str) -> dict:
+def compile_cell(model: str, topology: str, log=None, **extra: str) -> dict:
     """One cell: the step of ``model`` on ``topology``; a refusal is a result ({"fits": false, "refusal": ...})."""
     spec = parse_slice(topology)
     overrides = step_overrides(spec.chips, **extra)
-    t0 = time.perf_counter()
     try:
-        result = compile_step(_config(overrides), topology, model=model, prompt_len=PROMPT_LEN, log=_log)
+        result = compile_step(_config(overrides), topology, model=model, prompt_len=PROMPT_LEN, log=log or _log)
     except (DoesNotFit, NotCompilable) as err:
         result = {"topology": topology, "chips": spec.chips, "chip": spec.chip.generation, "fits": False,
                   "refusal": str(err)}
     except Exception as err:  # noqa: BLE001 - a cell that cannot compile is a result: the reason is recorded
         result = {"topology": topology, "chips": spec.chips, "chip": spec.chip.generation, "fits": False,
                   "error": f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"}
-    return {"model": model, "overrides": overrides, "wall_s": round(time.perf_counter() - t0, 1), **result}
+    return {"model": model, "overrides": overrides, **result}
 
 
 def _log(line: str) -> None:
@@ -146,51 +154,148 @@ def learner_ratio(remat: str, micro_batch_tokens: int = 4096) -> dict:
             "goal": {"off": 1.10, "full": 1.40}.get(remat), "program": row}
 
 
-def _jobs() -> list[tuple[str, callable]]:
-    layouts = {"slots": (None, (2, 4)), "compact": (None, (2, 4))}
-    jobs = [(f"efficiency:decode:{path}:{batch}:{'learner' if lay is None else 'd%dt%d' % lay}",
-             lambda p=path, b=batch, la=lay: decode_ratio(p, b, la))
-            for path, lays in layouts.items() for lay in lays for batch in (64, 256)]
-    jobs += [(f"efficiency:learner:{mode}", lambda m=mode: learner_ratio(m)) for mode in ("off", "dots", "full")]
-    return jobs
+def efficiency_keys() -> list[str]:
+    """The efficiency cells (module doc): decode per path x layout x batch, learner per remat mode."""
+    decode = [f"efficiency:decode:{path}:{batch}:{layout}" for path in ("slots", "compact")
+              for layout in ("learner", "d2t4") for batch in (64, 256)]
+    return decode + [f"efficiency:learner:{mode}" for mode in ("off", "dots", "full")]
 
 
-def run(out: Path, only: list[str] | None = None) -> dict:
-    """Every cell not yet in ``out`` (a rerun resumes), the file rewritten after each. Several processes
-    may share ``out`` (e.g. one per ``--only`` prefix): each write merges its cell into the file's."""
-    data = _read(out)
-    done = set(data.get("cells", {}))
+def efficiency_cell(key: str) -> dict:
+    """The efficiency cell named ``key`` (an `efficiency_keys` entry)."""
+    parts = key.split(":")
+    if parts[1] == "learner":
+        return learner_ratio(parts[2])
+    layout = None if parts[4] == "learner" else (int(parts[4][1]), int(parts[4][3]))
+    return decode_ratio(parts[2], int(parts[3]), layout)
 
-    def record(key: str, make) -> dict:
-        if key not in done and (not only or any(key.startswith(o) for o in only)):
-            print(f"== {key}", flush=True)
-            cell = make()
-            done.add(key)
-            _merge(out, {key: cell})
-            return cell
-        return _read(out).get("cells", {}).get(key, {})
 
-    for model in MODELS:
-        for topology in SLICE_ORDER:
-            if record(f"step:{model}:{topology}", lambda m=model, t=topology: compile_cell(m, t)).get("fits"):
-                break
+class Job(NamedTuple):
+    """What one worker runs: a model's smallest-slice search (``model``) or one efficiency cell (``key``)."""
+
+    name: str
+    model: str | None = None
+    key: str | None = None
+
+
+# Longest first (CPU seconds of each job in a quiet run, so two workers finish together): the
+# smallest-slice searches, then the learner's efficiency cells, then the decode ones.
+JOBS = ([Job(f"step:{m}", model=m) for m in ("qwen3-30b-a3b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-1.5b")]
+        + [Job(key, key=key) for key in efficiency_keys()[8:] + efficiency_keys()[:8][::-1]])
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _record(out: Path, only: list[str] | None, key: str, make) -> dict:
+    """Cell ``key`` from ``out``, else made now (``make()``), timed and merged into ``out``."""
     cells = _read(out).get("cells", {})
-    smallest = next((t for t in SLICE_ORDER if cells.get(f"step:qwen2.5-1.5b:{t}", {}).get("fits")), "v4-8")
-    record(f"variant:fp16:qwen2.5-1.5b:{smallest}",
-           lambda: compile_cell("qwen2.5-1.5b", smallest, **{"train.precision": "fp16"}))
-    record(f"variant:batch_invariant:qwen2.5-1.5b:{smallest}",
-           lambda: compile_cell("qwen2.5-1.5b", smallest, **{"rollout.batch_invariant": "true"}))
-    for key, make in _jobs():
-        record(key, make)
-    return _merge(out, {})
+    if key in cells or (only and not any(key.startswith(o) for o in only)):
+        return cells.get(key, {})
+    print(f"== {key}", flush=True)
+    t0, cpu0 = time.perf_counter(), _cpu_s()
+    cell = make()
+    cell.update(wall_s=round(time.perf_counter() - t0, 1), cpu_s=round(_cpu_s() - cpu0, 1),
+                load_avg_at_end=[round(x, 2) for x in os.getloadavg()])
+    print(f"== {key}: {cell['wall_s']} s wall, {cell['cpu_s']} s CPU", flush=True)
+    _merge(out, {key: cell})
+    return cell
+
+
+def run_job(out: Path, only: list[str] | None, job: Job) -> str:
+    """One job's cells not yet in ``out`` (module doc): a model's slices in order until one fits (the
+    rest are not compiled), Qwen2.5-1.5B's variants on its smallest slice; or one efficiency cell."""
+    if job.key is not None:
+        _record(out, only, job.key, lambda: efficiency_cell(job.key))
+        return job.name
+    smallest = None
+    for topology in SLICE_ORDER:
+        key = f"step:{job.model}:{topology}"
+        if _record(out, only, key, lambda t=topology: compile_cell(job.model, t, log=_prefixed(key))).get("fits"):
+            smallest = topology
+            break
+    if job.model == "qwen2.5-1.5b" and smallest is not None:
+        for name, extra in (("fp16", {"train.precision": "fp16"}), ("batch_invariant", {"rollout.batch_invariant": "true"})):
+            key = f"variant:{name}:{job.model}:{smallest}"
+            _record(out, only, key, lambda k=key, e=extra: compile_cell(job.model, smallest, log=_prefixed(k), **e))
+    return job.name
+
+
+def _prefixed(key: str):
+    return lambda line: print(f"[{key}] {line}", flush=True)
+
+
+def run(out: Path, only: list[str] | None = None, jobs: int = 1) -> dict:
+    """Every cell not yet in ``out`` (a rerun resumes), the file rewritten after each, by ``jobs``
+    worker processes (1: this process). Several processes may share ``out`` (e.g. one per ``--only``
+    prefix): each write merges its cell into the file's. A run that compiled a cell records itself in
+    ``run`` (wall and CPU seconds of the run and its workers, load average sampled every 10 s)."""
+    before = set(_read(out).get("cells", {}))
+    t0, load = time.perf_counter(), _LoadSampler()
+    failed = []
+    if jobs <= 1:
+        for job in JOBS:
+            run_job(out, only, job)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(run_job, out, only, job) for job in JOBS]
+            for job, future in zip(JOBS, futures):
+                try:
+                    future.result()
+                except Exception as err:  # noqa: BLE001 - the other jobs' cells are kept; reported below
+                    failed.append(f"{job.name}: {type(err).__name__}: {err}")
+    data = _read(out)
+    new = sorted(set(data.get("cells", {})) - before)
+    if new:
+        cells = data["cells"]
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        data = _merge(out, {}, run={
+            "wall_s": round(time.perf_counter() - t0, 1), "jobs": jobs, "cells_compiled": len(new),
+            "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1),
+            "cells_cpu_s_sum": round(sum(cells[k].get("cpu_s", 0.0) for k in new), 1),
+            "cells_wall_s_sum": round(sum(cells[k].get("wall_s", 0.0) for k in new), 1),
+            "load_avg_1min": load.stop(), "nice": os.nice(0), "complete": len(new) == len(cells)})
+    if failed:
+        raise RuntimeError("jobs failed: " + "; ".join(failed))
+    return data
+
+
+class _LoadSampler:
+    """The 1-minute load average every ``every`` seconds in a thread, until `stop` (mean, max, samples)."""
+
+    def __init__(self, every: float = 10.0):
+        import threading
+
+        self.samples = [os.getloadavg()[0]]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every: float) -> None:
+        while not self._done.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict:
+        self._done.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        return {"mean": round(sum(self.samples) / len(self.samples), 2), "max": round(max(self.samples), 2),
+                "samples": len(self.samples)}
 
 
 def _read(out: Path) -> dict:
     return json.loads(out.read_text()) if out.exists() else {}
 
 
-def _merge(out: Path, cells: dict) -> dict:
-    """The results file with ``cells`` added, under a lock (several processes may write it)."""
+def _merge(out: Path, cells: dict, **fields) -> dict:
+    """The results file with ``cells`` (and top-level ``fields``) added, under a lock (several processes
+    may write it)."""
     import fcntl
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +305,7 @@ def _merge(out: Path, cells: dict) -> dict:
         data.update(provenance(), commit=git_commit(), step={"prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
                                                              "samples": SAMPLES, "rule": __doc__.split("\n\n")[1]})
         data.setdefault("cells", {}).update(cells)
+        data.update(fields)
         data["missing"] = missing(data)
         write_json(out, data)
     return data
@@ -211,18 +317,22 @@ def missing(data: dict) -> list[str]:
     out = [f"step:{m}" for m in MODELS if not any(k.startswith(f"step:{m}:") and c.get("fits") for k, c in cells.items())]
     variants = [f"variant:{v}:qwen2.5-1.5b" for v in ("fp16", "batch_invariant")]
     out += [v for v in variants if not any(k.startswith(v) for k in cells)]
-    return out + [key for key, _ in _jobs() if key not in cells]
+    return out + [key for key in efficiency_keys() if key not in cells]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--only", nargs="*", default=None, help="cell key prefixes, e.g. step:qwen2.5-1.5b efficiency")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: one per CPU core; 1: in this process)")
     parser.add_argument("--table", action="store_true", help="only rewrite docs/benchmarks.md's TPU table from --out")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 or more worker processes")
     if not args.table:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        run(args.out, args.only)
+        run(args.out, args.only, args.jobs)
     from jaxrl_llm.benchmarks.tpu.table import write_table
 
     print(f"-> {write_table(json.loads(args.out.read_text()))}")

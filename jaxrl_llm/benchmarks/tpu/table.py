@@ -86,6 +86,17 @@ def efficiency_table(cells: dict) -> list[str]:
     return lines
 
 
+def run_line(data: dict) -> str:
+    """The run that wrote the file: its wall and CPU time, workers and load (the machine's, not its own)."""
+    run = data.get("run")
+    if not run:
+        return ""
+    return (f" The {'whole' if run.get('complete') else 'last'} run compiled {run['cells_compiled']} cells in "
+            f"{run['wall_s'] / 60:.1f} min wall with {run['jobs']} worker processes at nice {run['nice']} "
+            f"({run['cpu_s'] / 60:.1f} min of CPU), the machine's 1-minute load average {run['load_avg_1min']['mean']} "
+            f"on average, {run['load_avg_1min']['max']} at most; each cell's wall and CPU seconds are in the results file.")
+
+
 def render(data: dict) -> str:
     cells = data.get("cells", {})
     missing = data.get("missing") or []
@@ -93,7 +104,7 @@ def render(data: dict) -> str:
             f"Compiled with jax {data.get('jax')} and libtpu {data.get('libtpu')} on {data.get('cpu_count')} CPU cores "
             f"at commit {data.get('commit')}, {data.get('date_utc')}. FLOPs, bytes and times are per chip; times are "
             "roofline ESTIMATES from datasheet figures, not measurements. "
-            + (f"Missing: {', '.join(missing)}." if missing else "Every cell compiled."), ""]
+            + (f"Missing: {', '.join(missing)}." if missing else "Every cell compiled.") + run_line(data), ""]
     body = (["**The step per model and slice**", ""] + step_table(cells) + ["", "**Per program (cells that fit)**", ""]
             + program_table(cells) + ["", "**Compiled efficiency**", ""] + efficiency_table(cells))
     return "\n".join(head + body + ["", END])
