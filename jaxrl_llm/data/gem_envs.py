@@ -146,7 +146,21 @@ def check_env_kwargs(env_id: str, env_class, env_kwargs: dict[str, Any]) -> None
 
 
 ADAPTER_ARGUMENTS = ("env_id", "tools", "tool_reward", "tool_success_reward", "max_tool_uses", "sandbox",
-                     "heldout_fraction")
+                     "heldout_fraction", "prompt_messages")
+ROLES = ("system", "user", "assistant")  # of task.kwargs.prompt_messages
+
+
+def check_prompt_messages(messages: Any) -> tuple[dict[str, str], ...]:
+    """``task.kwargs.prompt_messages`` as chat messages; GemEnvError naming the bad entry otherwise."""
+    valid = (f"valid: a list of {{\"role\": one of {', '.join(ROLES)}, \"content\": text}}, e.g. "
+             '[{"role": "user", "content": "Enter your first guess."}, {"role": "assistant", "content": "\\\\boxed{5}"}]')
+    if not isinstance(messages, (list, tuple)):
+        raise GemEnvError(f"task.kwargs.prompt_messages = {messages!r:.80} is not a list; {valid}")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES
+                and isinstance(m["content"], str)):
+            raise GemEnvError(f"task.kwargs.prompt_messages[{i}] = {m!r:.80} is not a chat message; {valid}")
+    return tuple(dict(m) for m in messages)
 
 
 def render_observation(observation: str, info: dict) -> str:
@@ -164,8 +178,8 @@ class GemEnv:
     a deep copy of the task's prototype, reset with the example's seed, every GEM call on the
     episode's own global random state."""
 
-    def __init__(self, prototype):
-        self.prototype = prototype
+    def __init__(self, prototype, prompt_messages: Sequence[dict[str, str]] = ()):
+        self.prototype, self.prompt_messages = prototype, tuple(prompt_messages)
         self.env = None
         self.rng: GlobalRng | None = None
         self.tool_uses = self.tool_successes = 0
@@ -176,7 +190,10 @@ class GemEnv:
         with self.rng.installed():
             self.env = copy.deepcopy(self.prototype)
             observation, info = self.env.reset(seed=seed)
-        return render_observation(observation, info), dict(info)
+        text = render_observation(observation, info)
+        if self.prompt_messages:  # the chat turns placed before GEM's first observation
+            return [*map(dict, self.prompt_messages), {"role": "user", "content": text}], dict(info)
+        return text, dict(info)
 
     def step(self, action_text: str) -> StepResult:
         if self.env is None:
@@ -199,6 +216,8 @@ class GemTask(EnvTask):
     tools: ``["python"]`` wraps the env in GEM's ToolEnvWrapper with GEM's Python tool run in
     the project's sandbox (``sandbox``: SandboxLimits fields); ``tool_reward`` /
     ``tool_success_reward`` / ``max_tool_uses`` are the wrapper's (GEM's defaults: 0, 0, 5).
+    ``prompt_messages``: chat messages (a system prompt, a few-shot exchange) placed before GEM's
+    first observation, which stays the last user turn, as GEM's trainers wrap it in a prompt template.
     """
 
     name = "gem"
@@ -206,8 +225,10 @@ class GemTask(EnvTask):
 
     def __init__(self, env_id: str, *, tools: Sequence[str] = (), tool_reward: float = 0.0,
                  tool_success_reward: float = 0.0, max_tool_uses: int = 5, sandbox: dict | None = None,
-                 heldout_fraction: float = DEFAULT_HELDOUT_FRACTION, **env_kwargs: Any):
+                 heldout_fraction: float = DEFAULT_HELDOUT_FRACTION, prompt_messages: Sequence[dict] = (),
+                 **env_kwargs: Any):
         gem = import_gem()
+        self.prompt_messages = check_prompt_messages(prompt_messages)
         spec = check_env_id(env_id, gem.envs.registration.ENV_REGISTRY)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs)
         self.heldout_fraction = check_heldout_fraction(heldout_fraction)
@@ -267,4 +288,4 @@ class GemTask(EnvTask):
         return picked
 
     def make_env(self) -> GemEnv:
-        return GemEnv(self.prototype)
+        return GemEnv(self.prototype, self.prompt_messages)

@@ -74,6 +74,27 @@ def test_binary_search_scores_one_through_the_loop(policy, easy):
     assert batch.metrics["episode_turns"] == pytest.approx(np.mean(turns)) and max(turns) > 1
 
 
+FEW_SHOT = [{"role": "system", "content": "Reply with one guess written as \\boxed{N}."},
+            {"role": "user", "content": "Enter your first guess."}, {"role": "assistant", "content": "\\boxed{5}"}]
+
+
+def test_prompt_messages_come_before_gems_first_observation(policy):
+    """task.kwargs.prompt_messages: the episode is the chat template's rendering of those messages,
+    then GEM's own first observation as the next user turn, then the game; GEM scores it as before."""
+    import gem
+
+    task = make_task("gem", env_id=EASY, prompt_messages=FEW_SHOT)
+    examples = task.examples("train", 3, seed=5)
+    batch = run_episodes(FakeScriptedEngine(policy, binary_search), policy, task, examples, 1, SamplingParams(seed=0),
+                         EpisodeLimits(max_turns=4, max_tokens=512, turn_max_tokens=32))
+    np.testing.assert_array_equal(batch.rewards, np.ones((3, 1)))
+    for record, example in zip(batch.rollouts.records, examples):
+        first, _ = gem.make(EASY).reset(seed=example.metadata["seed"])
+        prompt = policy.tokenizer.decode(record.prompt_token_ids.tolist(), skip_special_tokens=False)
+        assert prompt == policy.chat.render([*FEW_SHOT, {"role": "user", "content": first + NEXT}],
+                                            add_generation_prompt=True)
+
+
 def cycle_moves(history: str) -> str:
     """2048 moves up, left, down, right, ... by the number of turns played so far."""
     played = history.count("<|im_start|>assistant") - 1
@@ -158,6 +179,9 @@ def test_gems_python_tool_runs_in_the_projects_sandbox(policy):
 @pytest.mark.parametrize("kwargs, words", [
     ({"env_id": EASY, "tools": ["bash"]}, ["task.kwargs.tools = ['bash']", "valid: a list of 'python'"]),
     ({"env_id": EASY, "tools": "python"}, ["task.kwargs.tools = 'python'", "a list of"]),
+    ({"env_id": EASY, "prompt_messages": "Guess."}, ["task.kwargs.prompt_messages = 'Guess.' is not a list"]),
+    ({"env_id": EASY, "prompt_messages": [{"role": "robot", "content": "x"}]},
+     ["task.kwargs.prompt_messages[0] = {'role': 'robot'", "valid: a list of {\"role\": one of system, user"]),
     ({"env_id": 7}, ["task.kwargs.env_id = 7 is not a GEM environment", "game:GuessTheNumber-v0-easy"]),
     ({"env_id": "game:Crosswords-v0-random"}, ["'game:Crosswords-v0-random'", "could not be built",
                                                "No words found"]),  # broken in gem-llm 0.1.0 itself
