@@ -32,6 +32,7 @@ def printed_tokens_per_s(out: str) -> dict[str, float]:
     return found
 
 
+@pytest.mark.slow  # 21 s, make test-all since 2026-11-29 (make test time)
 @pytest.mark.parametrize("dtype, tol, profile", [("float32", 1e-5, True),
                                                  pytest.param("bfloat16", 2e-2, False, marks=pytest.mark.slow)])
 def test_one_shape_times_both_engines_on_the_same_loss(dtype, tol, profile, capsys, tmp_path):

@@ -83,6 +83,7 @@ def test_prepare_step_batch_hands_the_toy_its_extra_per_prompt(registered):
         core.mini_batch(inputs._replace(extras={"prompt_lengths": np.zeros(3, np.float32)}), 0, 2)
 
 
+@pytest.mark.slow  # 40 s, make test-all since 2026-11-29 (make test time); prepare_step_batch's hand values stay
 def test_the_loop_fills_the_toy_extra_and_the_learner_uses_it(tiny_model_dir, tmp_path, registered, monkeypatch):
     recorded, real_learn = [], loop.learn
 

@@ -67,6 +67,7 @@ def test_impossible_shaping_configs_name_the_field(tiny_model_dir, tmp_path):
         tiny_config(tiny_model_dir, tmp_path, "recipe.overlong_buffer=40")
 
 
+@pytest.mark.slow  # 32 s, make test-all since 2026-11-29 (make test time); the hand values from config stay
 def test_l1_and_darling_run_from_config(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "total_steps=2", "shaping.length_reward=l1",
                       "shaping.l1_targets=[2,4]", "shaping.darling=lexical", "shaping.darling_ngram=1")
