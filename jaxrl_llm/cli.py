@@ -8,6 +8,8 @@
   bias-report   the length- and difficulty-bias report of each recipe (table + PNGs)
   compile       every program of one RL step compiled for a TPU slice from shapes (no TPU, no weights):
                 HBM per chip, fits or not, FLOPs, bytes, collectives, a roofline estimate (docs/tpu.md)
+  serve-tinker  the Tinker API (tinker SDK 0.38) on the JAX learner and sampler, for tinker-cookbook
+                recipes (docs/tinker.md)
 
 Examples:
   jaxrl train --config experiments/demo.py train.lr=1e-5 total_steps=50
@@ -16,6 +18,7 @@ Examples:
   jaxrl export --config experiments/demo.py train.lora_rank=1 --merged --out runs/demo_lora/hf
   jaxrl plot runs/demo_dr_grpo runs/demo_grpo --metrics reward,length_incorrect --out cmp.png
   jaxrl compile --config experiments/demo.py --topology v5e-8 --model qwen2.5-1.5b train.precision=bf16
+  JAXRL_TINKER_API_KEY=tml-secret jaxrl serve-tinker --base-model smollm2 --port 8000
 
 A user error (unknown key, bad value, missing file, a combination the loop cannot run)
 prints one line naming the problem and exits with status 2; --debug shows the traceback.
@@ -125,6 +128,21 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_tinker(args: argparse.Namespace) -> int:
+    """Refusals (an open address without a key, a key the SDK would reject) are user errors."""
+    try:
+        from jaxrl_llm.serve.tinker.server import api_key_from_env, check_access, serve
+    except ImportError as err:  # the `tinker` extra is missing
+        raise UserError(f"serve-tinker needs the tinker SDK ({err}); valid: pip install -e '.[tinker]'") from err
+    try:
+        check_access(args.host, api_key_from_env(), args.dev)
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    serve(args.base_model, host=args.host, port=args.port, state_dir=args.state_dir, api_key=api_key_from_env(),
+          dev=args.dev, seed=args.seed)
+    return 0
+
+
 def _compile(args: argparse.Namespace) -> int:
     """A config that does not fit the slice is a user error: one line (program, chip HBM, bytes needed), exit 2."""
     from jaxrl_llm.benchmarks.tpu.analysis import DoesNotFit, NotCompilable
@@ -218,6 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--report-all", action="store_true",
                       help="report every program even when one does not fit (still exits 2 then)")
     comp.set_defaults(func=_compile)
+
+    tinker = sub.add_parser("serve-tinker", help="the Tinker API on the JAX learner and sampler (docs/tinker.md)")
+    tinker.add_argument("--base-model", action="append", required=True,
+                        help="a base model clients may name: 'smollm2', an HF directory or a .gguf (repeatable); "
+                             "clients pass it as base_model exactly as written here")
+    tinker.add_argument("--host", default="127.0.0.1", help="listen address (default loopback only)")
+    tinker.add_argument("--port", type=int, default=8000)
+    tinker.add_argument("--state-dir", default="runs/tinker_state", help="checkpoints (tinker://...) live here")
+    tinker.add_argument("--dev", action="store_true",
+                        help="no API key (loopback only); otherwise $JAXRL_TINKER_API_KEY (tml-...) is required")
+    tinker.add_argument("--seed", type=int, default=0, help="LoRA init seed when a client gives none")
+    tinker.set_defaults(func=_serve_tinker)
     return parser
 
 

@@ -1,0 +1,121 @@
+"""Tinker's futures: every training or sampling call is answered at once with a request id, runs
+later on one worker thread (JAX work, in arrival order), and its result is fetched with
+retrieve_future, which waits up to POLL_WAIT_S for it and otherwise answers "try_again".
+
+A call carries a key (its model or sampling session and its seq_id): a retried call with a key
+already seen gets the first call's request id back and never runs again.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Hashable
+
+log = logging.getLogger(__name__)
+
+POLL_WAIT_S = 20.0  # below the SDK's 45 s read timeout on retrieve_future
+KEEP_RESULTS = 50_000  # completed results kept for late or repeated polls
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A finished call: JSON (a dict), protobuf bytes, or a failure in the SDK's shape."""
+
+    json: dict | None = None
+    proto: bytes | None = None
+    error: str | None = None
+    category: str = "user"  # RequestErrorCategory: "user" | "server" | "unknown"
+
+    def failure_body(self) -> dict:
+        return {"error": self.error, "category": self.category}
+
+
+class UserError(ValueError):
+    """A call the server refuses (bad input); its message is returned to the client."""
+
+
+@dataclasses.dataclass
+class _Job:
+    request_id: str
+    name: str
+    run: Callable[[], Result]
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    result: Result | None = None
+
+
+class Jobs:
+    """The queue of calls, the worker thread that runs them and their results by request id."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_key: dict[Hashable, str] = {}
+        self._jobs: collections.OrderedDict[str, _Job] = collections.OrderedDict()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self.runs = collections.Counter()  # calls run, by name (what the retry test counts)
+        self._worker = threading.Thread(target=self._work, name="tinker-jobs", daemon=True)
+        self._worker.start()
+
+    def submit(self, key: Hashable | None, name: str, run: Callable[[], Result]) -> str:
+        """The request id of the call `key` (a new one, queued, unless the key was seen before)."""
+        with self._lock:
+            if key is not None and key in self._by_key:
+                log.info("%s %s: a retry of request %s; not run again", name, key, self._by_key[key])
+                return self._by_key[key]
+            job = _Job(f"{name}-{uuid.uuid4().hex[:16]}", name, run)
+            self._jobs[job.request_id] = job
+            if key is not None:
+                self._by_key[key] = job.request_id
+            self._forget_old()
+        self._queue.put(job)
+        return job.request_id
+
+    def _forget_old(self) -> None:
+        while len(self._jobs) > KEEP_RESULTS:
+            oldest = next(iter(self._jobs.values()))
+            if not oldest.done.is_set():
+                break
+            del self._jobs[oldest.request_id]
+
+    def known(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._jobs
+
+    async def wait(self, request_id: str, timeout_s: float = POLL_WAIT_S) -> Result | None:
+        """The call's result, or None if it is still running after timeout_s."""
+        with self._lock:
+            job = self._jobs[request_id]
+        deadline = time.monotonic() + timeout_s
+        while not job.done.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return job.result if job.done.is_set() else None
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job.result = _run(job)
+            self.runs[job.name] += 1
+            job.done.set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+
+def _run(job: _Job) -> Result:
+    try:
+        return job.run()
+    except (UserError, ValueError, KeyError, TypeError) as err:
+        message = str(err) if not isinstance(err, KeyError) else str(err.args[0] if err.args else err)
+        return Result(error=f"{job.name}: {message}", category="user")
+    except Exception as err:  # noqa: BLE001  (a server fault: logged, reported, the server keeps running)
+        log.exception("%s failed", job.request_id)
+        return Result(error=f"{job.name}: server error {type(err).__name__}: {err}", category="server")
+
+
+def json_result(payload: Any) -> Result:
+    return Result(json=payload)

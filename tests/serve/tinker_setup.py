@@ -1,0 +1,53 @@
+"""Helpers of the Tinker server tests: the SDK's environment and independent reference numbers
+(the tiny model loaded again with `train.policy.load_policy`, tied as saved, and scored with
+`models.token_logprobs`)."""
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+API_KEY = "tml-jaxrl-test-key"
+WIDTH = 64  # longest token sequence the reference scores
+
+
+def sdk_environment(url: str) -> dict[str, str]:
+    return {"TINKER_API_KEY": API_KEY, "TINKER_BASE_URL": url, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1"}
+
+
+@functools.lru_cache(maxsize=2)
+def reference_policy(model_dir: str):
+    from jaxrl_llm.train.policy import load_policy
+
+    return load_policy(model_dir)
+
+
+def reference_logprobs(model_dir: str, tokens: list[int]) -> np.ndarray:
+    """log pi(tokens[t+1] | tokens[:t+1]) [len - 1] of the base model, by models.token_logprobs."""
+    from jaxrl_llm.models import token_logprobs
+
+    policy = reference_policy(model_dir)
+    padded = np.zeros((1, WIDTH), np.int32)  # right-padded to one width: one program for every call
+    padded[0, :len(tokens)] = tokens
+    return np.asarray(token_logprobs(policy.params, policy.cfg, jnp.asarray(padded)))[0, :len(tokens) - 1]
+
+
+def reference_next_token_logprobs(model_dir: str, tokens: list[int]) -> np.ndarray:
+    """log pi(v | tokens) [V] for every token v, from the base model's logits (models.forward)."""
+    import jax
+
+    policy = reference_policy(model_dir)
+    padded = np.zeros((1, WIDTH), np.int32)
+    padded[0, :len(tokens)] = tokens
+    logits = _forward(policy.params, jnp.asarray(padded), cfg=policy.cfg)
+    return np.asarray(jax.nn.log_softmax(logits[0, len(tokens) - 1]))
+
+
+def _forward(params, tokens, *, cfg):
+    import jax
+
+    from jaxrl_llm.models import forward
+
+    return jax.jit(lambda p, t: forward(p, cfg, t)[0])(params, tokens)
