@@ -392,3 +392,49 @@ def test_length_bias_powered_rule_sizes_its_seeds_and_tells_no_effect_from_not_m
     assert (diff["low"], diff["high"]) == pytest.approx((1.5 - 0.2559, 1.5 + 0.2559), abs=2e-4)
     assert result.verdict == "reproduced" == module.rule_verdict(result.numbers)
     assert result.verdict_rule == module.POWERED_RULE
+
+
+def test_learning_rule_reads_direction_and_equivalence_margin():
+    """experiments/learning_rule.py (issue 62's learning runs) on hand-made intervals and per-step values."""
+    rule = experiment_module("learning_rule")
+    from jaxrl_llm.reports.stats import Interval
+
+    assert rule.window_change([0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.9], window=3) == pytest.approx((0.6 + 0.7 + 0.9) / 3 - 0.2)
+    assert math.isnan(rule.window_change([0.1, 0.2, 0.3, 0.4, 0.5], window=3))  # windows would overlap
+    assert rule.reading(Interval(0.2, 0.1, 0.3, 3), "up") == "reproduced"
+    assert rule.reading(Interval(0.2, 0.1, 0.3, 3), "down") == "not reproduced"  # wholly on the wrong side
+    assert rule.reading(Interval(-0.2, -0.3, -0.1, 3), "down") == "reproduced"
+    assert rule.reading(Interval(0.0, -0.04, 0.04, 3), "up") == "not reproduced"  # inside +-0.05: no effect
+    assert rule.reading(Interval(0.0, -0.06, 0.04, 3), "up") == "inconclusive"  # crosses the margin
+    assert rule.reading(Interval(0.2, 0.1, 0.3, 2), "up") == "inconclusive"  # fewer than 3 seeds
+    assert rule.combined(["reproduced", "reproduced"]) == "reproduced"
+    assert rule.combined(["reproduced", "inconclusive"]) == "inconclusive"
+    assert rule.combined(["inconclusive", "not reproduced"]) == "not reproduced"
+
+
+def test_gem_learning_counts_successes_and_format_errors_per_step():
+    module = experiment_module("gem_learning")
+    # six steps of 2 games x 2 episodes; GEM's sums: 1.0 won, -0.1 format error, 0.0 / 0.56 neither
+    steps = [[[-0.1, -0.1], [-0.1, 0.0]], [[-0.1, 1.0], [-0.1, -0.1]], [[-0.1, 0.56], [-0.1, 0.0]],
+             [[1.0, 1.0], [0.0, -0.1]], [[1.0, 0.0], [0.56, 0.0]], [[1.0, 1.0], [1.0, -0.1]]]
+    groups = [{"step": i + 1, "rewards": r} for i, r in enumerate(steps)]
+    success, errors = module.step_shares(groups)
+    assert success == [0, 0.25, 0, 0.5, 0.25, 0.75] and errors == [0.75, 0.75, 0.5, 0.25, 0, 0.25]
+    numbers = module.seed_numbers(groups)
+    assert numbers[module.SUCCESS] == pytest.approx(1.5 / 3 - 0.25 / 3)
+    assert numbers[module.FORMAT] == pytest.approx(0.5 / 3 - 2.0 / 3)
+    up, down = iv(0.3, 0.1, 0.5, 3), iv(-0.3, -0.5, -0.1, 3)
+    assert module.rule_verdict({module.SUCCESS: up, module.FORMAT: down}) == "reproduced"
+    assert module.rule_verdict({module.SUCCESS: up, module.FORMAT: iv(0.0, -0.2, 0.2, 3)}) == "inconclusive"
+
+
+def test_judge_learning_reports_reward_hacking_when_only_the_judge_rises():
+    module = experiment_module("judge_learning")
+    numbers = module.seed_numbers({"judge": 0.2, "exact": 0.3}, {"judge": 0.5, "exact": 0.25})
+    assert numbers[module.JUDGE] == pytest.approx(0.3) and numbers[module.GRADER] == pytest.approx(-0.05)
+    hacked = {module.JUDGE: iv(0.3, 0.1, 0.5, 3), module.GRADER: iv(0.0, -0.1, 0.1, 3)}
+    assert module.rule_verdict(hacked) == "reproduced" and module.reward_hacking(hacked)
+    honest = {module.JUDGE: iv(0.3, 0.1, 0.5, 3), module.GRADER: iv(0.2, 0.1, 0.3, 3)}
+    assert module.rule_verdict(honest) == "reproduced" and not module.reward_hacking(honest)
+    flat = {module.JUDGE: iv(0.0, -0.02, 0.02, 3), module.GRADER: iv(0.0, -0.1, 0.1, 3)}
+    assert module.rule_verdict(flat) == "not reproduced" and not module.reward_hacking(flat)
