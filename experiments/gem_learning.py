@@ -34,7 +34,7 @@ PROMPT_MESSAGES = [
     {"role": "user", "content": "Enter your first guess."},
     {"role": "assistant", "content": "\\boxed{5}"},
 ]
-STEPS = 12
+STEPS = 10
 SEEDS, QUICK_SEEDS = (611, 612, 613), (611,)
 TUNING_SEEDS = (0,)  # the timing / format-rate runs that chose this setting; they never count
 QUICK = ("total_steps=6",)
@@ -46,7 +46,8 @@ VERDICT_RULE = rule_text(CLAIMS)
 
 
 def get_config(arg: str = "", seed: int = 0) -> Config:
-    """The one variant (ARG unused): Dr. GRPO, 4 games x 8 episodes per step, JAX sampler."""
+    """The one variant (ARG unused): Dr. GRPO, 4 games x 4 episodes per step, JAX sampler. Sized by the tuning
+    seed 0 (4 games x 8 episodes): its first step took 645 s (compiles included) at load ~14 on 2 cores."""
     return Config(
         name=NAME,
         seed=seed,
@@ -54,7 +55,7 @@ def get_config(arg: str = "", seed: int = 0) -> Config:
         total_steps=STEPS,
         model=ModelConfig(source="smollm2"),
         # the prompt (system + few-shot + GEM's instructions) is ~200 tokens; a turn is a short guess + a ~30-token hint
-        rollout=RolloutConfig(engine="jax", server_dtype="float32", prompts_per_step=4, samples_per_prompt=8,
+        rollout=RolloutConfig(engine="jax", server_dtype="float32", prompts_per_step=4, samples_per_prompt=4,
                               max_tokens=160, temperature=1.0),
         recipe=RecipeConfig(name="dr_grpo"),
         train=TrainConfig(lr=5e-5, warmup_steps=0, micro_batch_size=8, precision="fp32", grad_clip=1.0),
