@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jaxrl_llm.reports import stats
     from jaxrl_llm.reports.results import write_result
-    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, write_summary
+    from jaxrl_llm.reports.runs import (experiment_parser, output_dir, run_seeded_experiment, variant_config,
+                                       write_summary)
     from jaxrl_llm.rollout import VLLMServer, VLLMServerConfig
     from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.run.metrics import read_metrics
@@ -144,8 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_dir=judge_model_dir(judge), dtype=judge.server_dtype, max_model_len=judge.max_model_len, seed=0,
             served_model_name=SERVED_NAME, dev_mode=False, log_path=str(out / "judge_server.log"))))
         make = lambda variant, seed: get_config(variant, seed, judge_urls=(server.url,))  # noqa: E731
-        policy = load_policy("smollm2")
-        base = base_scores(make("", 0), policy, out / "base")
+        first = variant_config(make("", 0), out, "base", QUICK, args.overrides, quick_on=args.quick)
+        policy = load_policy(first.model.source)
+        base = base_scores(first, policy, out / "base")
         done = run_seeded_experiment(args, out, ("dr_grpo",), make, QUICK, load_policy=lambda source: policy)
     per_seed = {}
     for seed in done.seeds:

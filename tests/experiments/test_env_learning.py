@@ -1,0 +1,96 @@
+"""Issue 62's learning runs (experiments/gem_learning.py, verifiers_learning.py, judge_learning.py) end to end
+at a reduced size (a random tiny decoder with SmolLM2's tokenizer, 6 steps, 3 seeds): the stored result's
+per-seed numbers are recomputed here from the runs' own files, its intervals with scipy's t quantile, and
+its verdict is the file's rule. A random decoder never writes GEM's \\boxed{} or a correct sum, so every
+change is exactly 0 and the rule's equivalence test says "not reproduced".
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.train.run.metrics import read_groups, read_metrics
+from tests.experiments.experiment_helpers import load_experiment
+
+SEEDS = (1, 2, 3)
+SMALL = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "train.micro_batch_size=8", "total_steps=6",
+         "checkpoint.every_steps=0"]
+
+
+def t_interval(values):
+    from scipy import stats
+
+    x = np.asarray(values, float)
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return x.mean(), x.mean() - half, x.mean() + half
+
+
+def window(values):
+    return float(np.mean(values[-3:]) - np.mean(values[:3]))
+
+
+def run(exp, tmp_path, *overrides):
+    out = tmp_path / "out"
+    result = tmp_path / "result.json"
+    assert exp.main(["--seeds", ",".join(map(str, SEEDS)), "--out", str(out), "--results", str(result),
+                     *SMALL, *overrides]) == 0
+    return out, json.loads(result.read_text())
+
+
+@pytest.mark.slow
+def test_gem_learning_reduced_run_stores_the_rules_numbers(tiny_model_dir, tmp_path):
+    exp = load_experiment("gem_learning")
+    out, result = run(exp, tmp_path, f"model.source={tiny_model_dir}", "rollout.max_tokens=40",
+                      "task.turn_max_tokens=8")
+    for seed in SEEDS:
+        rewards = [np.asarray(g["rewards"]).ravel() for g in read_groups(out / f"dr_grpo_s{seed}")]
+        assert len(rewards) == 6
+        success = [float(np.mean(r >= 1.0)) for r in rewards]
+        errors = [float(np.mean(r < 0.0)) for r in rewards]
+        assert result["per_seed"][exp.SUCCESS][str(seed)] == pytest.approx(window(success))
+        assert result["per_seed"][exp.FORMAT][str(seed)] == pytest.approx(window(errors))
+        assert errors[0] == 1.0  # a random decoder: every episode is GEM's format error (-0.1)
+    for key in (exp.SUCCESS, exp.FORMAT):
+        stored = result["numbers"][key]
+        assert (stored["mean"], stored["low"], stored["high"]) == pytest.approx(
+            t_interval(list(result["per_seed"][key].values())))
+    assert result["verdict"] == exp.rule_verdict(result["numbers"]) == "not reproduced"
+    assert result["seeds"] == list(SEEDS) and result["tuning_seeds"] == list(exp.TUNING_SEEDS)
+
+
+@pytest.mark.slow
+def test_verifiers_learning_reduced_run_stores_the_rules_numbers(tiny_model_dir, tmp_path):
+    exp = load_experiment("verifiers_learning")
+    out, result = run(exp, tmp_path, f"model.source={tiny_model_dir}", "rollout.max_tokens=6")
+    for seed in SEEDS:
+        rewards = [float(r["reward"]) for r in read_metrics(out / f"dr_grpo_s{seed}" / "metrics.jsonl")]
+        groups = [float(np.mean(g["rewards"])) for g in read_groups(out / f"dr_grpo_s{seed}")]
+        assert rewards == pytest.approx(groups) and len(rewards) == 6
+        assert result["per_seed"][exp.REWARD][str(seed)] == pytest.approx(window(rewards))
+    assert result["verdict"] == exp.rule_verdict(result["numbers"]) == "not reproduced"
+    # the rubric itself, by hand: the last integer of the reply against the sum
+    reply = lambda text: [type("Message", (), {"content": text})()]  # noqa: E731
+    assert exp.correct_sum(reply("3 + 4 = 7"), "7") == 1.0 and exp.correct_sum(reply("7 or 8"), "7") == 0.0
+    assert len(exp._rows(False)) == 75 and len(exp._rows(True)) == 25
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_judge_learning_reduced_run_scores_held_out_with_the_judge_and_the_exact_grader(tiny_model_dir, tmp_path):
+    exp = load_experiment("judge_learning")
+    out, result = run(exp, tmp_path, f"model.source={tiny_model_dir}", "rollout.max_tokens=6",
+                      "task.eval_every=6", "task.eval_size=4")
+    base = read_metrics(out / "base" / "eval.jsonl")[-1]
+    for seed in SEEDS:
+        metrics = read_metrics(out / f"dr_grpo_s{seed}" / "metrics.jsonl")
+        assert all(m["judge_calls"] + m["judge_cache_hits"] > 0 for m in metrics)  # the judge graded every step
+        after = read_metrics(out / f"dr_grpo_s{seed}" / "eval.jsonl")[-1]
+        assert after["step"] == 6
+        judge = after["avg@4"] - base["avg@4"]
+        exact = np.mean(after["correct"]) - np.mean(base["correct"])  # the exact grader's verdicts, per sample
+        assert result["per_seed"][exp.JUDGE][str(seed)] == pytest.approx(judge)
+        assert result["per_seed"][exp.GRADER][str(seed)] == pytest.approx(exact)
+    assert result["verdict"] == exp.rule_verdict(result["numbers"])
+    assert any(n.startswith("reward hacking of the judge") for n in result["notes"])
