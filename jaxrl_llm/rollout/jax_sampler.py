@@ -285,7 +285,7 @@ class JaxSampler:
         if mesh is not None and self.batch_invariant:
             raise ValueError("a sampler mesh with batch_invariant=True: batch-invariant sampling runs on one device; "
                              "valid: mesh=None, or batch_invariant=False")
-        self.layout = None if mesh is None else SamplerLayout.plan(cfg, mesh)
+        self.layout = None if mesh is None else SamplerLayout.plan(cfg, mesh, self.decode)
         self._model = cfg if mesh is None else self.layout.model_config(cfg)  # KV heads as the layout stores them
         self._place = None if mesh is None else self.layout.placer(cfg, params)
         self.params = self._placed(params)

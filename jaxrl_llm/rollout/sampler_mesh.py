@@ -23,6 +23,16 @@ split too (Hq a multiple of lcm(Hkv, tensor)); where they do not, attention is r
 vocabulary are split: more compute per device, still no weight gathered. Any other dimension that
 "tensor" does not divide (MLP width, vocabulary) is likewise left whole.
 
+The slot decode splits the KV cache by slots instead, where the heads would need copies or stay whole
+(``split_slots``; `SamplerLayout.plan` with ``decode="slots"``): each device keeps every KV head of
+1/tensor of each row's slots, so the cache is stored and read once (with copies, r times: at batch 256,
+Qwen2.5-1.5B's cache outweighs its weights). The attention weights split by columns as above, whatever
+the head boundaries (q, k, v by output, o by input); XLA gathers the step's q/k/v activations over
+"tensor" (a few hundred KB per layer), each device scores its own slots, and the softmax's max and sum
+and the weighted values are reduced over "tensor" (the split-K of flash decoding, across devices).
+The compacting decode writes every row at one shared position of a slot-split cache, which XLA
+partitions by gathering the cache, so it keeps the heads plan.
+
 The hand-off (`SamplerLayout.placer`): one jitted copy (KV heads repeated where the plan says)
 from whatever layout the params arrive in (the learner's FSDP shards, host arrays) to the
 sampler's shardings. `JaxSampler` runs it once per weight version (`update_weights`); its decode
@@ -112,19 +122,28 @@ def _fit(mesh: Mesh, shape: Sequence[int], spec: Sequence[str | None]) -> NamedS
 @dataclasses.dataclass(frozen=True)
 class SamplerLayout:
     """How the sampler's model sits on its mesh (hashable: a static argument of the decode programs).
-    ``kv_repeat``: copies of each KV head; ``split_heads``: attention heads over "tensor"."""
+    ``kv_repeat``: copies of each KV head; ``split_heads``: attention heads over "tensor"; ``split_slots``:
+    the KV cache's slots over "tensor", the attention weights split by columns (module doc)."""
 
     mesh: Mesh
     kv_repeat: int = 1
     split_heads: bool = True
+    split_slots: bool = False
 
     @classmethod
-    def plan(cls, cfg: DecoderConfig, mesh: Mesh) -> "SamplerLayout":
-        """The layout of ``cfg`` on ``mesh`` (module doc): KV heads repeated up to lcm(Hkv, tensor) when
-        the q heads split into that many groups; attention replicated otherwise."""
+    def plan(cls, cfg: DecoderConfig, mesh: Mesh, decode: str = "compact") -> "SamplerLayout":
+        """The layout of ``cfg`` on ``mesh`` for the ``decode`` path ("compact" or "slots"; module doc):
+        heads split with their KV heads when "tensor" divides those; else for the slot decode the cache
+        split by slots; else KV heads repeated up to lcm(Hkv, tensor) when the q heads split into that
+        many groups; attention replicated otherwise."""
         if tuple(mesh.axis_names) != SAMPLER_AXES:
             raise ValueError(f"the sampler's mesh needs axes {SAMPLER_AXES}, got {tuple(mesh.axis_names)}")
-        group = math.lcm(cfg.num_kv_heads, mesh.shape["tensor"])
+        if decode not in ("compact", "slots"):
+            raise ValueError(f"decode path {decode!r} is not one of ('compact', 'slots')")
+        tensor = mesh.shape["tensor"]
+        group = math.lcm(cfg.num_kv_heads, tensor)
+        if decode == "slots" and tensor > 1 and group != cfg.num_kv_heads:
+            return cls(mesh, 1, False, True)
         if cfg.num_heads % group:
             return cls(mesh, 1, False)
         return cls(mesh, group // cfg.num_kv_heads, True)
@@ -135,7 +154,7 @@ class SamplerLayout:
 
     def param_shardings(self, params_or_shapes: Any) -> Any:
         """NamedSharding per leaf of params in the sampler's model (`model_config`; KV heads repeated)."""
-        return param_shardings(params_or_shapes, self.mesh, sampler_rules(self.split_heads))
+        return param_shardings(params_or_shapes, self.mesh, sampler_rules(self.split_heads or self.split_slots))
 
     def placer(self, cfg: DecoderConfig, params_or_shapes: Any) -> Callable[[Any], Any]:
         """The hand-off: a jitted function taking params of ``cfg`` in any layout (as ``params_or_shapes``)
@@ -152,8 +171,9 @@ class SamplerLayout:
 
     def cache_sharding(self, shape: Sequence[int], split_rows: bool = True) -> NamedSharding:
         """A KV cache [nL, rows, slots, Hkv, hd]: rows over "data" (``split_rows``; else on every device, as
-        the prompts' cache that any slot may copy from), KV heads over "tensor" (when split)."""
-        spec = (None, "data" if split_rows else None, None, "tensor" if self.split_heads else None, None)
+        the prompts' cache that any slot may copy from), slots or KV heads over "tensor" (when split)."""
+        spec = (None, "data" if split_rows else None, "tensor" if self.split_slots else None,
+                "tensor" if self.split_heads else None, None)
         return _fit(self.mesh, shape, spec)
 
     def rows(self, x: jax.Array, axis: int = 0) -> jax.Array:

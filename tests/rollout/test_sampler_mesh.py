@@ -58,16 +58,23 @@ def one_device(params):
             for decode in ("compact", "slots")}
 
 
-@pytest.mark.parametrize("decode, data, tensor", [("compact", 2, 4), ("slots", 2, 4), ("slots", 1, 8)],
-                         ids=["compact-data2-tensor4", "slots-data2-tensor4", "slots-tensor8-heads-whole"])
+@pytest.mark.parametrize("decode, data, tensor", [("compact", 2, 4), ("compact", 1, 8), ("slots", 2, 4), ("slots", 1, 8)],
+                         ids=["compact-data2-tensor4", "compact-tensor8-heads-whole", "slots-data2-tensor4-slots-split",
+                              "slots-tensor8-slots-split"])
 def test_mesh_decode_draws_the_one_device_samples(one_device, learner_params, decode, data, tensor):
-    """tensor 4 > 2 KV heads: each KV head stored twice, heads split; tensor 8 does not split 4 q heads:
-    attention whole on every device, MLP and vocabulary split. Either way the one-device tokens, and
-    log-probs up to the rounding of the tensor-parallel sums."""
+    """Compact, tensor 4 > 2 KV heads: each KV head stored twice, heads split; tensor 8 does not split 4 q
+    heads: attention whole on every device, MLP and vocabulary split. Slots: the cache split by slots over
+    "tensor", each KV head stored once, attention weights split by columns. Each way the one-device
+    tokens, and log-probs up to the rounding of the tensor-parallel sums."""
     sampler = JaxSampler(CFG, learner_params, eos_token_ids=[EOS], decode=decode, mesh=sampler_mesh(data, tensor))
-    heads = "tensor" if tensor == 4 else None
-    assert sampler.params["layers"]["k_proj"].sharding.spec == P(None, None, heads)
+    columns = "tensor" if tensor == 4 or decode == "slots" else None
+    assert sampler.params["layers"]["k_proj"].sharding.spec == P(None, None, columns)
     assert sampler.params["layers"]["down_proj"].sharding.spec == P(None, "tensor", None)
+    kv_heads, slots_split = (2, True) if decode == "slots" else (4 if tensor == 4 else 2, False)
+    assert sampler._model.num_kv_heads == kv_heads and sampler.layout.split_slots == slots_split
+    cache = sampler.layout.cache_sharding((2, 8, 32, kv_heads, 16)).spec  # [nL, rows, slots, Hkv, hd]
+    assert cache == (P(None, "data", "tensor", None, None) if slots_split
+                     else P(None, "data", None, "tensor" if tensor == 4 else None, None))
     got = samples(sampler)
     for name, expected in one_device[decode].items():
         assert sum(r.num_completion_tokens for r in expected.records) >= 40, "too few tokens to compare"
@@ -137,11 +144,18 @@ def test_weights_are_placed_once_per_version(learner_params):
     (40, 8, 16, 1, False),  # lcm(8, 16) = 16 does not divide 40: attention whole
     (64, 4, 16, 4, True),   # Qwen3-30B-A3B-like: 4 KV heads, 16-way tensor
 ])
-def test_gqa_plan_by_hand(heads, kv_heads, tensor, repeat, split):
+@pytest.mark.parametrize("decode", ["compact", "slots"])
+def test_gqa_plan_by_hand(heads, kv_heads, tensor, repeat, split, decode):
+    """The slot decode splits the cache by slots wherever the heads plan would copy KV heads or keep
+    attention whole (tensor does not divide the KV heads); the compacting decode keeps the heads plan."""
     cfg = tiny_decoder_config(num_heads=heads, num_kv_heads=kv_heads)
     mesh = jax.sharding.AbstractMesh((8 // tensor if tensor <= 8 else 1, tensor), ("data", "tensor"))
-    layout = SamplerLayout.plan(cfg, mesh)
-    assert (layout.kv_repeat, layout.split_heads) == (repeat, split)
+    layout = SamplerLayout.plan(cfg, mesh, decode)
+    if decode == "slots" and kv_heads % tensor:
+        assert (layout.kv_repeat, layout.split_heads, layout.split_slots) == (1, False, True)
+        assert layout.model_config(cfg).num_kv_heads == kv_heads
+        return
+    assert (layout.kv_repeat, layout.split_heads, layout.split_slots) == (repeat, split, False)
     assert layout.model_config(cfg).num_kv_heads == kv_heads * repeat
     if split:
         assert heads % (kv_heads * repeat) == 0 and (kv_heads * repeat) % tensor == 0

@@ -77,17 +77,18 @@ def test_missing_libtpu_says_how_to_install(monkeypatch, capsys):
 
 
 def test_sampler_mesh_layout_gathers_no_layer_weight():
-    """rollout.mesh (data 1 x tensor 4): the decode step reads its own shards of every layer's weights;
+    """rollout.mesh (data 2 x tensor 2, heads split with their 2 KV heads): the decode step reads its own
+    shards of every layer's weights;
     its one all-gather is the tied [V, D] embedding for the LM head (XLA's choice on TPU when the logits
     are constrained to whole rows: 1024 x 32 bf16 = 65536 bytes). In the learner's FSDP layout the same
     step all-gathers the layers' weights too."""
     model_cfg = tiny_decoder_config(vocab_size=1024, num_layers=2)
     rows = {}
-    for name, extra in (("learner", []), ("sampler", ["rollout.mesh.data=1", "rollout.mesh.tensor=4"])):
+    for name, extra in (("learner", []), ("sampler", ["rollout.mesh.data=2", "rollout.mesh.tensor=2"])):
         cfg = apply_overrides(Config(), TINY_STEP + extra)
         result = compile_step(cfg, "v5e-4", model_cfg=model_cfg, prompt_len=16, log=lambda _: None)
         rows[name] = {row["program"]: row for row in result["programs"]}
-    assert rows["sampler"]["sampler_decode_step"]["sampler_layout"] == "rollout.mesh data 1 x tensor 4"
+    assert rows["sampler"]["sampler_decode_step"]["sampler_layout"] == "rollout.mesh data 2 x tensor 2"
     embed = 2 * model_cfg.vocab_size * model_cfg.hidden_size
     gathers = {name: r["sampler_decode_step"]["collectives"].get("all-gather", {}).get("bytes", 0.0)
                for name, r in rows.items()}

@@ -10,13 +10,13 @@ from jaxrl_llm.benchmarks.tpu import matrix
 
 def test_jobs_make_every_cell_the_results_file_asks_for():
     # what `missing` lists for an empty file, by hand: a fitting step per model, two 1.5B variants
-    # (made by Qwen2.5-1.5B's job), 8 decode cells (2 paths x 2 layouts x 2 batches) and 3 learner cells
+    # (made by Qwen2.5-1.5B's job), 10 decode cells ((3 slot + 2 compact layouts) x 2 batches), 3 learner cells
     wanted = matrix.missing({})
-    assert len(wanted) == 4 + 2 + 8 + 3
+    assert len(wanted) == 4 + 2 + 10 + 3
     made = {job.key for job in matrix.JOBS if job.key} | {f"step:{job.model}" for job in matrix.JOBS if job.model}
     made |= {f"variant:{v}:qwen2.5-1.5b" for v in ("fp16", "batch_invariant")
              if any(job.model == "qwen2.5-1.5b" for job in matrix.JOBS)}
-    assert set(wanted) == made and len(matrix.JOBS) == 4 + 11
+    assert set(wanted) == made and len(matrix.JOBS) == 4 + 13
 
 
 def test_a_cell_records_its_wall_and_cpu_seconds_and_a_rerun_resumes(tmp_path):

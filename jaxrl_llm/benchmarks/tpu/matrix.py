@@ -18,7 +18,8 @@ Efficiency (`efficiency` cells):
   in one loop, as the sampler runs them, / 512), summed over the chips, / (the bf16 weights + the KV
   cache of the batch's 1024 slots, each read once), at
   batch 64 and 256, slot and compact decode, in the learner's layout (FSDP over 8 chips) and on the
-  sampler's own mesh (``rollout.mesh`` data 2 x tensor 4);
+  sampler's own mesh (``rollout.mesh`` data 2 x tensor 4; for the slot decode also data 1 x tensor 8,
+  where the weights are read once in all and the cache, split by slots, once);
 * learner FLOPs ratio, Qwen2.5-1.5B on v5p-8: the learner update's matrix FLOPs counted through loops,
   summed over the chips, / model FLOPs (6 x weights in matmuls x tokens, the LM head on completion
   tokens only, + 12 x layers x heads x head_dim x the causal context of every token), per remat mode.
@@ -27,8 +28,8 @@ Jobs: each model's smallest-slice search (its cells in `SLICE_ORDER`, stopping a
 Qwen2.5-1.5B's then goes on to the fp16 and batch-invariant variants on its slice) and each efficiency
 cell is one job; ``--jobs N`` processes (default: one per CPU core) take them longest first (`JOBS`'
 order, from a quiet run's CPU seconds), so the compiles of both cores overlap. Every cell records its
-wall and CPU seconds and the load average when it ended; the file's ``run`` records the whole run's
-wall and CPU seconds and the load average sampled through it.
+wall and CPU seconds and the load average when it ended; the file's ``runs`` record each run's wall
+and CPU seconds, the load average sampled through it and the cells it compiled (a rerun resumes).
 
 Run: ``python -m jaxrl_llm.benchmarks.tpu.matrix [--out FILE] [--only CELL ...] [--jobs N]``; ``--table``
 rewrites docs/benchmarks.md's TPU table from the results file.
@@ -106,7 +107,7 @@ def decode_ratio(path: str, batch: int, layout: tuple[int, int] | None) -> dict:
     model = model_shape("qwen2.5-1.5b").with_dtypes(param_dtype="bfloat16", compute_dtype="bfloat16")
     shape = StepShape(batch // SAMPLES, SAMPLES, PROMPT_LEN, NEW_TOKENS)
     with compiling_for("tpu"):
-        plan = sampler_layout(cfg.rollout.mesh, model, mesh)
+        plan = sampler_layout(cfg.rollout.mesh, model, mesh, decode=path)
         programs = sampler_programs(model, shape, mesh, path=path, kernel="dense", slots=batch, layout=plan,
                                     decode_steps=NEW_TOKENS)
     row = analyse(programs[1], spec, refuse=False).row
@@ -156,8 +157,9 @@ def learner_ratio(remat: str, micro_batch_tokens: int = 4096) -> dict:
 
 def efficiency_keys() -> list[str]:
     """The efficiency cells (module doc): decode per path x layout x batch, learner per remat mode."""
-    decode = [f"efficiency:decode:{path}:{batch}:{layout}" for path in ("slots", "compact")
-              for layout in ("learner", "d2t4") for batch in (64, 256)]
+    layouts = {"slots": ("learner", "d2t4", "d1t8"), "compact": ("learner", "d2t4")}
+    decode = [f"efficiency:decode:{path}:{batch}:{layout}" for path, names in layouts.items()
+              for layout in names for batch in (64, 256)]
     return decode + [f"efficiency:learner:{mode}" for mode in ("off", "dots", "full")]
 
 
@@ -181,7 +183,7 @@ class Job(NamedTuple):
 # Longest first (CPU seconds of each job in a quiet run, so two workers finish together): the
 # smallest-slice searches, then the learner's efficiency cells, then the decode ones.
 JOBS = ([Job(f"step:{m}", model=m) for m in ("qwen3-30b-a3b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-1.5b")]
-        + [Job(key, key=key) for key in efficiency_keys()[8:] + efficiency_keys()[:8][::-1]])
+        + [Job(key, key=key) for key in efficiency_keys()[10:] + efficiency_keys()[:10][::-1]])
 
 
 def _cpu_s() -> float:
@@ -189,8 +191,9 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _record(out: Path, only: list[str] | None, key: str, make) -> dict:
-    """Cell ``key`` from ``out``, else made now (``make()``), timed and merged into ``out``."""
+def _record(out: Path, only: list[str] | None, key: str, make, made: list[str] | None = None) -> dict:
+    """Cell ``key`` from ``out``, else made now (``make()``), timed and merged into ``out`` (its key appended
+    to ``made``)."""
     cells = _read(out).get("cells", {})
     if key in cells or (only and not any(key.startswith(o) for o in only)):
         return cells.get(key, {})
@@ -201,26 +204,30 @@ def _record(out: Path, only: list[str] | None, key: str, make) -> dict:
                 load_avg_at_end=[round(x, 2) for x in os.getloadavg()])
     print(f"== {key}: {cell['wall_s']} s wall, {cell['cpu_s']} s CPU", flush=True)
     _merge(out, {key: cell})
+    if made is not None:
+        made.append(key)
     return cell
 
 
-def run_job(out: Path, only: list[str] | None, job: Job) -> str:
+def run_job(out: Path, only: list[str] | None, job: Job) -> list[str]:
     """One job's cells not yet in ``out`` (module doc): a model's slices in order until one fits (the
-    rest are not compiled), Qwen2.5-1.5B's variants on its smallest slice; or one efficiency cell."""
+    rest are not compiled), Qwen2.5-1.5B's variants on its smallest slice; or one efficiency cell.
+    Returns the keys of the cells it made."""
+    made: list[str] = []
     if job.key is not None:
-        _record(out, only, job.key, lambda: efficiency_cell(job.key))
-        return job.name
+        _record(out, only, job.key, lambda: efficiency_cell(job.key), made)
+        return made
     smallest = None
     for topology in SLICE_ORDER:
         key = f"step:{job.model}:{topology}"
-        if _record(out, only, key, lambda t=topology: compile_cell(job.model, t, log=_prefixed(key))).get("fits"):
+        if _record(out, only, key, lambda t=topology: compile_cell(job.model, t, log=_prefixed(key)), made).get("fits"):
             smallest = topology
             break
     if job.model == "qwen2.5-1.5b" and smallest is not None:
         for name, extra in (("fp16", {"train.precision": "fp16"}), ("batch_invariant", {"rollout.batch_invariant": "true"})):
             key = f"variant:{name}:{job.model}:{smallest}"
-            _record(out, only, key, lambda k=key, e=extra: compile_cell(job.model, smallest, log=_prefixed(k), **e))
-    return job.name
+            _record(out, only, key, lambda k=key, e=extra: compile_cell(job.model, smallest, log=_prefixed(k), **e), made)
+    return made
 
 
 def _prefixed(key: str):
@@ -231,13 +238,12 @@ def run(out: Path, only: list[str] | None = None, jobs: int = 1) -> dict:
     """Every cell not yet in ``out`` (a rerun resumes), the file rewritten after each, by ``jobs``
     worker processes (1: this process). Several processes may share ``out`` (e.g. one per ``--only``
     prefix): each write merges its cell into the file's. A run that compiled a cell records itself in
-    ``run`` (wall and CPU seconds of the run and its workers, load average sampled every 10 s)."""
-    before = set(_read(out).get("cells", {}))
+    ``runs`` (wall and CPU seconds of the run and its workers, load average sampled every 10 s, its cells)."""
     t0, load = time.perf_counter(), _LoadSampler()
-    failed = []
+    failed, new = [], []
     if jobs <= 1:
         for job in JOBS:
-            run_job(out, only, job)
+            new += run_job(out, only, job)
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -246,21 +252,21 @@ def run(out: Path, only: list[str] | None = None, jobs: int = 1) -> dict:
             futures = [pool.submit(run_job, out, only, job) for job in JOBS]
             for job, future in zip(JOBS, futures):
                 try:
-                    future.result()
+                    new += future.result()
                 except Exception as err:  # noqa: BLE001 - the other jobs' cells are kept; reported below
                     failed.append(f"{job.name}: {type(err).__name__}: {err}")
-    data = _read(out)
-    new = sorted(set(data.get("cells", {})) - before)
+    data, load_avg = _read(out), load.stop()
     if new:
         cells = data["cells"]
         own = resource.getrusage(resource.RUSAGE_SELF)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        data = _merge(out, {}, run={
+        data = _merge(out, {}, runs=[{
             "wall_s": round(time.perf_counter() - t0, 1), "jobs": jobs, "cells_compiled": len(new),
             "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1),
             "cells_cpu_s_sum": round(sum(cells[k].get("cpu_s", 0.0) for k in new), 1),
             "cells_wall_s_sum": round(sum(cells[k].get("wall_s", 0.0) for k in new), 1),
-            "load_avg_1min": load.stop(), "nice": os.nice(0), "complete": len(new) == len(cells)})
+            "load_avg_1min": load_avg, "nice": os.nice(0), "complete": len(new) == len(cells),
+            "commit": git_commit(), "cells": sorted(new)}])
     if failed:
         raise RuntimeError("jobs failed: " + "; ".join(failed))
     return data
@@ -305,7 +311,8 @@ def _merge(out: Path, cells: dict, **fields) -> dict:
         data.update(provenance(), commit=git_commit(), step={"prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
                                                              "samples": SAMPLES, "rule": __doc__.split("\n\n")[1]})
         data.setdefault("cells", {}).update(cells)
-        data.update(fields)
+        runs = ([data.pop("run")] if "run" in data else []) + data.get("runs", []) + fields.pop("runs", [])
+        data.update(fields, **({"runs": runs} if runs else {}))
         data["missing"] = missing(data)
         write_json(out, data)
     return data

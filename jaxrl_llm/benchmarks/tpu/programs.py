@@ -102,11 +102,13 @@ def _learner_rows(mesh, shape) -> jax.sharding.NamedSharding:
         jax.sharding.NamedSharding(mesh, P())
 
 
-def sampler_layout(rollout_mesh, sampler_cfg: DecoderConfig, mesh) -> SamplerLayout | None:
-    """The sampler's own layout of ``rollout.mesh`` (a `SamplerMeshConfig`) over ``mesh``'s chips; None when unset."""
+def sampler_layout(rollout_mesh, sampler_cfg: DecoderConfig, mesh, *, decode: str) -> SamplerLayout | None:
+    """The sampler's own layout of ``rollout.mesh`` (a `SamplerMeshConfig`) over ``mesh``'s chips for the
+    ``decode`` path (`SamplerLayout.plan`); None when unset."""
     if rollout_mesh is None or not rollout_mesh.enabled:
         return None
-    return SamplerLayout.plan(sampler_cfg, sampler_mesh(*rollout_mesh.sizes(), devices=list(mesh.devices.flat)))
+    return SamplerLayout.plan(sampler_cfg, sampler_mesh(*rollout_mesh.sizes(), devices=list(mesh.devices.flat)),
+                              decode)
 
 
 def _abstract_state(learner: Learner, model_cfg: DecoderConfig, mesh) -> tuple[LearnerState, Any, Any]:
@@ -315,7 +317,7 @@ def _layout_notes(layout: SamplerLayout | None) -> dict:
     if layout is None:
         return {"sampler_layout": "learner (FSDP)"}
     return {"sampler_layout": f"rollout.mesh data {layout.mesh.shape['data']} x tensor {layout.mesh.shape['tensor']}",
-            "kv_repeat": layout.kv_repeat, "split_heads": layout.split_heads}
+            "kv_repeat": layout.kv_repeat, "split_heads": layout.split_heads, "split_slots": layout.split_slots}
 
 
 def step_programs(cfg, model_cfg: DecoderConfig, mesh, *, prompt_len: int, remat: str | None = None,
@@ -345,7 +347,7 @@ def step_programs(cfg, model_cfg: DecoderConfig, mesh, *, prompt_len: int, remat
         sampler_cfg = model_cfg.with_dtypes(param_dtype=dtype, compute_dtype=dtype)
         path = decode_path(cfg.rollout.decode, platform)
         kernel = resolve_decode_kernel(cfg.rollout.decode_kernel, platform)
-        layout = sampler_layout(cfg.rollout.mesh, sampler_cfg, mesh)
+        layout = sampler_layout(cfg.rollout.mesh, sampler_cfg, mesh, decode=path)
         programs += sampler_programs(sampler_cfg, shape, mesh, path=path, kernel=kernel,
                                      slots=cfg.rollout.decode_slots, batch_invariant=cfg.rollout.batch_invariant,
                                      layout=layout, decode_steps=shape.new_tokens)

@@ -117,6 +117,7 @@ def decode_step_report(sampler_cfg, shape: StepShape, mesh, layout: SamplerLayou
     return {"fits": True, "decode_steps": steps, "weight_all_gathers_per_step": weights["count"] / steps,
             "weight_bytes_all_gathered_per_step": weights["bytes"] / steps,
             "all_gather_bytes_per_step": sum(g.bytes * g.times for g in gathers) / steps,
+            "hbm_bytes_accessed_per_step": cost.hbm_bytes / steps,  # per chip
             "collectives": cost.as_dict()["collectives"],
             "largest_all_gathers": sorted({g.shape: g.bytes * g.times for g in gathers}.items(),
                                           key=lambda kv: -kv[1])[:6],
@@ -141,10 +142,10 @@ def measure(topology: str = "v5e-8", model: str = "qwen2.5-1.5b", batch: int = 6
                                           **decode_step_report(sampler_cfg, shape, learner, None, steps)}
     log(_line(f"learner fsdp={spec.chips}", rows[f"learner fsdp={spec.chips}"]))
     for data, tensor in meshes:
-        layout = SamplerLayout.plan(sampler_cfg, sampler_mesh(data, tensor, devices=devices))
+        layout = SamplerLayout.plan(sampler_cfg, sampler_mesh(data, tensor, devices=devices), "slots")
         name = f"sampler data={data} tensor={tensor}"
         rows[name] = {"mesh": {"data": data, "tensor": tensor}, "kv_repeat": layout.kv_repeat,
-                      "heads_split": layout.split_heads,
+                      "heads_split": layout.split_heads, "slots_split": layout.split_slots,
                       **decode_step_report(sampler_cfg, shape, learner, layout, steps)}
         log(_line(name, rows[name]))
     return {"what": "weights all-gathered per slot-decode step, from the compiled HLO (deviceless TPU compile)",

@@ -87,14 +87,13 @@ def efficiency_table(cells: dict) -> list[str]:
 
 
 def run_line(data: dict) -> str:
-    """The run that wrote the file: its wall and CPU time, workers and load (the machine's, not its own)."""
-    run = data.get("run")
-    if not run:
-        return ""
-    return (f" The {'whole' if run.get('complete') else 'last'} run compiled {run['cells_compiled']} cells in "
-            f"{run['wall_s'] / 60:.1f} min wall with {run['jobs']} worker processes at nice {run['nice']} "
-            f"({run['cpu_s'] / 60:.1f} min of CPU), the machine's 1-minute load average {run['load_avg_1min']['mean']} "
-            f"on average, {run['load_avg_1min']['max']} at most; each cell's wall and CPU seconds are in the results file.")
+    """The runs that wrote the file: wall and CPU time, workers and load (the machine's, not their own)."""
+    return "".join(
+        f" Run {i + 1} ({'every cell' if run.get('complete') else ', '.join(run.get('cells', [])) or 'resumed'}; "
+        f"commit {run.get('commit', '?')}): {run['cells_compiled']} cells in {run['wall_s'] / 60:.1f} min wall with "
+        f"{run['jobs']} worker processes at nice {run['nice']}, {run['cpu_s'] / 60:.1f} min of CPU, the machine's "
+        f"1-minute load average {run['load_avg_1min']['mean']} on average and {run['load_avg_1min']['max']} at most."
+        for i, run in enumerate(([data["run"]] if "run" in data else []) + data.get("runs", [])))
 
 
 def render(data: dict) -> str:
