@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Iterator
 
 from jaxrl_llm.data.environments import EnvTask, StepResult
 from jaxrl_llm.data.records import Example, check_heldout_fraction, check_split, split_of
 from jaxrl_llm.data.safe_arithmetic import CalculatorError, format_number, safe_eval
-from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION
+from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, GeneratedTask
 
 _CALL = re.compile(r"<calc>(.*?)(?:</calc>|$)", re.DOTALL)
 # One bounded separator class: adjacent optional runs (\s* [:=]? \s* \** \s*) backtrack
@@ -75,7 +76,7 @@ class CalculatorEnv:
         return StepResult("", 1.0 if correct else 0.0, True, info={"answer": given})
 
 
-class CalculatorTask(EnvTask):
+class CalculatorTask(GeneratedTask, EnvTask):
     """``What is a OP b?`` with ``digits``-digit operands and OP in ``ops``, played in a CalculatorEnv."""
 
     name = "calculator_tool"
@@ -98,19 +99,10 @@ class CalculatorTask(EnvTask):
                        split=split_of(question, self.heldout_fraction),
                        metadata={"a": a, "b": b, "op": op, "digits": self.digits})
 
-    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
-        self._check_request(split, n)
-        rng, picked, seen = random.Random(seed), [], set()
-        for _ in range(1000 + 200 * n):
-            if len(picked) == n:
-                break
-            e = self.example(rng.randint(self.low, self.high), rng.choice(self.ops), rng.randint(self.low, self.high))
-            if e.split == split and not (unique and e.id in seen):
-                seen.add(e.id)
-                picked.append(e)
-        if len(picked) < n:
-            raise ValueError(f"task {self.name!r}: only {len(picked)} {split} questions found, {n} requested")
-        return picked
+    def _stream(self, seed: int) -> Iterator[Example]:
+        rng = random.Random(seed)
+        while True:
+            yield self.example(rng.randint(self.low, self.high), rng.choice(self.ops), rng.randint(self.low, self.high))
 
     def make_env(self) -> CalculatorEnv:
         return CalculatorEnv()

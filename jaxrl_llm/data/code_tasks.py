@@ -28,8 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from jaxrl_llm.data.records import Example, check_heldout_fraction, short_hash, split_of
 from jaxrl_llm.data.registry import register_task
-from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, Task
-from jaxrl_llm.data.tasks import GeneratedTask
+from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, GeneratedTask, Task
 from jaxrl_llm.rewards import SandboxLimits, code_reward
 from jaxrl_llm.rewards.code_grader import check_scoring
 

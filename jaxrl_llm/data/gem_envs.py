@@ -45,12 +45,12 @@ import inspect
 import json
 import logging
 import random
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from jaxrl_llm.data.environments import EnvTask, StepResult
 from jaxrl_llm.data.global_rng import GlobalRng
 from jaxrl_llm.data.records import Example, check_heldout_fraction, short_hash, split_of
-from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION
+from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, GeneratedTask
 from jaxrl_llm.rewards import SandboxLimits
 
 INSTALL = "pip install -e '.[gem]' && pip install --no-deps gem-llm==0.1.0"
@@ -210,7 +210,7 @@ class GemEnv:
                           bool(truncated), info)
 
 
-class GemTask(EnvTask):
+class GemTask(GeneratedTask, EnvTask):
     """Seeds of GEM environment ``env_id`` (built with ``env_kwargs``), played as multi-turn episodes.
 
     tools: ``["python"]`` wraps the env in GEM's ToolEnvWrapper with GEM's Python tool run in
@@ -273,19 +273,10 @@ class GemTask(EnvTask):
                        answer="", split=split_of(f"{self.env_id}{kwargs} seed {game_seed}", self.heldout_fraction),
                        metadata={"env_id": self.env_id, "seed": game_seed, "env_kwargs": dict(self.env_kwargs)})
 
-    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
-        self._check_request(split, n)
-        rng, picked, seen = random.Random(seed), [], set()
-        for _ in range(1000 + 200 * n):
-            if len(picked) == n:
-                break
-            e = self.example(rng.randrange(SEED_SPACE))
-            if e.split == split and not (unique and e.id in seen):
-                seen.add(e.id)
-                picked.append(e)
-        if len(picked) < n:
-            raise ValueError(f"task {self.name!r}: only {len(picked)} {split} seeds found, {n} requested")
-        return picked
+    def _stream(self, seed: int) -> Iterator[Example]:
+        rng = random.Random(seed)
+        while True:
+            yield self.example(rng.randrange(SEED_SPACE))
 
     def make_env(self) -> GemEnv:
         return GemEnv(self.prototype, self.prompt_messages)

@@ -1,11 +1,14 @@
-"""The :class:`Task` interface every prompt source implements, and its shared defaults.
+"""The :class:`Task` interface every prompt source implements, its shared defaults, and
+:class:`GeneratedTask`, the one way a task draws seeded examples from a generated question space.
 
-Its own module so that the task kinds (:mod:`jaxrl_llm.data.tasks`,
-:mod:`jaxrl_llm.data.files`) import it without importing each other.
+Its own module so that the task kinds (:mod:`jaxrl_llm.data.tasks`, :mod:`jaxrl_llm.data.files`,
+the environments of :mod:`jaxrl_llm.data.builtin_envs` and :mod:`jaxrl_llm.data.gem_envs`) import it
+without importing each other.
 """
 from __future__ import annotations
 
 import abc
+from typing import Iterator
 
 import numpy as np
 
@@ -62,3 +65,37 @@ class Task(abc.ABC):
             raise ValueError(
                 f"task {self.name!r} has no {split} questions: heldout_fraction={self.heldout_fraction}"
             )
+
+
+class GeneratedTask(Task):
+    """A task over an unbounded (or large) generated question space.
+
+    Examples are drawn from ``_stream(seed)`` and kept when their question
+    falls in the requested split (rejection sampling, so draws stay uniform
+    over the split).
+    """
+
+    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
+        self._check_request(split, n)
+        picked: list[Example] = []
+        seen: set[str] = set()
+        stream = self._stream(seed)
+        max_draws = 1000 + 200 * n  # a split holding >= 1% of questions fills well within this
+        for _ in range(max_draws):
+            if len(picked) == n:
+                return picked
+            example = next(stream)
+            if example.split != split or (unique and example.id in seen):
+                continue
+            seen.add(example.id)
+            picked.append(example)
+        if len(picked) == n:
+            return picked
+        raise ValueError(
+            f"task {self.name!r}: found only {len(picked)} {'distinct ' if unique else ''}{split} "
+            f"questions in {max_draws} draws, {n} requested; the split is too small for this request"
+        )
+
+    @abc.abstractmethod
+    def _stream(self, seed: int) -> Iterator[Example]:
+        """Endless deterministic draws over the whole question space (both splits)."""

@@ -29,7 +29,6 @@ the decorator a user's own tasks use too.
 """
 from __future__ import annotations
 
-import abc
 import hashlib
 import itertools
 import random
@@ -50,42 +49,8 @@ from jaxrl_llm.data.records import (
     split_of,
 )
 from jaxrl_llm.data.registry import TASK_FACTORIES, make_task, register_task, task_names  # noqa: F401
-from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, Task  # also importable from here
+from jaxrl_llm.data.task_base import DEFAULT_HELDOUT_FRACTION, GeneratedTask, Task  # also importable from here
 from jaxrl_llm.rewards import addition_reward, reasoning_gym_reward
-
-
-class GeneratedTask(Task):
-    """A task over an unbounded (or large) generated question space.
-
-    Examples are drawn from ``_stream(seed)`` and kept when their question
-    falls in the requested split (rejection sampling, so draws stay uniform
-    over the split).
-    """
-
-    def examples(self, split: str, n: int, *, seed: int, unique: bool = False) -> list[Example]:
-        self._check_request(split, n)
-        picked: list[Example] = []
-        seen: set[str] = set()
-        stream = self._stream(seed)
-        max_draws = 1000 + 200 * n  # a split holding >= 1% of questions fills well within this
-        for _ in range(max_draws):
-            if len(picked) == n:
-                return picked
-            example = next(stream)
-            if example.split != split or (unique and example.id in seen):
-                continue
-            seen.add(example.id)
-            picked.append(example)
-        if len(picked) == n:
-            return picked
-        raise ValueError(
-            f"task {self.name!r}: found only {len(picked)} {'distinct ' if unique else ''}{split} "
-            f"questions in {max_draws} draws, {n} requested; the split is too small for this request"
-        )
-
-    @abc.abstractmethod
-    def _stream(self, seed: int) -> Iterator[Example]:
-        """Endless deterministic draws over the whole question space (both splits)."""
 
 
 @register_task("addition")

@@ -1,18 +1,10 @@
 """`jaxrl train` with a bad LLM judge (task.judge): one line naming the field and what is valid, exit status 2,
 before any model loads."""
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def jaxrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jaxrl_llm.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+from tests.one_line_errors import jaxrl, one_line_error
 
 
 @pytest.mark.parametrize("overrides, names", [
@@ -24,11 +16,5 @@ def jaxrl(*args: str) -> subprocess.CompletedProcess:
     (["task.reward_fn=exact"], ["task.judge.model = 'smollm2'", "do not include 'judge'", "valid:"]),
 ], ids=["model-missing", "rubric-without-format", "format-unreadable", "judge-not-named"])
 def test_bad_judge_is_one_line_with_exit_status_2(tmp_path, overrides, names):
-    done = jaxrl("train", "--config", "experiments/judge.py", f"run_dir={tmp_path / 'run'}", *overrides)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("[jaxrl]")]
-    assert len(lines) == 1, done.stderr
-    assert "Traceback" not in done.stderr and "error:" in lines[0]
-    for name in names:
-        assert name in lines[0], lines[0]
+    one_line_error(jaxrl("train", "--config", "experiments/judge.py", f"run_dir={tmp_path / 'run'}", *overrides), names)
     assert not Path(tmp_path / "run" / "metrics.jsonl").exists()

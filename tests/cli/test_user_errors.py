@@ -1,21 +1,13 @@
 """`jaxrl` as a user runs it: a user error is one line naming the problem, exit status 2,
 no traceback (unless --debug)."""
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.one_line_errors import REPO, jaxrl, one_line_error
 
-REPO = Path(__file__).resolve().parents[2]
 ONE_DEVICE = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}  # as on a 1-CPU/GPU machine
-
-
-def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "jaxrl_llm.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.mark.parametrize("args, names", [
@@ -68,13 +60,7 @@ def jaxrl(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> su
      ["rollout.mesh.tensor = 0", "valid: a positive axis size"]),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names):
-    done = jaxrl(*args)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, done.stderr
-    assert "Traceback" not in done.stderr and "error:" in lines[0]
-    for name in names:
-        assert name in lines[0], lines[0]
+    one_line_error(jaxrl(*args), names)
 
 
 def _unreadable_checkpoints(tmp_path: Path) -> list[str]:
@@ -123,14 +109,8 @@ def test_refused_runs_are_one_line_with_exit_status_2(tmp_path, learning_model_d
     """Refusals that were tracebacks (exit 1) or a silently different run (issues 35, 49, 60); each
     before any training step, with the tiny model so it costs seconds."""
     args = setup(tmp_path)
-    done = jaxrl("train", "--config", str(REPO / "experiments/demo.py"), f"model.source={learning_model_dir}",
-                 f"run_dir={tmp_path / 'run'}", *args, cwd=tmp_path, env=env)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("[jaxrl]")]
-    assert len(lines) == 1, done.stderr
-    assert "Traceback" not in done.stderr and "error:" in lines[0]
-    for name in names:
-        assert name in lines[0], lines[0]
+    one_line_error(jaxrl("train", "--config", str(REPO / "experiments/demo.py"), f"model.source={learning_model_dir}",
+                         f"run_dir={tmp_path / 'run'}", *args, cwd=tmp_path, env=env), names)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no step ran
 
 
@@ -141,10 +121,8 @@ def test_debug_shows_the_traceback():
 
 
 def test_missing_model_source_is_a_user_error(tmp_path):
-    done = jaxrl("train", "--config", "experiments/demo.py", f"model.source={tmp_path / 'missing'}",
-                 f"run_dir={tmp_path / 'run'}")
-    assert done.returncode == 2, done.stderr
-    assert "model.source=" in done.stderr and "no such directory" in done.stderr and "Traceback" not in done.stderr
+    one_line_error(jaxrl("train", "--config", "experiments/demo.py", f"model.source={tmp_path / 'missing'}",
+                         f"run_dir={tmp_path / 'run'}"), ["model.source=", "no such directory"])
 
 
 def test_the_working_directory_is_importable_for_plugins(tmp_path, monkeypatch):

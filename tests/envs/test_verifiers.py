@@ -48,11 +48,6 @@ def text_of(policy, ids) -> str:
     return policy.tokenizer.decode([int(t) for t in ids if int(t) not in policy.eos_token_ids])
 
 
-def hand_reverse_reward(text: str, answer: str) -> float:
-    """local.load_reverse's rubric worked by hand: 1.0 * letter overlap + 0.5 * brevity."""
-    return len(set(answer) & set(text)) / len(set(answer)) + 0.5 * max(0.0, 1.0 - len(text) / 400)
-
-
 def rubric_score(task, example, text: str) -> float:
     """The environment's own rubric called directly on a state holding the reply."""
     import verifiers as vf
@@ -85,7 +80,7 @@ def test_single_turn_env_rewards_are_the_rubrics_and_ids_are_the_samplers(policy
         assert record.loss_mask.all()
         text = text_of(policy, want.completion_token_ids)
         reward = float(batch.rewards.flat[i])
-        assert reward == pytest.approx(hand_reverse_reward(text, example.answer), abs=1e-6)
+        assert reward == pytest.approx(local.reverse_reward_by_hand(text, example.answer), abs=1e-6)
         assert reward == pytest.approx(rubric_score(task, example, text), abs=1e-6)
         ids = [t for t in want.completion_token_ids.tolist() if t not in policy.eos_token_ids]
         retokenized_differs += policy.tokenizer.encode(text, add_special_tokens=False).ids != ids

@@ -23,6 +23,11 @@ def brevity(completion) -> float:
 WEIGHTS = (1.0, 0.5)
 
 
+def reverse_reward_by_hand(text: str, answer: str) -> float:
+    """load_reverse's rubric worked by hand on a reply's text: 1.0 * letter overlap + 0.5 * brevity."""
+    return len(set(answer) & set(text)) / len(set(answer)) + 0.5 * max(0.0, 1.0 - len(text) / 400)
+
+
 def load_reverse(rows: int = len(ROWS)) -> vf.SingleTurnEnv:
     """A SingleTurnEnv on a local data set, with a two-function weighted rubric."""
     rubric = vf.Rubric(funcs=[overlap, brevity], weights=list(WEIGHTS))

@@ -33,7 +33,7 @@ import numpy as np
 from jaxrl_llm.data import Example, TRAIN
 from jaxrl_llm.data.code_tasks import CODE_INSTRUCTION
 from jaxrl_llm.data.records import short_hash, split_of
-from jaxrl_llm.data.tasks import GeneratedTask
+from jaxrl_llm.data.task_base import GeneratedTask
 from jaxrl_llm.rewards import code_reward
 
 
