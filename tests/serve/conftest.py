@@ -1,8 +1,9 @@
 """Fixtures of the Tinker server tests: one tiny random decoder (SmolLM2's tokenizer, tests/train/
 tiny_run.py) served on a thread of the pytest process, and the real `tinker` SDK pointed at it.
 
-`tinker_server` is built once per test module: the server (its base model loaded, its programs
-compiled as the tests go) and the environment the SDK reads (TINKER_API_KEY; TINKER_TELEMETRY=0
+`tinker_server` is built once per pytest session (tests/serve/ is one process in `make test`) and
+shared by the modules, each of which makes its own training clients: the server (its base model
+loaded, its programs compiled as the tests go) and the environment the SDK reads (TINKER_API_KEY; TINKER_TELEMETRY=0
 so the SDK sends no telemetry; HF_HUB_OFFLINE=1: the tokenizer is the model directory's).
 """
 from __future__ import annotations
@@ -15,12 +16,12 @@ from tests.serve.tinker_setup import API_KEY, sdk_environment
 from tests.train.tiny_run import make_plain_tiny_model_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     return make_plain_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tinker_server(tiny_model_dir, tmp_path_factory):
     from jaxrl_llm.serve.tinker.server import build_service, start_in_thread
 
@@ -37,7 +38,7 @@ def tinker_server(tiny_model_dir, tmp_path_factory):
             os.environ[key] = value
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def service_client(tinker_server):
     import tinker
 

@@ -1,6 +1,6 @@
 """The Tinker HTTP API (tinker SDK 0.38's routes, read from `tinker.resources`) as a Starlette app.
 
-Direct answers: client/config, create_session, session_heartbeat, get_info, create_sampling_session,
+Direct answers: client/config, create_session, session_heartbeat, sessions/<id>/finish, get_info, create_sampling_session,
 samplers/<id>, healthz, get_server_capabilities, telemetry. Futures (a request id at once, the
 result through retrieve_future): create_model, forward_backward (forward too, `forward_only`),
 optim_step, save_weights, load_weights, save_weights_for_sampler, asample.
@@ -116,8 +116,15 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
     async def create_session(request: Request) -> dict:
         return {"type": "create_session", "session_id": service.new_session(await _json(request))}
 
-    async def heartbeat(request: Request) -> dict:
-        return {"type": "session_heartbeat"}
+    async def heartbeat(request: Request) -> Response:
+        session_id = (await _json(request)).get("session_id")
+        if session_id in service.finished_sessions:  # 410: the SDK stops this session's heartbeat loop
+            return error_response(f"session_heartbeat: session {session_id!r} has finished", 410)
+        return JSONResponse({"type": "session_heartbeat"})
+
+    async def finish_session(request: Request) -> Response:
+        service.finished_sessions.add(request.path_params["session_id"])
+        return JSONResponse(None)
 
     async def get_info(request: Request) -> dict:
         return service.info((await _json(request)).get("model_id"))
@@ -155,6 +162,7 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
         Route("/api/v1/get_server_capabilities", direct(capabilities), methods=["GET"]),
         Route("/api/v1/create_session", direct(create_session), methods=["POST"]),
         Route("/api/v1/session_heartbeat", direct(heartbeat), methods=["POST"]),
+        Route("/api/v1/sessions/{session_id}/finish", direct(finish_session), methods=["POST"]),
         Route("/api/v1/get_info", direct(get_info), methods=["POST"]),
         Route("/api/v1/create_sampling_session", direct(create_sampling_session), methods=["POST"]),
         Route("/api/v1/samplers/{sampler_id}", direct(sampler_info), methods=["GET"]),

@@ -90,6 +90,7 @@ class TinkerService:
         self.models: dict[str, TrainingModel] = {}
         self.sampling_sessions: dict[str, SamplingSession] = {}
         self.sessions: dict[str, dict] = {}
+        self.finished_sessions: set[str] = set()
         self._seed = seed
         self._lock = threading.Lock()
         self._checkpointer = ocp.StandardCheckpointer()
