@@ -1,23 +1,33 @@
-"""Experiment 12: a verifiers environment learns (issue 62): SmolLM2-135M-Instruct on a verifiers
-SingleTurnEnv defined here, on a local procedural data set.
+"""Experiment 12: a verifiers environment learns (issue 62): a verifiers SingleTurnEnv defined here, on a local
+procedural data set, trained through task.name=verifiers.
 
-The environment is written as a verifiers user writes one (the classic API of verifiers 0.3.1,
-docs/environments.md): ``load_environment`` returns a ``vf.SingleTurnEnv`` over the 100 one-digit
-sums "What is a + b? Answer with just the number." (75 in ``dataset``, the 25 with (10a + b) % 4 == 0
-in ``eval_dataset``), scored by a ``vf.Rubric`` of one function, ``correct_sum``: 1.0 when the last
-integer of the reply is a + b. It runs through task.name=verifiers (verifiers drives each episode,
-the project's JAX sampler writes the reply, the rubric scores it). Does Dr. GRPO on the rubric's
-reward raise it?
+The environments are written as a verifiers user writes one (the classic API of verifiers 0.3.1,
+docs/environments.md), over the 100 one-digit sums "What is a + b? Answer with just the number." (75 in
+``dataset``, the 25 with (10a + b) % 4 == 0 in ``eval_dataset``); verifiers drives each episode, the
+project's JAX sampler writes the reply, the environment's ``vf.Rubric`` scores it. Two settings:
 
-Per step the mean rubric reward of the step's 32 episodes (metrics.jsonl "reward"); per seed the
-mean of the last 3 steps minus the first 3.
+* ``tiny`` (the deciding one): ``load_word_start_environment``, a Rubric of one function, ``word_starts``:
+  the share of the reply's (at most 6) tokens that start a word, scored on the text as experiment 10
+  scores it (spaces, capped at 6), played by experiment 10's tiny decoder (2 layers, width 32, SmolLM2's
+  tokenizer, embeddings x25: a peaked next-token distribution; the random policy scores ~0.2).
+  GRPO, 2 prompts x 8 samples of 6 tokens, lr 1e-2, 10 steps: experiment 10's sizes, sized there on its
+  tuning seed (not here).
+* ``smollm2``: ``load_environment``, a Rubric of one function, ``correct_sum`` (1.0 when the last
+  integer of the reply is a + b), SmolLM2-135M-Instruct, Dr. GRPO, 4 x 8 samples of 12 tokens, lr 2e-5.
+  Its first deciding run (seeds 621-623) was stopped by the machine: the kernel's OOM killer ended it
+  during step 2 of seed 621 on a 24 GB machine shared by five jobs (step 1 took 28 min at load 13-20;
+  its reward 0.281). Not decided here.
 
-    python experiments/verifiers_learning.py --results experiments/results/verifiers_learning.json  # deciding run
-    python experiments/verifiers_learning.py --quick        # one seed, 6 steps
-    jaxrl train --config experiments/verifiers_learning.py  # one run (seed 0)
+Per step the mean rubric reward of the step's episodes (metrics.jsonl "reward"); per seed the mean of
+the last 3 steps minus the first 3.
+
+    python experiments/verifiers_learning.py --results experiments/results/verifiers_learning.json  # deciding (tiny)
+    python experiments/verifiers_learning.py --quick         # one seed, 6 steps
+    jaxrl train --config experiments/verifiers_learning.py:smollm2   # the SmolLM2 setting, one run
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -30,12 +40,14 @@ from jaxrl_llm.train.config import (CheckpointConfig, Config, MetricsConfig, Mod
 
 NAME = "verifiers_learning"
 STEPS = 10
-SEEDS, QUICK_SEEDS = (621, 622, 623), (621,)
+SEEDS, QUICK_SEEDS = (641, 642, 643), (641,)  # fresh: 621-623 were the stopped SmolLM2 run's
+SETTINGS = ("tiny", "smollm2")
+MAX_WORDS = 6  # the tiny setting's reply length, experiment 10's MAX_TOKENS
 QUICK = ("total_steps=6",)
 REWARD = "rubric reward: last 3 - first 3 steps"
 CLAIMS = {REWARD: "up"}
-CLAIM = ("GRPO-style training on a verifiers environment raises its rubric reward (SmolLM2-135M, a SingleTurnEnv "
-         "of one-digit sums with a one-function Rubric)")
+CLAIM = ("GRPO-style training through task.name=verifiers raises a verifiers environment's rubric reward (a "
+         "SingleTurnEnv with a one-function Rubric, played by a tiny decoder)")
 VERDICT_RULE = rule_text(CLAIMS)
 _INTEGER = re.compile(r"-?\d+")
 
@@ -51,17 +63,42 @@ def correct_sum(completion, answer) -> float:
     return float(bool(numbers) and numbers[-1] == answer)
 
 
-def load_environment():
+def word_starts(completion) -> float:
+    """Share of the reply's (at most MAX_WORDS) tokens that start a word, read as experiment 10 reads it: spaces."""
+    return min((completion[-1].content or "").count(" "), MAX_WORDS) / MAX_WORDS
+
+
+def _env(func):
     import verifiers as vf
     from datasets import Dataset
 
     return vf.SingleTurnEnv(dataset=Dataset.from_list(_rows(False)), eval_dataset=Dataset.from_list(_rows(True)),
-                            rubric=vf.Rubric(funcs=[correct_sum], weights=[1.0]))
+                            rubric=vf.Rubric(funcs=[func], weights=[1.0]))
 
 
-def get_config(arg: str = "", seed: int = 0) -> Config:
-    """The one variant (ARG unused): Dr. GRPO, 4 prompts x 8 samples of <= 12 tokens, lr 2e-5, JAX sampler
-    (experiment 4's addition setting, which reached reward >= 0.9 in 8-10 steps, through verifiers)."""
+def load_word_start_environment():
+    return _env(word_starts)
+
+
+def load_environment():
+    return _env(correct_sum)
+
+
+def get_config(arg: str = "smollm2", seed: int = 0, model_dir: str = "") -> Config:
+    """ARG = "tiny" (the tiny decoder saved in `model_dir`, experiment 10's sizes) or "smollm2" (Dr. GRPO,
+    4 prompts x 8 samples of <= 12 tokens, lr 2e-5: experiment 4's addition setting, through verifiers)."""
+    if arg not in SETTINGS:
+        from jaxrl_llm.train.config import ConfigError
+
+        raise ConfigError(f"experiments/verifiers_learning.py:{arg} is invalid; valid: one of {SETTINGS}")
+    if arg == "tiny":
+        from jaxrl_llm.train.config import replace_values
+
+        return replace_values(get_config("smollm2", seed), {
+            "name": f"{NAME}_tiny", "run_dir": f"runs/{NAME}_tiny_s{seed}", "model.source": model_dir or "smollm2",
+            "recipe.name": "grpo", "rollout.prompts_per_step": 2, "rollout.max_tokens": MAX_WORDS, "train.lr": 1e-2,
+            "task.kwargs": {"env_id": "experiments.verifiers_learning:load_word_start_environment"},
+            "checkpoint.every_steps": STEPS})
     return Config(
         name=NAME,
         seed=seed,
@@ -98,7 +135,7 @@ def deciding_result(per_seed: Mapping[int, Mapping[str, float]], curves: Mapping
 
     numbers, stored = numbers_over_seeds(per_seed)
     return ExperimentResult(
-        name=NAME, title="a verifiers environment learns (SmolLM2-135M, SingleTurnEnv of one-digit sums)",
+        name=NAME, title="a verifiers environment learns (SingleTurnEnv + Rubric, tiny decoder)",
         claim=CLAIM, setting=setting, command=command, seeds=tuple(per_seed),
         statistic="per step the mean rubric reward of the step's episodes; per seed the mean of the last 3 steps "
                   "minus the first 3", interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE,
@@ -115,27 +152,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True).parse_args(argv)
     out = output_dir(args, NAME)
-    done = run_seeded_experiment(args, out, ("dr_grpo",), get_config, QUICK)
+    from off_policy import tiny_model
+
+    model_dir = tiny_model(out / "model")
+    done = run_seeded_experiment(args, out, ("tiny",), lambda v, s: get_config(v, s, model_dir), QUICK)
     per_seed, curves = {}, {}
     for seed in done.seeds:
-        rewards = [float(r["reward"]) for r in read_metrics(done.runs[("dr_grpo", seed)] / "metrics.jsonl")]
+        rewards = [float(r["reward"]) for r in read_metrics(done.runs[("tiny", seed)] / "metrics.jsonl")]
         per_seed[seed], curves[seed] = seed_numbers(rewards), [round(x, 4) for x in rewards]
     numbers, _ = numbers_over_seeds(per_seed)
     rows = [{"statistic": k, "mean [95% interval] (n)": stats.format_interval(stats.Interval(**v), signed=" - " in k)}
             for k, v in numbers.items()]
-    cfg = done.configs[("dr_grpo", done.seeds[0])]
+    cfg = done.configs[("tiny", done.seeds[0])]
     write_summary(out, rows, ["statistic", "mean [95% interval] (n)"], title=f"verifiers learning ({NAME})",
                   notes=[stats.seed_note(done.seeds, quick=args.quick, full_seeds=len(SEEDS)),
                          f"verdict by the fixed rule: {rule_verdict(numbers)}"],
                   config={"name": NAME, "seeds": list(done.seeds), "config": cfg.to_dict()})
     if args.results:
-        setting = (f"{'--quick: ' if args.quick else ''}verifiers SingleTurnEnv (75 one-digit sums, Rubric: last "
-                   f"integer == a + b), {cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
+        setting = (f"{'--quick: ' if args.quick else ''}verifiers SingleTurnEnv (75 one-digit sums, Rubric: share of "
+                   f"the reply's <= {MAX_WORDS} tokens that start a word), {cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
                    f"{cfg.rollout.samples_per_prompt} samples, <= {cfg.rollout.max_tokens} tokens, {cfg.recipe.name}, "
-                   f"lr {cfg.train.lr}, JAX sampler fp32, SmolLM2-135M-Instruct")
+                   f"lr {cfg.train.lr}, JAX sampler fp32, experiment 10's tiny decoder (2 layers, width 32, embeddings x25)")
         command = "python experiments/verifiers_learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         result = deciding_result(per_seed, curves, setting=setting, command=command,
-                                 wall_s=time.perf_counter() - start)
+                                 wall_s=time.perf_counter() - start,
+                                 notes=[f"load average at the end: {[round(x, 2) for x in os.getloadavg()]}",
+                                        "the SmolLM2 setting (correct_sum) was stopped by the OOM killer in step 2 of "
+                                        "seed 621 (step 1: reward 0.281); not decided"])
         print(f"[experiment] wrote {write_result(result, args.results)}: {result.verdict}")
     return 0
 

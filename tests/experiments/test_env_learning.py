@@ -60,17 +60,22 @@ def test_gem_learning_reduced_run_stores_the_rules_numbers(tiny_model_dir, tmp_p
 
 
 @pytest.mark.slow
-def test_verifiers_learning_reduced_run_stores_the_rules_numbers(tiny_model_dir, tmp_path):
+def test_verifiers_learning_reduced_run_stores_the_rules_numbers(tmp_path):
     exp = load_experiment("verifiers_learning")
-    out, result = run(exp, tmp_path, f"model.source={tiny_model_dir}", "rollout.max_tokens=6")
+    out, result = run(exp, tmp_path)  # the tiny setting: experiment 10's tiny decoder, built into out/model
     for seed in SEEDS:
-        rewards = [float(r["reward"]) for r in read_metrics(out / f"dr_grpo_s{seed}" / "metrics.jsonl")]
-        groups = [float(np.mean(g["rewards"])) for g in read_groups(out / f"dr_grpo_s{seed}")]
+        rewards = [float(r["reward"]) for r in read_metrics(out / f"tiny_s{seed}" / "metrics.jsonl")]
+        groups = [float(np.mean(g["rewards"])) for g in read_groups(out / f"tiny_s{seed}")]
         assert rewards == pytest.approx(groups) and len(rewards) == 6
+        assert 0 < np.mean(rewards) < 1  # the rubric's partial credit: some replies' tokens start words
         assert result["per_seed"][exp.REWARD][str(seed)] == pytest.approx(window(rewards))
-    assert result["verdict"] == exp.rule_verdict(result["numbers"]) == "not reproduced"
-    # the rubric itself, by hand: the last integer of the reply against the sum
+    stored = result["numbers"][exp.REWARD]
+    assert (stored["mean"], stored["low"], stored["high"]) == pytest.approx(
+        t_interval(list(result["per_seed"][exp.REWARD].values())))
+    assert result["verdict"] == exp.rule_verdict(result["numbers"])
+    # the rubric functions by hand: spaces (word starts) capped at 6; the last integer against the sum
     reply = lambda text: [type("Message", (), {"content": text})()]  # noqa: E731
+    assert exp.word_starts(reply(" a b")) == pytest.approx(2 / 6) and exp.word_starts(reply(" a" * 9)) == 1.0
     assert exp.correct_sum(reply("3 + 4 = 7"), "7") == 1.0 and exp.correct_sum(reply("7 or 8"), "7") == 0.0
     assert len(exp._rows(False)) == 75 and len(exp._rows(True)) == 25
 
