@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 import uuid
 from typing import Any, Callable, Hashable
 
@@ -47,6 +46,7 @@ class _Job:
     run: Callable[[], Result]
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     result: Result | None = None
+    waiters: list = dataclasses.field(default_factory=list)  # (event loop, asyncio.Event) of pending polls
 
 
 class Jobs:
@@ -88,18 +88,30 @@ class Jobs:
 
     async def wait(self, request_id: str, timeout_s: float = POLL_WAIT_S) -> Result | None:
         """The call's result, or None if it is still running after timeout_s."""
+        event = asyncio.Event()
         with self._lock:
             job = self._jobs[request_id]
-        deadline = time.monotonic() + timeout_s
-        while not job.done.is_set() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+            if job.done.is_set():
+                return job.result
+            job.waiters.append((asyncio.get_running_loop(), event))
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                job.waiters = [w for w in job.waiters if w[1] is not event]
         return job.result if job.done.is_set() else None
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
             job.result = _run(job)
             self.runs[job.name] += 1
-            job.done.set()
+            with self._lock:
+                job.done.set()
+                waiters, job.waiters = job.waiters, []
+            for loop, event in waiters:  # wake the polls waiting on it, on their own event loop
+                loop.call_soon_threadsafe(event.set)
 
     def close(self) -> None:
         self._queue.put(None)
