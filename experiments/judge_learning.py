@@ -12,6 +12,17 @@ Held out: the 29 held-out sums x 4 samples (the project's evaluation, fixed seed
 (the base model, once) and after the last step of each seed: the judge's mean score (avg@4, in
 [0, 1]) and the exact grader's pass@1. One judge server serves every run and evaluation here.
 
+Two policies (the judge is SmolLM2 in both):
+
+* ``tiny`` (the deciding one): experiment 10's tiny decoder (2 layers, width 32, SmolLM2's tokenizer,
+  embeddings x25), 6-token replies, GRPO, 2 prompts x 8 samples, lr 1e-2, 10 steps (experiment 10's
+  sizes). It cannot add: its exact pass@1 stays ~0, so any rise of the judge's score is the judge being
+  moved by what it likes in 6 random-looking tokens, i.e. reward hacking by construction; the run
+  measures whether the judge's reward moves the policy at all, through the whole judge path.
+* ``smollm2``: SmolLM2-135M-Instruct as the policy, Dr. GRPO, 4 x 8 samples of 12 tokens, lr 5e-5,
+  8 steps. Not run: a SmolLM2 learner (~5.5 GB) beside the judge server (~2.5 GB) did not fit the
+  shared 24 GB machine of this session (two SmolLM2 runs of issue 62 were ended by the OOM killer).
+
     python experiments/judge_learning.py --results experiments/results/judge_learning.json   # the deciding run
     python experiments/judge_learning.py --quick       # one seed, 4 steps
     jaxrl train --config experiments/judge_learning.py # one run (seed 0; starts its own judge server)
@@ -32,8 +43,10 @@ from jaxrl_llm.train.config.judge import JudgeConfig
 
 NAME = "judge_learning"
 STEPS = 8
-SEEDS, QUICK_SEEDS = (631, 632, 633), (631,)
-QUICK = ("total_steps=4", "task.eval_every=4")
+TINY_STEPS = 10
+SEEDS, QUICK_SEEDS = (651, 652, 653), (651,)  # the tiny setting's; 631-633 were planned for SmolLM2, never run
+SETTINGS = ("tiny", "smollm2")
+QUICK = ("total_steps=6", "task.eval_every=6")
 EVAL_SAMPLES = 4
 # experiments/judge.py's few-shot rubric, verbatim
 RUBRIC = ("Grade answers with Score: <0-10>.\n\n"
@@ -43,16 +56,25 @@ RUBRIC = ("Grade answers with Score: <0-10>.\n\n"
 JUDGE, GRADER = "held-out judge score: after - base", "held-out exact pass@1: after - base"
 CLAIMS = {JUDGE: "up"}
 CLAIM = ("training on an LLM judge's reward raises the judge's score on held-out prompts; an independent exact "
-         "grader shows whether the task itself improved (SmolLM2-135M judged by a frozen SmolLM2, 1-digit addition)")
+         "grader shows whether the task itself improved (a tiny policy judged by a frozen SmolLM2, 1-digit addition)")
 VERDICT_RULE = rule_text(CLAIMS) + (
     f". Reward hacking is reported when the judge part is reproduced and the independent grader's change ({GRADER}) "
     "is not reproduced by the same rule")
 
 
-def get_config(arg: str = "", seed: int = 0, judge_urls: Sequence[str] = ()) -> Config:
-    """The one variant (ARG unused): Dr. GRPO on the judge's reward alone, 4 prompts x 8 samples of <= 12 tokens,
-    the held-out evaluation after the last step; `judge_urls`: a judge server already running (else the run
-    starts one)."""
+def get_config(arg: str = "smollm2", seed: int = 0, judge_urls: Sequence[str] = (), model_dir: str = "") -> Config:
+    """ARG = "smollm2" (Dr. GRPO on the judge's reward alone, 4 prompts x 8 samples of <= 12 tokens) or "tiny"
+    (the tiny decoder saved in `model_dir`, experiment 10's sizes); the held-out evaluation after the last step.
+    `judge_urls`: a judge server already running (else the run starts one)."""
+    if arg not in SETTINGS:
+        from jaxrl_llm.train.config import ConfigError
+
+        raise ConfigError(f"experiments/judge_learning.py:{arg} is invalid; valid: one of {SETTINGS}")
+    if arg == "tiny":
+        return replace_values(get_config("smollm2", seed, judge_urls), {
+            "name": f"{NAME}_tiny", "run_dir": f"runs/{NAME}_tiny_s{seed}", "model.source": model_dir or "smollm2",
+            "total_steps": TINY_STEPS, "recipe.name": "grpo", "rollout.prompts_per_step": 2, "rollout.max_tokens": 6,
+            "train.lr": 1e-2, "task.eval_every": TINY_STEPS, "checkpoint.every_steps": TINY_STEPS})
     return Config(
         name=NAME,
         seed=seed,
@@ -103,7 +125,7 @@ def deciding_result(per_seed: Mapping[int, Mapping[str, float]], *, setting: str
     numbers, stored = numbers_over_seeds(per_seed)
     hacking = reward_hacking(numbers)
     return ExperimentResult(
-        name=NAME, title="an LLM judge's reward moves its held-out score (SmolLM2 judged by SmolLM2, 1-digit addition)",
+        name=NAME, title="an LLM judge's reward moves its held-out score (a tiny policy judged by SmolLM2, 1-digit addition)",
         claim=CLAIM, setting=setting, command=command, seeds=tuple(per_seed),
         statistic=f"on the 29 held-out sums x {EVAL_SAMPLES} samples: the judge's mean score / 10 and the exact "
                   "grader's pass@1, after the last step minus the base model's",
@@ -144,19 +166,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = stack.enter_context(VLLMServer(VLLMServerConfig(
             model_dir=judge_model_dir(judge), dtype=judge.server_dtype, max_model_len=judge.max_model_len, seed=0,
             served_model_name=SERVED_NAME, dev_mode=False, log_path=str(out / "judge_server.log"))))
-        make = lambda variant, seed: get_config(variant, seed, judge_urls=(server.url,))  # noqa: E731
-        first = variant_config(make("", 0), out, "base", QUICK, args.overrides, quick_on=args.quick)
+        from off_policy import tiny_model
+
+        model_dir = tiny_model(out / "model")
+        make = lambda variant, seed: get_config(variant, seed, (server.url,), model_dir)  # noqa: E731
+        first = variant_config(make("tiny", 0), out, "base", QUICK, args.overrides, quick_on=args.quick)
         policy = load_policy(first.model.source)
         base = base_scores(first, policy, out / "base")
-        done = run_seeded_experiment(args, out, ("dr_grpo",), make, QUICK, load_policy=lambda source: policy)
+        done = run_seeded_experiment(args, out, ("tiny",), make, QUICK, load_policy=lambda source: policy)
     per_seed = {}
     for seed in done.seeds:
-        after = held_out_scores(read_metrics(done.runs[("dr_grpo", seed)] / "eval.jsonl")[-1])
+        after = held_out_scores(read_metrics(done.runs[("tiny", seed)] / "eval.jsonl")[-1])
         per_seed[seed] = seed_numbers(base, after)
     numbers, _ = numbers_over_seeds(per_seed)
     rows = [{"statistic": k, "mean [95% interval] (n)": stats.format_interval(stats.Interval(**v), signed=" - " in k)}
             for k, v in numbers.items()]
-    cfg = done.configs[("dr_grpo", done.seeds[0])]
+    cfg = done.configs[("tiny", done.seeds[0])]
     write_summary(out, rows, ["statistic", "mean [95% interval] (n)"], title=f"judge learning ({NAME})",
                   notes=[stats.seed_note(done.seeds, quick=args.quick, full_seeds=len(SEEDS)),
                          f"verdict by the fixed rule: {rule_verdict(numbers)}; reward hacking: "
@@ -167,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"(experiments/judge.py's few-shot rubric, vLLM CPU float32, greedy), the exact grader at weight 0; "
                    f"{cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
                    f"{cfg.rollout.samples_per_prompt} samples, <= {cfg.rollout.max_tokens} tokens, {cfg.recipe.name}, "
-                   f"lr {cfg.train.lr}, JAX sampler fp32, SmolLM2-135M-Instruct")
+                   f"lr {cfg.train.lr}, JAX sampler fp32, experiment 10's tiny decoder as the policy")
         command = "python experiments/judge_learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         result = deciding_result(per_seed, setting=setting, command=command, wall_s=time.perf_counter() - start,
                                  notes=[f"base held-out scores: {json.dumps(base)}"])

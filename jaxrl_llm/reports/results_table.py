@@ -44,6 +44,7 @@ SECTIONS = {
     "diversity": Section(8, "8-diversity-grpo-vs-darling-on-a-task-with-many-correct-answers"),
     "distill_addition": Section(9, "9-on-policy-distillation-smollm2-1-digit-addition"),
     "off_policy": Section(10, "10-off-policy-corrections-under-staleness-and-a-bf16-sampler"),
+    "verifiers_learning": Section(12, "12-a-verifiers-environment-learns"),
 }
 COLUMNS = ("#", "experiment", "claim", "verdict (seeds that count)", "statistic: mean [95% interval] (n)",
            "wall time, machine", "source")
