@@ -7,7 +7,8 @@ optim_step, save_weights, load_weights, save_weights_for_sampler, asample.
 Errors use the SDK's shape {"error": message, "category": "user" | "server"}: a failed future
 answers it from retrieve_future (the SDK raises RequestFailedError with the message); a refused
 direct call or an unsupported route answers it with an HTTP 4xx and `x-should-retry: false`.
-Authentication: the X-API-Key header must equal the server's key (none in dev mode).
+Authentication: the X-API-Key header must equal the server's key (none in dev mode); only healthz
+answers without it.
 """
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ async def _json(request: Request) -> dict:
 def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starlette:
     """The app; api_key None: dev mode, any key (or none) is accepted."""
 
-    def direct(fn: Callable[[Request], Any]) -> Callable:
+    def direct(fn: Callable[[Request], Any], open_to_all: bool = False) -> Callable:
         async def endpoint(request: Request) -> Response:
-            if api_key is not None and not hmac.compare_digest(request.headers.get("x-api-key", ""), api_key):
+            if not open_to_all and api_key is not None and \
+                    not hmac.compare_digest(request.headers.get("x-api-key", ""), api_key):
                 return error_response("missing or wrong X-API-Key for this jaxrl serve-tinker server", 401)
             try:
                 out = await fn(request)
@@ -141,10 +143,10 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
         return {"supported_models": [{"model_name": name, "max_context_length": base.cfg.max_position_embeddings,
                                       "trainable": True, "sampleable": True} for name, base in service.bases.items()]}
 
-    def answer(payload: dict) -> Callable:
+    def answer(payload: dict, open_to_all: bool = False) -> Callable:
         async def fn(request: Request) -> dict:
             return payload
-        return direct(fn)
+        return direct(fn, open_to_all)
 
     def as_json(fn: Callable[[dict], Any]) -> Callable[[dict], Result]:
         return lambda body: Result(json=fn(body))
@@ -155,7 +157,7 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
                               "(docs/tinker.md lists what is)", 404)
 
     routes = [
-        Route("/api/v1/healthz", answer({"status": "ok"}), methods=["GET"]),
+        Route("/api/v1/healthz", answer({"status": "ok"}, open_to_all=True), methods=["GET"]),  # liveness, no key
         Route("/api/v1/client/config", answer(CLIENT_CONFIG), methods=["POST"]),
         Route("/api/v1/client/dynamic_config", answer({}), methods=["POST"]),
         Route("/api/v1/telemetry", answer({"status": "accepted"}), methods=["POST"]),
