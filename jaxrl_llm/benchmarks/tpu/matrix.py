@@ -265,7 +265,7 @@ def run(out: Path, only: list[str] | None = None, jobs: int = 1) -> dict:
             "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1),
             "cells_cpu_s_sum": round(sum(cells[k].get("cpu_s", 0.0) for k in new), 1),
             "cells_wall_s_sum": round(sum(cells[k].get("wall_s", 0.0) for k in new), 1),
-            "load_avg_1min": load_avg, "nice": os.nice(0), "complete": len(new) == len(cells),
+            "load_avg_1min": load_avg, "nice": os.nice(0), "complete": len(new) == len(cells) and not data["missing"],
             "commit": git_commit(), "cells": sorted(new)}])
     if failed:
         raise RuntimeError("jobs failed: " + "; ".join(failed))

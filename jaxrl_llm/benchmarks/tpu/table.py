@@ -15,8 +15,8 @@ def _gib(n) -> str:
     return "-" if n is None else f"{n / GIB:.1f}"
 
 
-def _collectives(row: dict) -> str:
-    parts = [f"{int(v['count'])} {k} {v['bytes'] / 1e9:.2f} GB" for k, v in sorted(row.get("collectives", {}).items())]
+def _collectives(row: dict, per: int = 1) -> str:
+    parts = [f"{v['count'] / per:g} {k} {v['bytes'] / per / 1e9:.2f} GB" for k, v in sorted(row.get("collectives", {}).items())]
     return "; ".join(parts) or "none"
 
 
@@ -59,10 +59,12 @@ def program_table(cells: dict) -> list[str]:
     for key, cell in cells.items():
         if not key.startswith("step:") or not cell.get("fits"):
             continue
-        for row in cell["programs"]:
-            lines.append(f"| {cell['model']} @ {cell['topology']} | {row['program']} | {_gib(row['hbm_bytes'])} | "
-                         f"{row['flops'] / 1e9:,.1f} | {row['hbm_bytes_accessed'] / 1e9:,.2f} | {_collectives(row)} | "
-                         f"{row['roofline']['seconds'] * 1e3:,.2f} ({row['roofline']['bound']}) |")
+        for row in cell["programs"]:  # a decode program of N steps in one loop: its figures / N, per step
+            per = row.get("decode_steps", 1)
+            name = row["program"] + (f" (per step; {per} in one loop)" if per > 1 else "")
+            lines.append(f"| {cell['model']} @ {cell['topology']} | {name} | {_gib(row['hbm_bytes'])} | "
+                         f"{row['flops'] / per / 1e9:,.1f} | {row['hbm_bytes_accessed'] / per / 1e9:,.2f} | "
+                         f"{_collectives(row, per)} | {row['roofline']['seconds'] / per * 1e3:,.2f} ({row['roofline']['bound']}) |")
     return lines
 
 
@@ -89,10 +91,11 @@ def efficiency_table(cells: dict) -> list[str]:
 def run_line(data: dict) -> str:
     """The runs that wrote the file: wall and CPU time, workers and load (the machine's, not their own)."""
     return "".join(
-        f" Run {i + 1} ({'every cell' if run.get('complete') else ', '.join(run.get('cells', [])) or 'resumed'}; "
-        f"commit {run.get('commit', '?')}): {run['cells_compiled']} cells in {run['wall_s'] / 60:.1f} min wall with "
-        f"{run['jobs']} worker processes at nice {run['nice']}, {run['cpu_s'] / 60:.1f} min of CPU, the machine's "
-        f"1-minute load average {run['load_avg_1min']['mean']} on average and {run['load_avg_1min']['max']} at most."
+        f" Run {i + 1} (commit {run.get('commit', '?')}): {run['cells_compiled']} cells"
+        f"{' (every cell)' if run.get('complete') else ''} in {run['wall_s'] / 60:.1f} min wall with {run['jobs']} "
+        f"worker processes at nice {run['nice']}, {run['cpu_s'] / 60:.1f} min of CPU (the cells' own: "
+        f"{run['cells_cpu_s_sum'] / 60:.1f} min), the machine's 1-minute load average {run['load_avg_1min']['mean']} "
+        f"on average and {run['load_avg_1min']['max']} at most."
         for i, run in enumerate(([data["run"]] if "run" in data else []) + data.get("runs", [])))
 
 
