@@ -248,7 +248,9 @@ def run(out: Path, only: list[str] | None = None, jobs: int = 1) -> dict:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # a fresh process per job (about 1 s to start): a worker's memory (GBs after a large compile) is freed
+        # when its job ends, not held while the other worker finishes the longest job
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
             futures = [pool.submit(run_job, out, only, job) for job in JOBS]
             for job, future in zip(JOBS, futures):
                 try:
