@@ -5,7 +5,8 @@ tinker_cookbook.recipes.math_rl.train env=arithmetic` (RL, importance_sampling) 
 the tiny model has no model card the cookbook knows). What makes them offline: base_url pointing at
 the server, model_name a local directory (AutoTokenizer reads its tokenizer files),
 HF_HUB_OFFLINE=1, TINKER_TELEMETRY=0; the arithmetic environment and the example conversations
-need no download.
+need no download. The cookbook tries once to fetch a price list (5 s timeout); without a network it
+only logs a warning, and nothing depends on it.
 """
 from __future__ import annotations
 
