@@ -39,7 +39,14 @@ def _serve(model_dir: str, state_dir, port: int):
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    raise AssertionError("jaxrl serve-tinker did not answer /healthz within 240 s")
+    proc.kill()
+    raise AssertionError(f"jaxrl serve-tinker did not answer /healthz within 240 s: {proc.communicate()}")
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -61,14 +68,17 @@ def test_a_server_killed_mid_run_resumes_from_its_saved_state(tiny_model_dir, ti
 
     port = free_port()
     first = _serve(tiny_model_dir, tmp_path, port)
-    client = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}").create_lora_training_client(
-        base_model=tiny_model_dir, rank=4, seed=3).result()
-    step(client)
-    path = client.save_state("step-1").result().path
-    uninterrupted = step(client)
-    client.forward_backward([datum], "cross_entropy")  # in flight when the server dies
-    os.kill(first.pid, signal.SIGKILL)
-    assert first.wait(timeout=30) == -signal.SIGKILL
+    try:
+        client = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}").create_lora_training_client(
+            base_model=tiny_model_dir, rank=4, seed=3).result()
+        step(client)
+        path = client.save_state("step-1").result().path
+        uninterrupted = step(client)
+        client.forward_backward([datum], "cross_entropy")  # in flight when the server dies
+        os.kill(first.pid, signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        _stop(first)
 
     port = free_port()
     second = _serve(tiny_model_dir, tmp_path, port)
@@ -77,5 +87,4 @@ def test_a_server_killed_mid_run_resumes_from_its_saved_state(tiny_model_dir, ti
             path).result()
         np.testing.assert_array_equal(step(resumed), uninterrupted)
     finally:
-        second.send_signal(signal.SIGTERM)
-        second.wait(timeout=60)
+        _stop(second)
