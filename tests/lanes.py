@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 FOLDER_MINUTES = {"tests/train/": 23.8, "tests/rollout/": 14.6, "tests/experiments/": 5.0, "tests/models/": 4.4,
                   "tests/launch/": 2.9, "tests/envs/": 2.4, "tests/core/": 2.2, "tests/bridge/": 1.6,
-                  "tests/cli/": 1.5, "tests/tpu/": 1.0, "tests/rewards/": 1.0, "tests/data/": 0.6}
+                  "tests/cli/": 1.5, "tests/serve/": 1.3, "tests/tpu/": 1.0, "tests/rewards/": 1.0,
+                  "tests/data/": 0.6}
 
 
 class FolderResult(NamedTuple):
