@@ -34,7 +34,7 @@ PROMPT_MESSAGES = [
     {"role": "user", "content": "Enter your first guess."},
     {"role": "assistant", "content": "\\boxed{5}"},
 ]
-STEPS = 10
+STEPS = 8
 SEEDS, QUICK_SEEDS = (611, 612, 613), (611,)
 TUNING_SEEDS = (0,)  # the timing / format-rate runs that chose this setting; they never count
 QUICK = ("total_steps=6",)
@@ -46,8 +46,10 @@ VERDICT_RULE = rule_text(CLAIMS)
 
 
 def get_config(arg: str = "", seed: int = 0) -> Config:
-    """The one variant (ARG unused): Dr. GRPO, 4 games x 4 episodes per step, JAX sampler. Sized by the tuning
-    seed 0 (4 games x 8 episodes): its first step took 645 s (compiles included) at load ~14 on 2 cores."""
+    """The one variant (ARG unused): Dr. GRPO, 4 games x 4 episodes per step, 8 steps, JAX sampler. Sized by the
+    tuning seed 0 (4 games x 8 episodes): its first step took 645 s (compiles included) at load ~14 on 2 cores;
+    8 steps (not 10) so that three seeds fit the quiet half hour this session had (the first deciding run, 10
+    steps, was ended by the OOM killer before its first step finished)."""
     return Config(
         name=NAME,
         seed=seed,
