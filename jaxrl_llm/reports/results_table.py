@@ -45,6 +45,7 @@ SECTIONS = {
     "distill_addition": Section(9, "9-on-policy-distillation-smollm2-1-digit-addition"),
     "off_policy": Section(10, "10-off-policy-corrections-under-staleness-and-a-bf16-sampler"),
     "verifiers_learning": Section(12, "12-a-verifiers-environment-learns"),
+    "judge_learning": Section(13, "13-a-judges-reward-moves-its-held-out-score"),
 }
 COLUMNS = ("#", "experiment", "claim", "verdict (seeds that count)", "statistic: mean [95% interval] (n)",
            "wall time, machine", "source")
