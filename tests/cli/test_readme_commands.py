@@ -7,6 +7,7 @@ tiny model; the GEM and verifiers lines run in tests/envs/test_{gem,verifiers}_c
 the code line's task runs 2 steps on the JAX engine in tests/train/test_code_task_run.py.
 make test-all: every line as written (SmolLM2, its engine, the judge's vLLM server) for one step."""
 import json
+import math
 import os
 import subprocess
 
@@ -37,9 +38,9 @@ def test_one_line_per_capability_and_each_config_loads():
         readme_commands.readme_line("gem", text)
 
 
-def run(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def run(argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=REPO, env={**(os.environ if env is None else env), "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finished(name: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -79,13 +80,14 @@ def test_cheap_lines_run_one_step_on_a_tiny_model(learning_model_dir, tmp_path):
     assert steps["off_policy"][0]["staleness"] == 0.0  # step 1 is sampled by the first weights
 
 
-@pytest.mark.slow  # SmolLM2 on each line's engine: the vLLM server for the demo lines, a judge server
+@pytest.mark.slow  # SmolLM2 on each line's engine (vLLM for the demo lines, a judge server): minutes each
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("capability", list(readme_commands.CAPABILITIES))
 def test_line_runs_as_written_for_one_step(capability, tmp_path):
     require_vllm_env()
-    proc = run([*readme_argv(capability), "total_steps=1", f"run_dir={tmp_path}"])
+    as_a_user = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, not the tests' 8
+    proc = run([*readme_argv(capability), "total_steps=1", f"run_dir={tmp_path}"], env=as_a_user)
     finished(capability, proc, timeout=1100)
     [row] = model_metrics(tmp_path)
-    assert row["step"] == 1 and row["reward_errors"] == 0.0, row
+    assert row["step"] == 1 and math.isfinite(row["reward"]), row
