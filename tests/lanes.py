@@ -7,7 +7,7 @@ Why lanes: a folder's pytest process keeps about 1.2 of the CI machine's 2 cores
 compiles one program at a time, the tiny models run short single-threaded programs, vLLM tests
 wait on a server), so make test ran at 124 % CPU. Two lanes fill the second core. Each lane
 takes the next folder from one queue, longest first (FOLDER_MINUTES: the two-lane fresh-clone
-run of 2026-11-29 at acab080, docs/benchmarks.md), so tests/train/ (the longest) starts at once and the other
+run of 2026-11-29 at 175273d, docs/benchmarks.md), so tests/train/ (the longest) starts at once and the other
 lane works through the rest beside it.
 
 Each folder's output is printed whole when it finishes (lanes never interleave lines). Each lane
@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-FOLDER_MINUTES = {"tests/train/": 23.8, "tests/rollout/": 14.6, "tests/experiments/": 5.0, "tests/models/": 4.4,
-                  "tests/launch/": 2.9, "tests/envs/": 2.4, "tests/core/": 2.2, "tests/bridge/": 1.6,
-                  "tests/cli/": 1.5, "tests/serve/": 1.3, "tests/tpu/": 1.0, "tests/rewards/": 1.0,
-                  "tests/data/": 0.6}
+FOLDER_MINUTES = {"tests/train/": 17.2, "tests/rollout/": 13.0, "tests/models/": 4.1, "tests/envs/": 2.7,
+                  "tests/core/": 2.3, "tests/cli/": 1.9, "tests/bridge/": 1.7, "tests/serve/": 1.4,
+                  "tests/experiments/": 0.9, "tests/launch/": 0.8, "tests/rewards/": 0.8, "tests/tpu/": 0.7,
+                  "tests/data/": 0.4}
 
 
 class FolderResult(NamedTuple):
