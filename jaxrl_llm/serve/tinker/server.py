@@ -8,7 +8,6 @@ other than loopback.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import os
 import socket
@@ -18,21 +17,13 @@ from typing import Sequence
 
 import uvicorn
 
+from jaxrl_llm.rollout.vllm_server_config import is_loopback
 from jaxrl_llm.serve.tinker.app import build_app
 from jaxrl_llm.serve.tinker.jobs import Jobs
 from jaxrl_llm.serve.tinker.service import TinkerService, load_base_model
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "JAXRL_TINKER_API_KEY"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_access(host: str, api_key: str | None, dev: bool) -> str | None:
