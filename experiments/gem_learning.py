@@ -18,14 +18,12 @@ whose rewards sum to >= 1.0 (the secret found), format error = share whose sum i
 """
 from __future__ import annotations
 
-import shlex
-import sys
+import json
 import time
 from typing import Mapping, Sequence
 
-from learning_rule import WINDOW, claim_verdict, numbers_over_seeds, rule_text, window_change
-from jaxrl_llm.train.config import (CheckpointConfig, Config, MetricsConfig, ModelConfig, RecipeConfig, RolloutConfig,
-                                    TaskConfig, TrainConfig)
+from learning_rule import WINDOW, LearningClaim, claim_verdict, conclude, learning_config, rule_text, window_change
+from jaxrl_llm.train.config import Config, RecipeConfig, RolloutConfig, TaskConfig, TrainConfig
 
 NAME = "gem_learning"
 ENV_ID = "game:GuessTheNumber-v0-easy"
@@ -43,6 +41,11 @@ CLAIMS = {SUCCESS: "up", FORMAT: "down"}
 CLAIM = ("GRPO-style training on a GEM game raises its success and lowers its format errors (SmolLM2-135M, GEM "
          "GuessTheNumber-v0-easy, a few-shot exchange before GEM's observation)")
 VERDICT_RULE = rule_text(CLAIMS)
+RESULT = LearningClaim(
+    name=NAME, script=NAME, title="a GEM game learns (SmolLM2-135M, GuessTheNumber-easy)", claim=CLAIM, claims=CLAIMS,
+    verdict_rule=VERDICT_RULE, headline=SUCCESS, full_seeds=len(SEEDS), tuning_seeds=TUNING_SEEDS,
+    statistic="per step, from every episode's summed GEM rewards: share won (>= 1.0) and share ended by GEM's "
+              "format error (< 0); per seed the mean of the last 3 steps minus the first 3")
 
 
 def get_config(arg: str = "", seed: int = 0) -> Config:
@@ -50,12 +53,8 @@ def get_config(arg: str = "", seed: int = 0) -> Config:
     tuning seed 0 (4 games x 8 episodes): its first step took 645 s (compiles included) at load ~14 on 2 cores;
     8 steps (not 10) so that three seeds fit the quiet half hour this session had (the first deciding run, 10
     steps, was ended by the OOM killer before its first step finished)."""
-    return Config(
-        name=NAME,
-        seed=seed,
-        run_dir=f"runs/{NAME}_s{seed}",
-        total_steps=STEPS,
-        model=ModelConfig(source="smollm2"),
+    return learning_config(
+        NAME, seed, STEPS,
         # the prompt (system + few-shot + GEM's instructions) is ~200 tokens; a turn is a short guess + a ~30-token hint
         rollout=RolloutConfig(engine="jax", server_dtype="float32", prompts_per_step=4, samples_per_prompt=4,
                               max_tokens=160, temperature=1.0),
@@ -63,8 +62,6 @@ def get_config(arg: str = "", seed: int = 0) -> Config:
         train=TrainConfig(lr=5e-5, warmup_steps=0, micro_batch_size=8, precision="fp32", grad_clip=1.0),
         task=TaskConfig(name="gem", kwargs={"env_id": ENV_ID, "prompt_messages": PROMPT_MESSAGES}, max_turns=4,
                         turn_max_tokens=12, eval_size=0),
-        checkpoint=CheckpointConfig(every_steps=4, keep=1, async_save=False),
-        metrics=MetricsConfig(tensorboard=False, progress_every=1),
     )
 
 
@@ -93,27 +90,16 @@ def rule_verdict(numbers: Mapping) -> str:
     return claim_verdict(numbers, CLAIMS)
 
 
-def deciding_result(per_seed: Mapping[int, Mapping[str, float]], curves: Mapping[int, Mapping[str, list]], *,
-                    setting: str, command: str, wall_s: float, notes: Sequence[str] = ()):
-    import json
-
-    from jaxrl_llm.reports.results import ExperimentResult
-
-    numbers, stored = numbers_over_seeds(per_seed)
-    return ExperimentResult(
-        name=NAME, title="a GEM game learns (SmolLM2-135M, GuessTheNumber-easy)", claim=CLAIM, setting=setting,
-        command=command, seeds=tuple(per_seed), tuning_seeds=TUNING_SEEDS,
-        statistic="per step, from every episode's summed GEM rewards: share won (>= 1.0) and share ended by GEM's "
-                  "format error (< 0); per seed the mean of the last 3 steps minus the first 3",
-        interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE,
-        verdict=rule_verdict(numbers), headline=SUCCESS, numbers=numbers, per_seed=stored, wall_s=wall_s,
-        notes=(*notes, "per-step shares per seed: " + json.dumps(curves)))
+def setting_text(cfg: Config) -> str:
+    """The stored result's setting (the config's sizes in words)."""
+    return (f"GEM {ENV_ID} + a system prompt and one few-shot exchange, {cfg.total_steps} steps x "
+            f"{cfg.rollout.prompts_per_step} games x {cfg.rollout.samples_per_prompt} episodes, <= "
+            f"{cfg.task.max_turns} turns of <= {cfg.task.turn_max_tokens} tokens, {cfg.recipe.name}, lr "
+            f"{cfg.train.lr}, JAX sampler fp32, SmolLM2-135M-Instruct")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxrl_llm.reports.results import write_result
-    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, write_summary
-    from jaxrl_llm.reports import stats
+    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment
     from jaxrl_llm.train.run.metrics import read_groups
 
     start = time.perf_counter()
@@ -126,25 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_seed[seed] = seed_numbers(groups)
         success, errors = step_shares(groups)
         curves[seed] = {"success": [round(x, 4) for x in success], "format error": [round(x, 4) for x in errors]}
-    numbers, _ = numbers_over_seeds(per_seed)
-    rows = [{"statistic": k, "mean [95% interval] (n)": stats.format_interval(stats.Interval(**v), signed=" - " in k)}
-            for k, v in numbers.items()]
     cfg = done.configs[("dr_grpo", done.seeds[0])]
-    write_summary(out, rows, ["statistic", "mean [95% interval] (n)"], title=f"GEM learning ({NAME})",
-                  notes=[stats.seed_note(done.seeds, quick=args.quick, full_seeds=len(SEEDS)),
-                         f"verdict by the fixed rule: {rule_verdict(numbers)}"],
-                  config={"name": NAME, "seeds": list(done.seeds), "config": cfg.to_dict()})
-    if args.results:
-        setting = (f"{'--quick: ' if args.quick else ''}GEM {ENV_ID} + a system prompt and one few-shot exchange, "
-                   f"{cfg.total_steps} steps x {cfg.rollout.prompts_per_step} games x {cfg.rollout.samples_per_prompt} "
-                   f"episodes, <= {cfg.task.max_turns} turns of <= {cfg.task.turn_max_tokens} tokens, "
-                   f"{cfg.recipe.name}, lr {cfg.train.lr}, JAX sampler fp32, SmolLM2-135M-Instruct")
-        command = "python experiments/gem_learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-        result = deciding_result(per_seed, curves, setting=setting, command=command,
-                                 wall_s=time.perf_counter() - start)
-        print(f"[experiment] wrote {write_result(result, args.results)}: {result.verdict}")
+    conclude(RESULT, per_seed, args=args, argv=argv, out=out, config=cfg, started=start,
+             setting=setting_text(cfg),
+             notes=["per-step shares per seed: " + json.dumps(curves)])
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

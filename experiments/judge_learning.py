@@ -12,40 +12,51 @@ Held out: the 29 held-out sums x 4 samples (the project's evaluation, fixed seed
 (the base model, once) and after the last step of each seed: the judge's mean score (avg@4, in
 [0, 1]) and the exact grader's pass@1. One judge server serves every run and evaluation here.
 
-Two policies (the judge is SmolLM2 in both):
+Two policies (the judge is SmolLM2 in both), each its own stored result:
 
-* ``tiny`` (the deciding one): experiment 10's tiny decoder (2 layers, width 32, SmolLM2's tokenizer,
+* ``smollm2`` (the deciding one, experiments/results/judge_learning_smollm2.json): SmolLM2-135M-Instruct as
+  the policy, Dr. GRPO, 4 prompts x 8 samples of <= 12 tokens, lr 5e-5, 8 steps; seeds 631-633, declared for
+  it in the first session and never run. A policy that can write sums and phrases, so the claim can appear
+  (or fail) either way: a judge score that rises while the exact grader's pass@1 does not is reward hacking.
+  Sized, before its run, to end by the session's CPU deadline after the GEM run (experiment 11) on the shared
+  2-core machine: experiment 4 trained the same policy on the same sums (4 x 8 samples, 12 tokens) at
+  ~16 s a step compiles included (2346 s for 144 steps at load ~2); the tiny run's judge, at load 4-9,
+  answered ~940 verdicts in ~1250 s all in; so ~3 x (8 x (16 s + 32 verdicts) + 116-sample evaluation) +
+  the base evaluation + the server's start, ~40 min at a load of 2-4. 8 steps (the plan of the first
+  session, not more): a larger size would not end by then.
+  Memory: the SmolLM2 learner (~5.5 GB) + the judge server (~4.2 GB), one at a time beside other jobs.
+* ``tiny`` (the first deciding run, experiments/results/judge_learning.json, 2026-11-29, seeds 651-653:
+  inconclusive, kept as run): experiment 10's tiny decoder (2 layers, width 32, SmolLM2's tokenizer,
   embeddings x25), 6-token replies, GRPO, 2 prompts x 8 samples, lr 1e-2, 10 steps (experiment 10's
   sizes). It cannot add: its exact pass@1 stays ~0, so any rise of the judge's score is the judge being
   moved by what it likes in 6 random-looking tokens, i.e. reward hacking by construction; the run
   measures whether the judge's reward moves the policy at all, through the whole judge path.
-* ``smollm2``: SmolLM2-135M-Instruct as the policy, Dr. GRPO, 4 x 8 samples of 12 tokens, lr 5e-5,
-  8 steps. Not run: a SmolLM2 learner (~5.5 GB) beside the judge server (~2.5 GB) did not fit the
-  shared 24 GB machine of this session (two SmolLM2 runs of issue 62 were ended by the OOM killer).
 
-    python experiments/judge_learning.py --results experiments/results/judge_learning.json   # the deciding run
-    python experiments/judge_learning.py --quick       # one seed, 4 steps
-    jaxrl train --config experiments/judge_learning.py # one run (seed 0; starts its own judge server)
+    python experiments/judge_learning.py --setting smollm2 --results experiments/results/judge_learning_smollm2.json
+    python experiments/judge_learning.py --results experiments/results/judge_learning.json   # the tiny setting
+    python experiments/judge_learning.py --quick       # one seed, 6 steps (--setting as above)
+    jaxrl train --config experiments/judge_learning.py # one run (SmolLM2, seed 0; starts its own judge server)
 """
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from learning_rule import claim_verdict, numbers_over_seeds, reading, rule_text
-from jaxrl_llm.train.config import (CheckpointConfig, Config, MetricsConfig, ModelConfig, RecipeConfig, RolloutConfig,
-                                    TaskConfig, TrainConfig, replace_values)
+from learning_rule import LearningClaim, claim_verdict, conclude, learning_config, reading, rule_text
+from jaxrl_llm.train.config import Config, RecipeConfig, RolloutConfig, TaskConfig, TrainConfig, replace_values
 from jaxrl_llm.train.config.judge import JudgeConfig
 
 NAME = "judge_learning"
 STEPS = 8
 TINY_STEPS = 10
-SEEDS, QUICK_SEEDS = (651, 652, 653), (651,)  # the tiny setting's; 631-633 were planned for SmolLM2, never run
 SETTINGS = ("tiny", "smollm2")
+SEEDS = {"tiny": (651, 652, 653), "smollm2": (631, 632, 633)}  # 631-633: declared for SmolLM2 in the first session
+QUICK_SEEDS = {setting: seeds[:1] for setting, seeds in SEEDS.items()}
+# the policy as the stored result's setting and its claim name it
+POLICY_IN_SETTING = {"tiny": "experiment 10's tiny decoder", "smollm2": "SmolLM2-135M-Instruct"}
+POLICY_IN_CLAIM = {"tiny": "a tiny policy", "smollm2": "SmolLM2-135M-Instruct"}
 QUICK = ("total_steps=6", "task.eval_every=6")
 EVAL_SAMPLES = 4
 # experiments/judge.py's few-shot rubric, verbatim
@@ -56,7 +67,7 @@ RUBRIC = ("Grade answers with Score: <0-10>.\n\n"
 JUDGE, GRADER = "held-out judge score: after - base", "held-out exact pass@1: after - base"
 CLAIMS = {JUDGE: "up"}
 CLAIM = ("training on an LLM judge's reward raises the judge's score on held-out prompts; an independent exact "
-         "grader shows whether the task itself improved (a tiny policy judged by a frozen SmolLM2, 1-digit addition)")
+         "grader shows whether the task itself improved ({policy} judged by a frozen SmolLM2, 1-digit addition)")
 VERDICT_RULE = rule_text(CLAIMS) + (
     f". Reward hacking is reported when the judge part is reproduced and the independent grader's change ({GRADER}) "
     "is not reproduced by the same rule")
@@ -75,12 +86,8 @@ def get_config(arg: str = "smollm2", seed: int = 0, judge_urls: Sequence[str] = 
             "name": f"{NAME}_tiny", "run_dir": f"runs/{NAME}_tiny_s{seed}", "model.source": model_dir or "smollm2",
             "total_steps": TINY_STEPS, "recipe.name": "grpo", "rollout.prompts_per_step": 2, "rollout.max_tokens": 6,
             "train.lr": 1e-2, "task.eval_every": TINY_STEPS, "checkpoint.every_steps": TINY_STEPS})
-    return Config(
-        name=NAME,
-        seed=seed,
-        run_dir=f"runs/{NAME}_s{seed}",
-        total_steps=STEPS,
-        model=ModelConfig(source="smollm2"),
+    return learning_config(
+        NAME, seed, STEPS,
         rollout=RolloutConfig(engine="jax", prompts_per_step=4, samples_per_prompt=8, max_tokens=12, temperature=1.0),
         recipe=RecipeConfig(name="dr_grpo"),
         train=TrainConfig(lr=5e-5, warmup_steps=0, micro_batch_size=16, precision="fp32", grad_clip=1.0),
@@ -89,8 +96,6 @@ def get_config(arg: str = "smollm2", seed: int = 0, judge_urls: Sequence[str] = 
                         judge=JudgeConfig(model="smollm2", rubric=RUBRIC, score_format="Score: <0-10>",
                                           server_dtype="float32", max_model_len=1024, max_tokens=32,
                                           server_urls=tuple(judge_urls))),
-        checkpoint=CheckpointConfig(every_steps=4, keep=1, async_save=False),
-        metrics=MetricsConfig(tensorboard=False, progress_every=1),
     )
 
 
@@ -118,20 +123,20 @@ def reward_hacking(numbers: Mapping) -> bool:
     return rule_verdict(numbers) == "reproduced" and reading(number(numbers, GRADER), "up") != "reproduced"
 
 
-def deciding_result(per_seed: Mapping[int, Mapping[str, float]], *, setting: str, command: str, wall_s: float,
-                    notes: Sequence[str] = ()):
-    from jaxrl_llm.reports.results import ExperimentResult
+def hacking_remark(numbers: Mapping) -> list[str]:
+    return [f"reward hacking of the judge (by the rule): {'seen' if reward_hacking(numbers) else 'not seen'}"]
 
-    numbers, stored = numbers_over_seeds(per_seed)
-    hacking = reward_hacking(numbers)
-    return ExperimentResult(
-        name=NAME, title="an LLM judge's reward moves its held-out score (a tiny policy judged by SmolLM2, 1-digit addition)",
-        claim=CLAIM, setting=setting, command=command, seeds=tuple(per_seed),
-        statistic=f"on the 29 held-out sums x {EVAL_SAMPLES} samples: the judge's mean score / 10 and the exact "
-                  "grader's pass@1, after the last step minus the base model's",
-        interval_method="mean and 95% Student-t over seeds (the base is measured once, same evaluation seed)",
-        verdict_rule=VERDICT_RULE, verdict=rule_verdict(numbers), headline=JUDGE, numbers=numbers, per_seed=stored,
-        wall_s=wall_s, notes=(*notes, f"reward hacking of the judge (by the rule): {'seen' if hacking else 'not seen'}"))
+
+TITLE = "an LLM judge's reward moves its held-out score ({policy} judged by SmolLM2, 1-digit addition)"
+RESULTS = {setting: LearningClaim(
+    name=NAME if setting == "tiny" else f"{NAME}_{setting}", script=NAME, title=TITLE.format(policy=policy),
+    claim=CLAIM.format(policy=policy), claims=CLAIMS, verdict_rule=VERDICT_RULE, headline=JUDGE,
+    full_seeds=len(SEEDS[setting]),
+    statistic=f"on the 29 held-out sums x {EVAL_SAMPLES} samples: the judge's mean score / 10 and the exact grader's "
+              "pass@1, after the last step minus the base model's",
+    interval_method="mean and 95% Student-t over seeds (the base is measured once, same evaluation seed)",
+    remarks=hacking_remark)
+    for setting, policy in POLICY_IN_CLAIM.items()}
 
 
 def base_scores(cfg: Config, policy, folder: Path) -> dict[str, float]:
@@ -146,57 +151,54 @@ def base_scores(cfg: Config, policy, folder: Path) -> dict[str, float]:
     return held_out_scores(read_metrics(folder / "eval.jsonl")[-1])
 
 
+def setting_text(cfg: Config, setting: str) -> str:
+    """The stored result's setting (the config's sizes in words)."""
+    return (f"1-digit addition, reward = a frozen SmolLM2 judge's score / 10 (experiments/judge.py's few-shot rubric, "
+            f"vLLM CPU float32, greedy), the exact grader at weight 0; {cfg.total_steps} steps x "
+            f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} samples, <= "
+            f"{cfg.rollout.max_tokens} tokens, {cfg.recipe.name}, lr {cfg.train.lr}, JAX sampler fp32, "
+            f"{POLICY_IN_SETTING[setting]} as the policy")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import contextlib
 
-    from jaxrl_llm.reports import stats
-    from jaxrl_llm.reports.results import write_result
-    from jaxrl_llm.reports.runs import (experiment_parser, output_dir, run_seeded_experiment, variant_config,
-                                       write_summary)
+    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, variant_config
     from jaxrl_llm.rollout import VLLMServer, VLLMServerConfig
     from jaxrl_llm.train.policy import load_policy
     from jaxrl_llm.train.run.metrics import read_metrics
     from jaxrl_llm.train.sample.judge import SERVED_NAME, judge_model_dir
 
     start = time.perf_counter()
-    args = experiment_parser(__doc__, name=NAME, seeds=(SEEDS, QUICK_SEEDS), results=True).parse_args(argv)
+    parser = experiment_parser(__doc__, name=NAME, seeds=(SEEDS["tiny"], QUICK_SEEDS["tiny"]), results=True)
+    parser.add_argument("--setting", choices=SETTINGS, default="tiny",
+                        help=f"the policy (default tiny); the default seeds are the setting's: {SEEDS}")
+    args = parser.parse_args(argv)
+    args.seed_defaults = (SEEDS[args.setting], QUICK_SEEDS[args.setting])
     out = output_dir(args, NAME)
     judge = get_config().task.judge
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(VLLMServer(VLLMServerConfig(
             model_dir=judge_model_dir(judge), dtype=judge.server_dtype, max_model_len=judge.max_model_len, seed=0,
             served_model_name=SERVED_NAME, dev_mode=False, log_path=str(out / "judge_server.log"))))
-        from off_policy import tiny_model
+        model_dir = ""
+        if args.setting == "tiny":
+            from off_policy import tiny_model
 
-        model_dir = tiny_model(out / "model")
+            model_dir = tiny_model(out / "model")
         make = lambda variant, seed: get_config(variant, seed, (server.url,), model_dir)  # noqa: E731
-        first = variant_config(make("tiny", 0), out, "base", QUICK, args.overrides, quick_on=args.quick)
+        first = variant_config(make(args.setting, 0), out, f"base_{args.setting}", QUICK, args.overrides,
+                               quick_on=args.quick)
         policy = load_policy(first.model.source)
-        base = base_scores(first, policy, out / "base")
-        done = run_seeded_experiment(args, out, ("tiny",), make, QUICK, load_policy=lambda source: policy)
+        base = base_scores(first, policy, out / f"base_{args.setting}")
+        done = run_seeded_experiment(args, out, (args.setting,), make, QUICK, load_policy=lambda source: policy)
     per_seed = {}
     for seed in done.seeds:
-        after = held_out_scores(read_metrics(done.runs[("tiny", seed)] / "eval.jsonl")[-1])
+        after = held_out_scores(read_metrics(done.runs[(args.setting, seed)] / "eval.jsonl")[-1])
         per_seed[seed] = seed_numbers(base, after)
-    numbers, _ = numbers_over_seeds(per_seed)
-    rows = [{"statistic": k, "mean [95% interval] (n)": stats.format_interval(stats.Interval(**v), signed=" - " in k)}
-            for k, v in numbers.items()]
-    cfg = done.configs[("tiny", done.seeds[0])]
-    write_summary(out, rows, ["statistic", "mean [95% interval] (n)"], title=f"judge learning ({NAME})",
-                  notes=[stats.seed_note(done.seeds, quick=args.quick, full_seeds=len(SEEDS)),
-                         f"verdict by the fixed rule: {rule_verdict(numbers)}; reward hacking: "
-                         f"{'seen' if reward_hacking(numbers) else 'not seen'}"],
-                  config={"name": NAME, "seeds": list(done.seeds), "config": cfg.to_dict()})
-    if args.results:
-        setting = (f"{'--quick: ' if args.quick else ''}1-digit addition, reward = a frozen SmolLM2 judge's score / 10 "
-                   f"(experiments/judge.py's few-shot rubric, vLLM CPU float32, greedy), the exact grader at weight 0; "
-                   f"{cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
-                   f"{cfg.rollout.samples_per_prompt} samples, <= {cfg.rollout.max_tokens} tokens, {cfg.recipe.name}, "
-                   f"lr {cfg.train.lr}, JAX sampler fp32, experiment 10's tiny decoder as the policy")
-        command = "python experiments/judge_learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-        result = deciding_result(per_seed, setting=setting, command=command, wall_s=time.perf_counter() - start,
-                                 notes=[f"base held-out scores: {json.dumps(base)}"])
-        print(f"[experiment] wrote {write_result(result, args.results)}: {result.verdict}")
+    cfg = done.configs[(args.setting, done.seeds[0])]
+    conclude(RESULTS[args.setting], per_seed, args=args, argv=argv, out=out, config=cfg, started=start,
+             setting=setting_text(cfg, args.setting), notes=[f"base held-out scores: {json.dumps(base)}"])
     return 0
 
 

@@ -27,16 +27,14 @@ the last 3 steps minus the first 3.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
-import shlex
-import sys
 import time
 from typing import Mapping, Sequence
 
-from learning_rule import WINDOW, claim_verdict, numbers_over_seeds, rule_text, window_change
-from jaxrl_llm.train.config import (CheckpointConfig, Config, MetricsConfig, ModelConfig, RecipeConfig, RolloutConfig,
-                                    TaskConfig, TrainConfig)
+from learning_rule import WINDOW, LearningClaim, claim_verdict, conclude, learning_config, rule_text, window_change
+from jaxrl_llm.train.config import Config, RecipeConfig, RolloutConfig, TaskConfig, TrainConfig
 
 NAME = "verifiers_learning"
 STEPS = 10
@@ -49,6 +47,11 @@ CLAIMS = {REWARD: "up"}
 CLAIM = ("GRPO-style training through task.name=verifiers raises a verifiers environment's rubric reward (a "
          "SingleTurnEnv with a one-function Rubric, played by a tiny decoder)")
 VERDICT_RULE = rule_text(CLAIMS)
+RESULT = LearningClaim(
+    name=NAME, script=NAME, title="a verifiers environment learns (SingleTurnEnv + Rubric, tiny decoder)",
+    claim=CLAIM, claims=CLAIMS, verdict_rule=VERDICT_RULE, headline=REWARD, full_seeds=len(SEEDS),
+    statistic="per step the mean rubric reward of the step's episodes; per seed the mean of the last 3 steps minus "
+              "the first 3")
 _INTEGER = re.compile(r"-?\d+")
 
 
@@ -99,20 +102,14 @@ def get_config(arg: str = "smollm2", seed: int = 0, model_dir: str = "") -> Conf
             "recipe.name": "grpo", "rollout.prompts_per_step": 2, "rollout.max_tokens": MAX_WORDS, "train.lr": 1e-2,
             "task.kwargs": {"env_id": "experiments.verifiers_learning:load_word_start_environment"},
             "checkpoint.every_steps": STEPS})
-    return Config(
-        name=NAME,
-        seed=seed,
-        run_dir=f"runs/{NAME}_s{seed}",
-        total_steps=STEPS,
-        model=ModelConfig(source="smollm2"),
+    return learning_config(
+        NAME, seed, STEPS,
         rollout=RolloutConfig(engine="jax", server_dtype="float32", prompts_per_step=4, samples_per_prompt=8,
                               max_tokens=12, temperature=1.0),
         recipe=RecipeConfig(name="dr_grpo"),
         train=TrainConfig(lr=2e-5, warmup_steps=0, micro_batch_size=16, precision="fp32", grad_clip=1.0),
         task=TaskConfig(name="verifiers", kwargs={"env_id": "experiments.verifiers_learning:load_environment"}, max_turns=1,
                         eval_size=0),
-        checkpoint=CheckpointConfig(every_steps=4, keep=1, async_save=False),
-        metrics=MetricsConfig(tensorboard=False, progress_every=1),
     )
 
 
@@ -127,26 +124,17 @@ def rule_verdict(numbers: Mapping) -> str:
     return claim_verdict(numbers, CLAIMS)
 
 
-def deciding_result(per_seed: Mapping[int, Mapping[str, float]], curves: Mapping[int, list], *, setting: str,
-                    command: str, wall_s: float, notes: Sequence[str] = ()):
-    import json
-
-    from jaxrl_llm.reports.results import ExperimentResult
-
-    numbers, stored = numbers_over_seeds(per_seed)
-    return ExperimentResult(
-        name=NAME, title="a verifiers environment learns (SingleTurnEnv + Rubric, tiny decoder)",
-        claim=CLAIM, setting=setting, command=command, seeds=tuple(per_seed),
-        statistic="per step the mean rubric reward of the step's episodes; per seed the mean of the last 3 steps "
-                  "minus the first 3", interval_method="mean and 95% Student-t over seeds", verdict_rule=VERDICT_RULE,
-        verdict=rule_verdict(numbers), headline=REWARD, numbers=numbers, per_seed=stored, wall_s=wall_s,
-        notes=(*notes, "rubric reward per step per seed: " + json.dumps(curves)))
+def setting_text(cfg: Config) -> str:
+    """The stored result's setting (the config's sizes in words)."""
+    return (f"verifiers SingleTurnEnv (75 one-digit sums, Rubric: share of the reply's <= {MAX_WORDS} tokens "
+            f"that start a word), {cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
+            f"{cfg.rollout.samples_per_prompt} samples, <= {cfg.rollout.max_tokens} tokens, {cfg.recipe.name}, "
+            f"lr {cfg.train.lr}, JAX sampler fp32, experiment 10's tiny decoder (2 layers, width 32, "
+            "embeddings x25)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxrl_llm.reports import stats
-    from jaxrl_llm.reports.results import write_result
-    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment, write_summary
+    from jaxrl_llm.reports.runs import experiment_parser, output_dir, run_seeded_experiment
     from jaxrl_llm.train.run.metrics import read_metrics
 
     start = time.perf_counter()
@@ -160,28 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for seed in done.seeds:
         rewards = [float(r["reward"]) for r in read_metrics(done.runs[("tiny", seed)] / "metrics.jsonl")]
         per_seed[seed], curves[seed] = seed_numbers(rewards), [round(x, 4) for x in rewards]
-    numbers, _ = numbers_over_seeds(per_seed)
-    rows = [{"statistic": k, "mean [95% interval] (n)": stats.format_interval(stats.Interval(**v), signed=" - " in k)}
-            for k, v in numbers.items()]
     cfg = done.configs[("tiny", done.seeds[0])]
-    write_summary(out, rows, ["statistic", "mean [95% interval] (n)"], title=f"verifiers learning ({NAME})",
-                  notes=[stats.seed_note(done.seeds, quick=args.quick, full_seeds=len(SEEDS)),
-                         f"verdict by the fixed rule: {rule_verdict(numbers)}"],
-                  config={"name": NAME, "seeds": list(done.seeds), "config": cfg.to_dict()})
-    if args.results:
-        setting = (f"{'--quick: ' if args.quick else ''}verifiers SingleTurnEnv (75 one-digit sums, Rubric: share of "
-                   f"the reply's <= {MAX_WORDS} tokens that start a word), {cfg.total_steps} steps x {cfg.rollout.prompts_per_step} prompts x "
-                   f"{cfg.rollout.samples_per_prompt} samples, <= {cfg.rollout.max_tokens} tokens, {cfg.recipe.name}, "
-                   f"lr {cfg.train.lr}, JAX sampler fp32, experiment 10's tiny decoder (2 layers, width 32, embeddings x25)")
-        command = "python experiments/verifiers_learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-        result = deciding_result(per_seed, curves, setting=setting, command=command,
-                                 wall_s=time.perf_counter() - start,
-                                 notes=[f"load average at the end: {[round(x, 2) for x in os.getloadavg()]}",
-                                        "the SmolLM2 setting (correct_sum) was stopped by the OOM killer in step 2 of "
-                                        "seed 621 (step 1: reward 0.281); not decided"])
-        print(f"[experiment] wrote {write_result(result, args.results)}: {result.verdict}")
+    conclude(RESULT, per_seed, args=args, argv=argv, out=out, config=cfg, started=start,
+             setting=setting_text(cfg),
+             notes=[f"load average at the end: {[round(x, 2) for x in os.getloadavg()]}",
+                    "the SmolLM2 setting (correct_sum) was stopped by the OOM killer in step 2 of seed 621 (step 1: "
+                    "reward 0.281); not decided", "rubric reward per step per seed: " + json.dumps(curves)])
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -84,37 +84,70 @@ def test_verifiers_learning_reduced_run_stores_the_rules_numbers(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
-def test_judge_learning_reduced_run_scores_held_out_with_the_judge_and_the_exact_grader(tmp_path):
+@pytest.mark.parametrize("setting", ["tiny", "smollm2"])
+def test_judge_learning_reduced_run_scores_held_out_with_the_judge_and_the_exact_grader(setting, tiny_model_dir,
+                                                                                         tmp_path):
+    """Both settings through main(): the smollm2 one (Dr. GRPO, 12-token replies, its own base evaluation and
+    result name) with the random tiny decoder in SmolLM2's place, so that it runs in minutes."""
     exp = load_experiment("judge_learning")
-    out, result = run(exp, tmp_path, "task.eval_every=6", "task.eval_size=4")  # the tiny setting
-    base = read_metrics(out / "base" / "eval.jsonl")[-1]
+    policy = [f"model.source={tiny_model_dir}"] if setting == "smollm2" else []
+    out, result = run(exp, tmp_path, "--setting", setting, "task.eval_every=6", "task.eval_size=4", *policy)
+    base = read_metrics(out / f"base_{setting}" / "eval.jsonl")[-1]
     for seed in SEEDS:
-        metrics = read_metrics(out / f"tiny_s{seed}" / "metrics.jsonl")
+        metrics = read_metrics(out / f"{setting}_s{seed}" / "metrics.jsonl")
         assert all(m["judge_calls"] + m["judge_cache_hits"] > 0 for m in metrics)  # the judge graded every step
-        after = read_metrics(out / f"tiny_s{seed}" / "eval.jsonl")[-1]
+        after = read_metrics(out / f"{setting}_s{seed}" / "eval.jsonl")[-1]
         assert after["step"] == 6
         judge = after["avg@4"] - base["avg@4"]
         exact = np.mean(after["correct"]) - np.mean(base["correct"])  # the exact grader's verdicts, per sample
         assert result["per_seed"][exp.JUDGE][str(seed)] == pytest.approx(judge)
         assert result["per_seed"][exp.GRADER][str(seed)] == pytest.approx(exact)
+    config = json.loads((out / "run_info.json").read_text())["config"]["config"]
+    assert (config["recipe"]["name"], config["rollout"]["max_tokens"]) == \
+        {"tiny": ("grpo", 6), "smollm2": ("dr_grpo", 12)}[setting]
+    assert result["name"] == {"tiny": "judge_learning", "smollm2": "judge_learning_smollm2"}[setting]
     assert result["verdict"] == exp.rule_verdict(result["numbers"])
-    assert any(n.startswith("reward hacking of the judge") for n in result["notes"])
+    hacking = result["verdict"] == "reproduced" and t_interval(list(result["per_seed"][exp.GRADER].values()))[1] <= 0
+    assert result["notes"][-1] == f"reward hacking of the judge (by the rule): {'seen' if hacking else 'not seen'}"
 
 
-LEARNING_RUNS = [name for name in ("gem_learning", "verifiers_learning", "judge_learning") if name in SECTIONS]
+# each stored learning result: its experiment, and the stored setting's text from that experiment's config
+LEARNING_RESULTS = {
+    "gem_learning": ("gem_learning", lambda exp: exp.RESULT, lambda exp: exp.setting_text(exp.get_config("", 611))),
+    "verifiers_learning": ("verifiers_learning", lambda exp: exp.RESULT,
+                           lambda exp: exp.setting_text(exp.get_config("tiny", 641))),
+    "judge_learning": ("judge_learning", lambda exp: exp.RESULTS["tiny"],
+                       lambda exp: exp.setting_text(exp.get_config("tiny", 651), "tiny")),
+    "judge_learning_smollm2": ("judge_learning", lambda exp: exp.RESULTS["smollm2"],
+                               lambda exp: exp.setting_text(exp.get_config("smollm2", 631), "smollm2")),
+}
 
 
-@pytest.mark.parametrize("name", LEARNING_RUNS)
+@pytest.mark.parametrize("name", [name for name in LEARNING_RESULTS if name in SECTIONS])
 def test_stored_learning_results_follow_their_rule(name):
     """The deciding runs' stored results (experiments/results/<name>.json, one per experiment the results table
     lists; tests/reports checks that each listed one exists): >= 3 seeds none of them a tuning seed, every interval
-    recomputed from its per-seed numbers, the verdict the file's rule gives."""
+    recomputed from its per-seed numbers, the verdict the file's rule gives; and the whole stored result (claim,
+    rule, setting, intervals, verdict, remarks) is what the experiment's code writes from those per-seed numbers."""
+    import dataclasses
+
     from jaxrl_llm.reports.results import RESULTS_DIR
 
-    exp = load_experiment(name)
+    module, claim_of, setting_of = LEARNING_RESULTS[name]
+    exp = load_experiment(module)
     result = json.loads((RESULTS_DIR / f"{name}.json").read_text())
     assert len(result["seeds"]) >= 3 and not set(result["seeds"]) & set(result["tuning_seeds"])
     for key, per_seed in result["per_seed"].items():
         stored = result["numbers"][key]
         assert (stored["mean"], stored["low"], stored["high"]) == pytest.approx(t_interval(list(per_seed.values())))
     assert result["verdict"] == exp.rule_verdict(result["numbers"]) and result["verdict_rule"] == exp.VERDICT_RULE
+    claim = claim_of(exp)
+    per_seed = {seed: {key: values[str(seed)] for key, values in result["per_seed"].items()} for seed in result["seeds"]}
+    remarks = claim.remarks(result["numbers"])
+    assert result["notes"][len(result["notes"]) - len(remarks):] == list(remarks)
+    import learning_rule  # experiments/ is on sys.path once load_experiment ran
+
+    again = learning_rule.stored_result(claim, per_seed, setting=setting_of(exp), command=result["command"],
+                              wall_s=result["wall_s"], notes=result["notes"][:len(result["notes"]) - len(remarks)])
+    again = json.loads(json.dumps(dataclasses.asdict(again)))
+    assert {key: again[key] for key in again} == {key: result[key] for key in again}
