@@ -60,6 +60,7 @@ from jaxrl_llm.models.attention import (ATTENTION_BLOCKS, MIN_ATTENTION_BLOCK,  
                                         shared_slot_attention, windowed_cache_attention)
 from jaxrl_llm.models.decode_attention import slot_cache_attention
 from jaxrl_llm.models.fused_attention import segment_spans, use_cudnn_attention, use_cudnn_segments
+from jaxrl_llm.models.lora import GroupedLora, grouped_delta
 from jaxrl_llm.models.matmul import low_precision_logits, project
 from jaxrl_llm.models.platform import target_platform
 from jaxrl_llm.models.moe import RoutedForward, Routing, moe_mlp, moe_param_shapes, replay_experts_per_layer, stack_layer_routing
@@ -109,12 +110,13 @@ class DecoderLayer(nn.Module):
     cache_window: int | None = None
     batch_invariant: bool = False  # models.batch_invariant.block; write_at: the slot of each token [B, T]
     decode_kernel: str | None = None
+    lora_rows: tuple[int, ...] | None = None  # models.lora.GroupedLora.rows; its factors come as ``lora``
 
     def _param(self, name, shape, init):
         return self.param(name, init, shape, jnp_dtype(self.cfg.param_dtype))
 
     @nn.compact
-    def __call__(self, carry, layer_index, replay, positions, visible, write_at):
+    def __call__(self, carry, layer_index, replay, lora, positions, visible, write_at):
         cfg = self.cfg
         dtype = jnp_dtype(cfg.compute_dtype)
         if self.batch_invariant:
@@ -135,7 +137,8 @@ class DecoderLayer(nn.Module):
         batch, length, _ = hidden.shape
 
         def linear(x, name, shape):
-            return project(x, self._param(name, shape, dense_init).astype(dtype))
+            y = project(x, self._param(name, shape, dense_init).astype(dtype))
+            return y if lora is None else grouped_delta(y, x, lora, name, self.lora_rows)
 
         x = rms_norm(hidden, self._param("input_norm", (d,), nn.initializers.ones), cfg.rms_norm_eps)
         q = linear(x, "q_proj", (d, cfg.q_dim))
@@ -192,10 +195,11 @@ class Decoder(nn.Module):
     batch_invariant: bool = False  # models.batch_invariant: a row's numbers independent of its batch and layout
     unroll_layers: bool = False  # one copy of the layer per layer instead of a loop (``unroll_layer_loop``)
     decode_kernel: str | None = None  # per-row cache slots (DecoderLayer; models.decode_attention)
+    lora_rows: tuple[int, ...] | None = None  # row groups of ``lora`` (models.lora.GroupedLora)
 
     @nn.compact
     def __call__(self, tokens, positions, visible, kv=None, write_at=None, return_hidden=False, routing=None,
-                 return_routing=False):
+                 return_routing=False, lora=None):
         """-> (logits | hidden, kv), or (logits | hidden, kv, Routing) with ``return_routing`` (MoE configs).
         ``routing``: experts [B, T, nL, k] (or a Routing) to replay (``models.moe``)."""
         cfg = self.cfg
@@ -211,17 +215,17 @@ class Decoder(nn.Module):
             layer_cls,
             variable_axes={"params": 0, "intermediates": 0},
             split_rngs={"params": True},
-            in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(0, 0, 0, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             unroll=cfg.num_layers if self.unroll_layers else 1,
-        )(cfg, self.cache_window, self.batch_invariant, self.decode_kernel, name="layers")
+        )(cfg, self.cache_window, self.batch_invariant, self.decode_kernel, self.lora_rows, name="layers")
         replay = None
         if routing is not None:
             if not cfg.is_moe:
                 raise ValueError(f"routing replay needs a mixture-of-experts config; {cfg.architecture} is dense")
             replay = replay_experts_per_layer(routing, *tokens.shape, cfg.num_layers, cfg.num_experts_per_tok)
-        (hidden, kv), per_layer = layers((hidden, kv), jnp.arange(cfg.num_layers), replay, positions, visible,
-                                         write_at)
+        (hidden, kv), per_layer = layers((hidden, kv), jnp.arange(cfg.num_layers), replay, lora, positions,
+                                         visible, write_at)
         if return_routing and not cfg.is_moe:
             raise ValueError(f"return_routing=True needs a mixture-of-experts config; {cfg.architecture} is dense")
 
@@ -283,7 +287,7 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
             attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: dict | None = None, return_hidden: bool = False, remat: bool | str = False,
             cache_window: int | None = None, max_segments: int | None = None, batch_invariant: bool = False,
-            routing: Routing | jax.Array | None = None, return_routing: bool = False):
+            routing: Routing | jax.Array | None = None, return_routing: bool = False, lora: GroupedLora | None = None):
     """Run the decoder on tokens [B, T] -> (logits [B, T, V] float32 | final hidden [B, T, D], new_cache),
     or with ``return_routing`` a ``RoutedForward`` (out, new_cache, routing: ``models.moe.Routing``).
 
@@ -307,6 +311,7 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
     Mixture-of-experts configs (``models.moe``): ``return_routing`` also returns each token's experts
     and router logits in every layer; ``routing`` (experts [B, T, nL, k] int32, or a Routing) replays
     them: the experts are fixed, the gates come from the current router. Both work with and without a cache.
+    ``lora`` (no cache, not batch-invariant): several LoRA adapters applied unmerged, one per group of rows.
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
@@ -314,6 +319,8 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
         raise ValueError(f"cache_window must be a positive number of slots or None, got {cache_window}")
     batch, length = tokens.shape
     remat_mode(remat)  # a bad name fails here, not inside a trace
+    if lora is not None and (cache is not None or batch_invariant):
+        raise ValueError("lora (grouped adapters) needs the cache-free, non-batch-invariant forward")
     if cache is not None:
         return _forward_cached(params, cfg, tokens, positions, attention_mask, segment_ids, cache, return_hidden,
                                cache_window, batch_invariant, routing, return_routing)
@@ -331,9 +338,10 @@ def forward(params: Params, cfg: DecoderConfig, tokens: jax.Array, *, positions:
             and use_cudnn_segments():
         visible = segment_spans(segment_ids, visible, max_segments)
     unroll = unroll_layer_loop(cfg, target_platform(), remat_mode(remat))
-    result = Decoder(cfg, remat=remat, unroll_layers=unroll, batch_invariant=batch_invariant).apply(
+    result = Decoder(cfg, remat=remat, unroll_layers=unroll, batch_invariant=batch_invariant,
+                     lora_rows=None if lora is None else tuple(lora.rows)).apply(
         {"params": params}, tokens, positions, visible, return_hidden=return_hidden, routing=routing,
-        return_routing=return_routing)
+        return_routing=return_routing, lora=None if lora is None else tuple(lora.factors))
     return RoutedForward(result[0], None, result[2]) if return_routing else (result[0], None)
 
 

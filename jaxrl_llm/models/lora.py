@@ -23,6 +23,17 @@ export, ``bridge.save_hf_dir``) works unchanged. Merging every step costs one
 [in, r] x [r, out] product per target matrix, small next to the forward pass
 for models of SmolLM2's size; an unmerged x @ W + (x @ A) @ B forward would
 save the temporary merged copy but needs changes inside the decoder.
+
+Several adapters on one batch (``GroupedLora``, the Tinker server's clients sharing one base
+model) run unmerged instead: the batch's rows come in consecutive groups, one per adapter, and
+each adapted projection adds, per group g of rows,
+
+    y[rows of g] = x[rows of g] @ W + (x[rows of g] @ A_g) @ (s_g B_g)
+
+so the base matmuls run once for the whole batch and only the rank-r products per group
+(``grouped_delta``; the decoder's ``forward(..., lora=)``). A group's rows depend only on its own
+A_g and B_g, so the gradient of a sum of per-group losses with respect to them is that group's
+own gradient.
 """
 from __future__ import annotations
 
@@ -126,6 +137,38 @@ def merge(base: Mapping[str, Any], adapters: Mapping[str, Any], scale: float) ->
     return {**base, "layers": layers}
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupedLora:
+    """Adapters of a batch in row groups: rows[g] consecutive rows (static) use factors[g] =
+    {name: {"a": [nL, in, r_g], "b": [nL, r_g, out]}} with that adapter's scale already in "b"
+    (ranks and adapted names may differ between groups; a name absent from a group adds nothing)."""
+
+    factors: tuple[dict, ...]
+    rows: tuple[int, ...]
+
+
+def grouped_delta(y: jax.Array, x: jax.Array, factors: Sequence[Mapping[str, Any]], name: str,
+                  rows: Sequence[int]) -> jax.Array:
+    """y [B, T, out] (= x @ W) plus each row group's LoRA term of matrix ``name``: x [B, T, in] is cut
+    into groups of rows[g] rows and group g's rows get (x @ A_g) @ B_g (one layer's factors[g][name],
+    A [in, r], B [r, out]); unchanged when no group adapts ``name``."""
+    if all(name not in f for f in factors):
+        return y
+    parts, start = [], 0
+    for group, n in zip(factors, rows):
+        part = x[start:start + n]
+        if name in group:
+            pair = group[name]
+            low = jnp.matmul(part, pair["a"], precision=jax.lax.Precision.HIGHEST)
+            parts.append(jnp.matmul(low, pair["b"], precision=jax.lax.Precision.HIGHEST).astype(y.dtype))
+        else:
+            parts.append(jnp.zeros((n, *y.shape[1:]), y.dtype))
+        start += n
+    if start != x.shape[0]:
+        raise ValueError(f"GroupedLora rows {tuple(rows)} cover {start} rows; the batch has {x.shape[0]}")
+    return y + jnp.concatenate(parts)
+
+
 def tree_bytes(tree: Any) -> int:
     """Bytes held by the array leaves of a pytree (arrays or ShapeDtypeStructs)."""
     return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
@@ -178,5 +221,5 @@ def spec_from_train_config(train_cfg: Any, model_cfg: Any = None) -> LoraSpec | 
 
 
 __all__: Sequence[str] = ("LORA_TARGETS", "MLP_TARGETS", "LoraSpec", "targets_for_model",
-                          "init_adapters", "adapter_shapes", "check_adapters", "delta",
+                          "init_adapters", "adapter_shapes", "check_adapters", "delta", "GroupedLora", "grouped_delta",
                           "merge", "tree_bytes", "base_fingerprint", "spec_from_train_config")

@@ -146,3 +146,22 @@ def test_base_fingerprint_tracks_the_weights(tiny, tmp_path):
     assert lora.base_fingerprint(first) != lora.base_fingerprint(other)
     with pytest.raises(FileNotFoundError, match="holds no \\*.safetensors"):
         lora.base_fingerprint(tmp_path)
+
+
+def test_grouped_adapters_equal_each_rows_merged_model(tiny):
+    """forward(base, lora=GroupedLora) with rows [1, 1] on two adapters of different ranks and targets
+    gives each row the logits of its own merged model (W + s A B); the second row's padding is masked."""
+    _, cfg, base = tiny
+    specs = (lora.LoraSpec(rank=4, alpha=16.0), lora.LoraSpec(rank=2, alpha=4.0, targets=("v_proj", "up_proj")))
+    adapters = [random_adapters(base, spec, seed) for seed, spec in ((3, specs[0]), (5, specs[1]))]
+    factors = tuple({name: {"a": p["a"], "b": spec.scale * p["b"]} for name, p in a["layers"].items()}
+                    for a, spec in zip(adapters, specs))
+    grouped, _ = forward(base, cfg, jnp.asarray(TOKENS), attention_mask=jnp.asarray(MASK),
+                         lora=lora.GroupedLora(factors, (1, 1)))
+    for row, (a, spec) in enumerate(zip(adapters, specs)):
+        merged, _ = forward(lora.merge(base, a, spec.scale), cfg, jnp.asarray(TOKENS[row:row + 1]),
+                            attention_mask=jnp.asarray(MASK[row:row + 1]))
+        real = MASK[row].astype(bool)
+        np.testing.assert_allclose(np.asarray(grouped)[row, real], np.asarray(merged)[0, real], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="cover 1 rows; the batch has 2"):
+        forward(base, cfg, jnp.asarray(TOKENS), lora=lora.GroupedLora(factors[:1], (1,)))

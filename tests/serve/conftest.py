@@ -43,3 +43,10 @@ def service_client(tinker_server):
     import tinker
 
     return tinker.ServiceClient(base_url=tinker_server.url)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(f"{tiny_model_dir}/tokenizer.json")

@@ -10,35 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.serve.tinker_setup import API_KEY, WIDTH, reference_logprobs, reference_next_token_logprobs
-
-TEXTS = ("the cat sat on the mat and looked around", "one two three four five")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(f"{tiny_model_dir}/tokenizer.json")
-
-
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False).ids
-
-
-def _datum(ids: list[int], **inputs):
-    from tinker import types
-
-    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                       loss_fn_inputs={"target_tokens": ids[1:], **inputs})
-
-
-def _rl_inputs(ids: list[int], seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    n = len(ids) - 1
-    return {"logprobs": (-3.0 - rng.random(n)).astype(np.float32).tolist(),
-            "advantages": rng.normal(size=n).astype(np.float32).tolist()}
-
+from tests.serve.tinker_setup import (API_KEY, TEXTS, WIDTH, datum, ids_of, reference_logprobs,
+                                      reference_next_token_logprobs, rl_inputs)
 
 def _new_client(service_client, seed: int = 1, rank: int = 4):
     base = service_client.get_server_capabilities().supported_models[0].model_name
@@ -52,12 +25,12 @@ def test_forward_logprobs_and_every_loss_match_core(service_client, tiny_model_d
     from jaxrl_llm.core import losses as core
 
     client = _new_client(service_client)
-    ids = [_ids(tokenizer, t) for t in TEXTS]
+    ids = [ids_of(tokenizer, t) for t in TEXTS]
     ref = [reference_logprobs(tiny_model_dir, i) for i in ids]
     weights = [np.linspace(0.0, 1.0, len(i) - 1, dtype=np.float32) for i in ids]
-    rl = [_rl_inputs(i, seed) for seed, i in enumerate(ids)]
+    rl = [rl_inputs(i, seed) for seed, i in enumerate(ids)]
 
-    ce = client.forward([_datum(i, weights=w.tolist()) for i, w in zip(ids, weights)], "cross_entropy").result()
+    ce = client.forward([datum(i, weights=w.tolist()) for i, w in zip(ids, weights)], "cross_entropy").result()
     for out, expected in zip(ce.loss_fn_outputs, ref):
         np.testing.assert_allclose(out["logprobs"].to_numpy(), expected, atol=2e-5)
     by_hand = -sum(float(np.sum(w * r)) for w, r in zip(weights, ref))
@@ -73,7 +46,7 @@ def test_forward_logprobs_and_every_loss_match_core(service_client, tiny_model_d
     expected = {name: float(jax.jit(lambda *a, fn=fn: jnp.sum(fn(*a)))(*padded)) for name, fn in by_core.items()}
     expected["importance_sampling"] = -sum(float(np.sum(np.exp(r - np.asarray(x["logprobs"])) * x["advantages"]))
                                            for r, x in zip(ref, rl))
-    data = [_datum(i, **inputs) for i, inputs in zip(ids, rl)]
+    data = [datum(i, **inputs) for i, inputs in zip(ids, rl)]
     for loss_fn, loss_config in (("importance_sampling", None), ("ppo", config), ("cispo", config)):
         out = client.forward(data, loss_fn, loss_config).result()
         assert out.metrics["loss:sum"] == pytest.approx(expected[loss_fn], rel=1e-4), loss_fn
@@ -85,8 +58,8 @@ def test_zero_weights_give_zero_loss_and_no_update(service_client, tokenizer):
     from tinker import types
 
     client = _new_client(service_client, seed=2)
-    ids = _ids(tokenizer, TEXTS[0])
-    zero = _datum(ids, weights=[0.0] * (len(ids) - 1))
+    ids = ids_of(tokenizer, TEXTS[0])
+    zero = datum(ids, weights=[0.0] * (len(ids) - 1))
     before = client.forward([zero], "cross_entropy").result()
     out = client.forward_backward([zero], "cross_entropy").result()
     assert out.metrics["loss:sum"] == 0.0
@@ -100,15 +73,15 @@ def test_optim_step_changes_own_logprobs_only(service_client, tokenizer):
     from tinker import types
 
     trained, other = _new_client(service_client, seed=3), _new_client(service_client, seed=4)
-    ids = _ids(tokenizer, TEXTS[1])
-    datum = _datum(ids, weights=[1.0] * (len(ids) - 1))
-    other_before = other.forward([datum], "cross_entropy").result()
-    first = trained.forward_backward([datum], "cross_entropy").result()
+    ids = ids_of(tokenizer, TEXTS[1])
+    example = datum(ids, weights=[1.0] * (len(ids) - 1))
+    other_before = other.forward([example], "cross_entropy").result()
+    first = trained.forward_backward([example], "cross_entropy").result()
     step = trained.optim_step(types.AdamParams(learning_rate=0.02)).result()
     assert step.metrics["grad_norm"] > 0
-    second = trained.forward([datum], "cross_entropy").result()
+    second = trained.forward([example], "cross_entropy").result()
     assert second.metrics["loss:sum"] < first.metrics["loss:sum"] - 0.1  # the step lowered its own loss
-    other_after = other.forward([datum], "cross_entropy").result()
+    other_after = other.forward([example], "cross_entropy").result()
     np.testing.assert_array_equal(other_after.loss_fn_outputs[0]["logprobs"].to_numpy(),
                                   other_before.loss_fn_outputs[0]["logprobs"].to_numpy())
 
@@ -119,7 +92,7 @@ def test_sample_and_compute_logprobs(service_client, tiny_model_dir, tokenizer):
     client = _new_client(service_client, seed=5)
     assert client.get_info().model_data.tokenizer_id == tiny_model_dir
     sampler = client.save_weights_and_get_sampling_client().result()
-    prompt = _ids(tokenizer, TEXTS[0])
+    prompt = ids_of(tokenizer, TEXTS[0])
     params = types.SamplingParams(max_tokens=4, seed=7, temperature=1.0)
     first = sampler.sample(types.ModelInput.from_ints(prompt), 3, params, include_prompt_logprobs=True).result()
     again = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
@@ -151,27 +124,27 @@ def test_checkpoints_and_named_samplers_round_trip(service_client, tokenizer):
     from tinker import types
 
     client = _new_client(service_client, seed=6)
-    ids = _ids(tokenizer, TEXTS[1])
-    datum = _datum(ids, weights=[1.0] * (len(ids) - 1))
-    client.forward_backward([datum], "cross_entropy").result()
+    ids = ids_of(tokenizer, TEXTS[1])
+    example = datum(ids, weights=[1.0] * (len(ids) - 1))
+    client.forward_backward([example], "cross_entropy").result()
     client.optim_step(types.AdamParams(learning_rate=0.02)).result()
-    saved = client.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    saved = client.forward([example], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     state = client.save_state("after-one-step").result()
     sampler_path = client.save_weights_for_sampler("after-one-step").result().path
     assert state.path.endswith("/weights/after-one-step") and "/sampler_weights/" in sampler_path
-    client.forward_backward([datum], "cross_entropy").result()
+    client.forward_backward([example], "cross_entropy").result()
     client.optim_step(types.AdamParams(learning_rate=0.02)).result()
-    moved = client.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    moved = client.forward([example], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     assert np.max(np.abs(moved - saved)) > 1e-3
     client.load_state_with_optimizer(state.path).result()
-    restored = client.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    restored = client.forward([example], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_array_equal(restored, saved)
     named = service_client.create_sampling_client(model_path=sampler_path)
     scored = named.compute_logprobs(types.ModelInput.from_ints(ids)).result()
     np.testing.assert_allclose(scored[1:], saved, atol=2e-5)
     resumed = service_client.create_training_client_from_state_with_optimizer(state.path).result()
     np.testing.assert_array_equal(
-        resumed.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy(), saved)
+        resumed.forward([example], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy(), saved)
 
 
 def test_a_retried_seq_id_runs_once(tinker_server, service_client, tokenizer):
@@ -180,9 +153,9 @@ def test_a_retried_seq_id_runs_once(tinker_server, service_client, tokenizer):
     from tinker.proto.request_conv import forward_backward_request_to_proto
 
     client = _new_client(service_client, seed=8)
-    ids = _ids(tokenizer, TEXTS[0])
+    ids = ids_of(tokenizer, TEXTS[0])
     request = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(data=[_datum(ids, weights=[1.0] * (len(ids) - 1))],
+        forward_backward_input=types.ForwardBackwardInput(data=[datum(ids, weights=[1.0] * (len(ids) - 1))],
                                                           loss_fn="cross_entropy"),
         model_id=client.model_id, seq_id=10_000)
     body = forward_backward_request_to_proto(request).SerializeToString()

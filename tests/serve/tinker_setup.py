@@ -10,6 +10,7 @@ import numpy as np
 
 API_KEY = "tml-jaxrl-test-key"
 WIDTH = 64  # longest token sequence the reference scores
+TEXTS = ("the cat sat on the mat and looked around", "one two three four five")
 
 
 def sdk_environment(url: str) -> dict[str, str]:
@@ -51,3 +52,23 @@ def _forward(params, tokens, *, cfg):
     from jaxrl_llm.models import forward
 
     return jax.jit(lambda p, t: forward(p, cfg, t)[0])(params, tokens)
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def datum(ids: list[int], **inputs):
+    """A Tinker Datum predicting ids[1:] from ids[:-1], with the loss's per-position inputs."""
+    from tinker import types
+
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                       loss_fn_inputs={"target_tokens": ids[1:], **inputs})
+
+
+def rl_inputs(ids: list[int], seed: int) -> dict:
+    """Random sampler log-probs (-4 to -3) and advantages (normal) for ids[1:]."""
+    rng = np.random.default_rng(seed)
+    n = len(ids) - 1
+    return {"logprobs": (-3.0 - rng.random(n)).astype(np.float32).tolist(),
+            "advantages": rng.normal(size=n).astype(np.float32).tolist()}

@@ -85,10 +85,20 @@ def init_adapters(base: dict, config: AdapterConfig) -> dict:
 
 def merge(base: dict, adapters: dict, scale: float) -> dict:
     """Full params of base + adapters (pure, jittable): `models.lora.merge` for the decoder's
-    projections, W_out + s A B for the LM head."""
+    projections, W_out + s A B for the LM head (the sampler's params)."""
     params = lora.merge(base, adapters, scale) if adapters["layers"] else dict(base)
-    if "lm_head" in adapters:
-        pair = adapters["lm_head"]
-        params["lm_head"] = base["lm_head"] + scale * jnp.dot(pair["a"], pair["b"],
-                                                              precision=jax.lax.Precision.HIGHEST)
-    return params
+    return with_head(params, adapters, scale)
+
+
+def with_head(params: dict, adapters: dict, scale: float) -> dict:
+    """params with the client's LM head W_out + s A B (params unchanged without an LM-head adapter)."""
+    if "lm_head" not in adapters:
+        return params
+    pair = adapters["lm_head"]
+    return {**params, "lm_head": params["lm_head"] + scale * jnp.dot(pair["a"], pair["b"],
+                                                                   precision=jax.lax.Precision.HIGHEST)}
+
+
+def group_factors(adapters: dict, scale: float) -> dict:
+    """The client's decoder adapters as one group of a `models.lora.GroupedLora` (scale folded into B)."""
+    return {name: {"a": pair["a"], "b": scale * pair["b"]} for name, pair in adapters["layers"].items()}

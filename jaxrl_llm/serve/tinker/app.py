@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jaxrl_llm.serve.tinker import wire
-from jaxrl_llm.serve.tinker.jobs import Jobs, Result, UserError
+from jaxrl_llm.serve.tinker.jobs import Batchable, Jobs, Result, UserError
 from jaxrl_llm.serve.tinker.sampling import SampleCall
 from jaxrl_llm.serve.tinker.service import TinkerService
 
@@ -71,7 +71,7 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
     def future(name: str, key: Callable[[dict], Any], run: Callable[[dict], Result]) -> Callable:
         async def fn(request: Request) -> dict:
             body = await _json(request)
-            request_id = jobs.submit(key(body), name, lambda: run(body))
+            request_id = jobs.submit(key(body), name, lambda: run(body), owner=body.get("model_id"))
             return {"request_id": request_id, "model_id": body.get("model_id")}
         return direct(fn)
 
@@ -89,15 +89,16 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
             return Response(result.proto, media_type=PROTO)
         return JSONResponse(result.json)
 
+    def train_all(calls: list[wire.ForwardBackwardCall]) -> list[Result | Exception]:
+        return [o if isinstance(o, Exception) else Result(proto=wire.forward_backward_output(*o, len(c.data)))
+                for c, o in zip(calls, service.train(calls))]
+
     async def forward_backward(request: Request) -> dict:
         call = wire.parse_forward_backward(await request.body())
         name = "forward" if call.forward_only else "forward_backward"
-
-        def run() -> Result:
-            outputs, metrics = service.train(call.model_id, call.loss_fn, call.loss_fn_config, call.data,
-                                             backward=not call.forward_only)
-            return Result(proto=wire.forward_backward_output(outputs, metrics, len(call.data)))
-        return {"request_id": jobs.submit((call.model_id, call.seq_id), name, run), "model_id": call.model_id}
+        batch = Batchable(service.batch_key(call), call, train_all)
+        request_id = jobs.submit((call.model_id, call.seq_id), name, owner=call.model_id, batch=batch)
+        return {"request_id": request_id, "model_id": call.model_id}
 
     async def asample(request: Request) -> dict:
         body = await _json(request)
@@ -112,7 +113,7 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
             sequences, prompt_logprobs = service.sample(session_id, call)
             return Result(proto=wire.sample_response(sequences, prompt_logprobs))
         key = None if body.get("seq_id") is None else (session_id, body["seq_id"])
-        request_id = jobs.submit(key, "sample", run)
+        request_id = jobs.submit(key, "sample", run, owner=session_id)
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}-{i}" for i in range(call.num_samples)]}
 
     async def create_session(request: Request) -> dict:

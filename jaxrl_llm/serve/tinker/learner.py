@@ -2,15 +2,21 @@
 model's accumulator, as Tinker does until the next optim_step) and optim_step (AdamW with the
 call's AdamParams, then the accumulator is cleared).
 
-Datums of one call are right-padded to a common width (a multiple of WIDTH_BUCKET) and batch (a
-multiple of BATCH_BUCKET), so a handful of programs are compiled; padding positions are masked
-out of the loss, and causal attention keeps them from touching real positions.
+forward and forward_backward run several clients' calls as one forward (`run`): each call's datums
+are right-padded to a common width (a multiple of WIDTH_BUCKET) and its rows to a multiple of
+BATCH_BUCKET, the calls' row blocks are stacked, and the decoder applies each client's LoRA
+adapters, unmerged, to its own block only (`models.lora.GroupedLora`); the LM head's adapter is
+merged per block. Each call's loss is its own loss function on its own rows, and the gradient of
+their sum with respect to one client's adapters is that client's gradient alone (no other row
+depends on them). A single call is the batch of one. Padding positions are masked out of the
+loss, and causal attention keeps them from touching real positions.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +24,9 @@ import numpy as np
 import optax
 
 from jaxrl_llm.models import DecoderConfig, chunked_logprobs_from_hidden, forward
+from jaxrl_llm.models.lora import GroupedLora
 from jaxrl_llm.serve.tinker import losses
-from jaxrl_llm.serve.tinker.adapters import AdapterConfig, merge
+from jaxrl_llm.serve.tinker.adapters import AdapterConfig, group_factors, with_head
 from jaxrl_llm.serve.tinker.wire import Datum
 
 WIDTH_BUCKET = 32
@@ -41,7 +48,19 @@ class TrainingModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainCall:
+    """One forward / forward_backward call of one client."""
+
+    model: TrainingModel
+    loss_fn: str
+    config: Mapping[str, float | str]
+    data: tuple[Datum, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Batch:
+    """One call's datums as padded arrays."""
+
     tokens: np.ndarray  # int32 [B, W]
     targets: np.ndarray  # int32 [B, W]
     inputs: dict[str, np.ndarray]  # float32 [B, W] each
@@ -49,8 +68,23 @@ class Batch:
     lengths: tuple[int, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The static part of one call in a combined forward: its rows, loss and LoRA scale."""
+
+    rows: int
+    loss_fn: str
+    config: tuple[tuple[str, Any], ...]
+    scale: float
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def padded_width(data: Sequence[Datum]) -> int:
+    """The width a call's datums are padded to (calls of one width can share a forward)."""
+    return _round_up(max((d.tokens.size for d in data), default=1), WIDTH_BUCKET)
 
 
 def check_datum(datum: Datum, index: int, needed: tuple[str, ...], vocab_size: int, max_len: int) -> None:
@@ -76,9 +110,9 @@ def check_datum(datum: Datum, index: int, needed: tuple[str, ...], vocab_size: i
                              f"valid: 0 to {vocab_size - 1}")
 
 
-def make_batch(data: tuple[Datum, ...], needed: tuple[str, ...]) -> Batch:
+def make_batch(data: tuple[Datum, ...], needed: tuple[str, ...], width: int) -> Batch:
     lengths = tuple(d.tokens.size for d in data)
-    shape = (_round_up(len(data), BATCH_BUCKET), _round_up(max(lengths), WIDTH_BUCKET))
+    shape = (_round_up(len(data), BATCH_BUCKET), width)
     tokens, targets, valid = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.zeros(shape, bool)
     inputs = {name: np.zeros(shape, np.float32) for name in needed}
     for row, (datum, n) in enumerate(zip(data, lengths)):
@@ -88,28 +122,37 @@ def make_batch(data: tuple[Datum, ...], needed: tuple[str, ...]) -> Batch:
     return Batch(tokens, targets, inputs, valid, lengths)
 
 
-def _objective(adapters, base, tokens, targets, inputs, valid, *, cfg, scale, loss_name, config):
-    params = merge(base, adapters, scale)
-    hidden, _ = forward(params, cfg, tokens, return_hidden=True)
-    logp = chunked_logprobs_from_hidden(hidden, targets, params, cfg)
-    total, per_token = losses.total_loss(losses.LOSSES[loss_name], logp, inputs, dict(config), valid)
-    return total, (logp, per_token)
+def _objective(adapters, base, tokens, targets, inputs, valid, *, cfg, groups):
+    """sum of every call's loss, and per call (total [G], logp and per-token loss [B, W])."""
+    factors = tuple(group_factors(a, g.scale) for a, g in zip(adapters, groups))
+    hidden, _ = forward(base, cfg, tokens, return_hidden=True,
+                        lora=GroupedLora(factors, tuple(g.rows for g in groups)))
+    totals, logps, per_tokens, start = [], [], [], 0
+    for own, group, own_inputs in zip(adapters, groups, inputs):
+        rows = slice(start, start + group.rows)
+        start += group.rows
+        logp = chunked_logprobs_from_hidden(hidden[rows], targets[rows], with_head(base, own, group.scale), cfg)
+        total, per_token = losses.total_loss(losses.LOSSES[group.loss_fn], logp, own_inputs, dict(group.config),
+                                             valid[rows])
+        totals, logps, per_tokens = totals + [total], logps + [logp], per_tokens + [per_token]
+    return sum(totals), (jnp.stack(totals), jnp.concatenate(logps), jnp.concatenate(per_tokens))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scale", "loss_name", "config"))
-def _forward(adapters, base, tokens, targets, inputs, valid, *, cfg, scale, loss_name, config):
-    total, (logp, per_token) = _objective(adapters, base, tokens, targets, inputs, valid, cfg=cfg, scale=scale,
-                                          loss_name=loss_name, config=config)
-    return total, logp, per_token
+@functools.partial(jax.jit, static_argnames=("cfg", "groups"))
+def _forward(adapters, base, tokens, targets, inputs, valid, *, cfg, groups):
+    _, (totals, logp, per_token) = _objective(adapters, base, tokens, targets, inputs, valid, cfg=cfg, groups=groups)
+    return totals, logp, per_token, None
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scale", "loss_name", "config"))
-def _forward_backward(adapters, base, grads, tokens, targets, inputs, valid, *, cfg, scale, loss_name, config):
-    objective = functools.partial(_objective, cfg=cfg, scale=scale, loss_name=loss_name, config=config)
-    (total, (logp, per_token)), new = jax.value_and_grad(objective, has_aux=True)(
+@functools.partial(jax.jit, static_argnames=("cfg", "groups"))
+def _forward_backward(adapters, base, tokens, targets, inputs, valid, *, cfg, groups):
+    objective = functools.partial(_objective, cfg=cfg, groups=groups)
+    (_, (totals, logp, per_token)), grads = jax.value_and_grad(objective, has_aux=True)(
         adapters, base, tokens, targets, inputs, valid)
-    summed = new if grads is None else jax.tree.map(jnp.add, grads, new)
-    return total, logp, per_token, summed
+    return totals, logp, per_token, grads
+
+
+_add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
 
 
 def new_optimizer_state(adapters: dict) -> Any:
@@ -133,33 +176,48 @@ def _adam_update(adapters, opt_state, grads, hyper):
 
 
 class Learner:
-    """The training calls of one base model (cfg and params shared by every client's adapters)."""
+    """The training calls of one base model (cfg and params shared by every client's adapters).
+    `forwards` counts the combined forwards run, by their number of calls."""
 
     def __init__(self, cfg: DecoderConfig, base: dict):
         self.cfg, self.base = cfg, base
+        self.forwards: collections.Counter[int] = collections.Counter()
 
-    def run(self, model: TrainingModel, loss_fn: str, config: Mapping[str, float | str], data: tuple[Datum, ...],
-            *, backward: bool) -> tuple[dict[str, list[np.ndarray]], dict[str, float]]:
-        """forward (backward=False) or forward_backward: per-datum "logprobs" and "elementwise_loss"
-        [N] and the metrics {"loss:sum"}; with backward, the gradients join model.grads."""
-        loss = losses.check_loss(loss_fn, config)
-        if not data:
+    def check(self, call: TrainCall, backward: bool) -> None:
+        """ValueError naming the call's bad loss, config or datum."""
+        loss = losses.check_loss(call.loss_fn, call.config)
+        if not call.data:
             raise ValueError(f"{'forward_backward' if backward else 'forward'} with no datums; valid: at least one")
-        for i, datum in enumerate(data):
+        for i, datum in enumerate(call.data):
             check_datum(datum, i, loss.inputs, self.cfg.vocab_size, self.cfg.max_position_embeddings)
-        batch = make_batch(data, loss.inputs)
-        arrays = (jnp.asarray(batch.tokens), jnp.asarray(batch.targets),
-                  {k: jnp.asarray(v) for k, v in batch.inputs.items()}, jnp.asarray(batch.valid))
-        options = dict(cfg=self.cfg, scale=model.config.scale, loss_name=loss_fn, config=tuple(sorted(config.items())))
-        if backward:
-            total, logp, per_token, model.grads = _forward_backward(model.adapters, self.base, model.grads, *arrays,
-                                                                    **options)
-        else:
-            total, logp, per_token = _forward(model.adapters, self.base, *arrays, **options)
-        logp, per_token = np.asarray(logp), np.asarray(per_token)
-        outputs = {"logprobs": [logp[i, :n] for i, n in enumerate(batch.lengths)],
-                   "elementwise_loss": [per_token[i, :n] for i, n in enumerate(batch.lengths)]}
-        return outputs, {"loss:sum": float(total)}
+
+    def run(self, calls: Sequence[TrainCall], *, backward: bool
+            ) -> list[tuple[dict[str, list[np.ndarray]], dict[str, float]]]:
+        """forward (backward=False) or forward_backward of calls of distinct models (each checked
+        with `check` first), as one forward: per call, per-datum "logprobs" and "elementwise_loss" [N]
+        and the metrics {"loss:sum"}; with backward, each call's gradients join its model.grads."""
+        width = max(padded_width(c.data) for c in calls)
+        batches = [make_batch(c.data, losses.LOSSES[c.loss_fn].inputs, width) for c in calls]
+        groups = tuple(Group(b.tokens.shape[0], c.loss_fn, tuple(sorted(c.config.items())), c.model.config.scale)
+                       for c, b in zip(calls, batches))
+        stacked = [jnp.asarray(np.concatenate([getattr(b, f) for b in batches])) for f in ("tokens", "targets")]
+        inputs = tuple({k: jnp.asarray(v) for k, v in b.inputs.items()} for b in batches)
+        valid = jnp.asarray(np.concatenate([b.valid for b in batches]))
+        program = _forward_backward if backward else _forward
+        totals, logp, per_token, grads = program(tuple(c.model.adapters for c in calls), self.base, *stacked,
+                                                 inputs, valid, cfg=self.cfg, groups=groups)
+        self.forwards[len(calls)] += 1
+        totals, logp, per_token = np.asarray(totals), np.asarray(logp), np.asarray(per_token)
+        results, start = [], 0
+        for i, (call, batch, group) in enumerate(zip(calls, batches, groups)):
+            if backward:
+                call.model.grads = grads[i] if call.model.grads is None else _add(call.model.grads, grads[i])
+            rows = range(start, start + len(batch.lengths))
+            start += group.rows
+            outputs = {"logprobs": [logp[r, :n] for r, n in zip(rows, batch.lengths)],
+                       "elementwise_loss": [per_token[r, :n] for r, n in zip(rows, batch.lengths)]}
+            results.append((outputs, {"loss:sum": float(totals[i])}))
+        return results
 
     def optim_step(self, model: TrainingModel, adam: Mapping[str, float]) -> dict[str, float]:
         """One AdamW step on the summed gradients (zeros if none were summed), which are then cleared."""

@@ -27,7 +27,8 @@ import orbax.checkpoint as ocp
 from jaxrl_llm.serve.tinker import adapters as lora
 from jaxrl_llm.serve.tinker import sampling
 from jaxrl_llm.serve.tinker.jobs import UserError
-from jaxrl_llm.serve.tinker.learner import Learner, TrainingModel, new_optimizer_state
+from jaxrl_llm.serve.tinker.learner import Learner, TrainCall, TrainingModel, new_optimizer_state, padded_width
+from jaxrl_llm.serve.tinker.wire import ForwardBackwardCall
 
 log = logging.getLogger(__name__)
 PREFIX = "tinker://"
@@ -68,6 +69,13 @@ def load_base_model(name: str) -> BaseModel:
                          batch_bucket=SAMPLE_BATCH_BUCKET)
     return BaseModel(name, policy.model_dir, cfg, params, Learner(cfg, params), sampler,
                      lambda ids: policy.tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def _committed(tree: Any) -> Any:
+    """The arrays on the default device, committed, as the jitted programs return them: a fresh or
+    loaded model's first call then runs the program its later calls run (jit compiles again for
+    uncommitted inputs)."""
+    return jax.device_put(tree, jax.devices()[0])
 
 
 def _parse_path(path: str) -> tuple[str, str, str]:
@@ -132,8 +140,9 @@ class TinkerService:
         return self._add_model(base, config, model_id_of(request))
 
     def _add_model(self, base: BaseModel, config: lora.AdapterConfig, model_id: str) -> dict:
-        adapters = lora.init_adapters(base.params, config)
-        self.models[model_id] = TrainingModel(model_id, base.name, config, adapters, new_optimizer_state(adapters))
+        adapters = _committed(lora.init_adapters(base.params, config))
+        self.models[model_id] = TrainingModel(model_id, base.name, config, adapters,
+                                              _committed(new_optimizer_state(adapters)))
         return {"model_id": model_id, "type": "create_model"}
 
     def info(self, model_id: str) -> dict:
@@ -143,9 +152,29 @@ class TinkerService:
                 "model_name": base.name, "model_data": {"arch": base.cfg.family, "model_name": base.name,
                                                         "tokenizer_id": base.model_dir}}
 
-    def train(self, model_id: str, loss_fn: str, config: dict, data, *, backward: bool):
-        model = self.model(model_id)
-        return self.bases[model.base_model].learner.run(model, loss_fn, config, data, backward=backward)
+    def batch_key(self, call: ForwardBackwardCall) -> tuple:
+        """Calls with equal keys can run as one forward: same kind, base model and padded width."""
+        model = self.models.get(call.model_id)
+        return (call.forward_only, model and model.base_model, padded_width(call.data))
+
+    def train(self, calls: list[ForwardBackwardCall]) -> list[tuple[dict, dict] | Exception]:
+        """forward / forward_backward calls of one batch key and distinct models, as one forward;
+        per call its (outputs, metrics), or the error that refused it (the others still run)."""
+        outcomes: list[Any] = []
+        for call in calls:
+            try:
+                model = self.model(call.model_id)
+                train_call = TrainCall(model, call.loss_fn, call.loss_fn_config, call.data)
+                self.bases[model.base_model].learner.check(train_call, backward=not call.forward_only)
+                outcomes.append(train_call)
+            except (UserError, ValueError) as err:
+                outcomes.append(err)
+        accepted = [o for o in outcomes if isinstance(o, TrainCall)]
+        if accepted:
+            learner = self.bases[accepted[0].model.base_model].learner
+            results = iter(learner.run(accepted, backward=not calls[0].forward_only))
+            outcomes = [next(results) if isinstance(o, TrainCall) else o for o in outcomes]
+        return outcomes
 
     def optim_step(self, request: dict) -> dict:
         model = self.model(request.get("model_id"))
@@ -212,9 +241,9 @@ class TinkerService:
         if model.base_model != meta["base_model"] or model.config.rank != config.rank:
             raise UserError(f"{request['path']} is a rank-{config.rank} adapter of {meta['base_model']!r}; "
                             f"model {model_id} is rank {model.config.rank} on {model.base_model!r}")
-        model.adapters = jax.tree.map(jax.numpy.asarray, state["adapters"])
+        model.adapters = _committed(state["adapters"])
         if "opt_state" in state:
-            model.opt_state = jax.tree.map(jax.numpy.asarray, state["opt_state"])
+            model.opt_state = _committed(state["opt_state"])
         model.grads = None
         return {"path": request["path"], "model_id": model_id, "type": "load_weights"}
 
