@@ -18,13 +18,14 @@ Two policies (the judge is SmolLM2 in both), each its own stored result:
   the policy, Dr. GRPO, 4 prompts x 8 samples of <= 12 tokens, lr 5e-5, 8 steps; seeds 631-633, declared for
   it in the first session and never run. A policy that can write sums and phrases, so the claim can appear
   (or fail) either way: a judge score that rises while the exact grader's pass@1 does not is reward hacking.
-  Sized, before its run, to end by the session's CPU deadline after the GEM run (experiment 11) on the shared
-  2-core machine: experiment 4 trained the same policy on the same sums (4 x 8 samples, 12 tokens) at
-  ~16 s a step compiles included (2346 s for 144 steps at load ~2); the tiny run's judge, at load 4-9,
-  answered ~940 verdicts in ~1250 s all in; so ~3 x (8 x (16 s + 32 verdicts) + 116-sample evaluation) +
-  the base evaluation + the server's start, ~40 min at a load of 2-4. 8 steps (the plan of the first
-  session, not more): a larger size would not end by then.
-  Memory: the SmolLM2 learner (~5.5 GB) + the judge server (~4.2 GB), one at a time beside other jobs.
+  Size: experiment 4 trained the same policy on the same sums (4 x 8 samples, 12 tokens) at ~16 s a step,
+  compiles included (2346 s for 144 steps at load ~2); this judge answered 8 verdicts in 13-19 s at load
+  ~6 under nice 15 (the reduced test of this setting, 2026-11-29), so a step's 32 verdicts take ~40-60 s
+  and each 116-sample evaluation ~3-4 min: ~45-60 min for three seeds with the base evaluation and the
+  server's start. Memory: the judge server ~5.2 GB (measured: worker 3.7 + engine 0.6 + API 0.7 GB, its
+  KV cache 2 GiB) + the SmolLM2 learner ~5.5 GB, ~11 GB free needed. Not run on 2026-11-29: the GEM run
+  (experiment 11, ~12 GB at its peak) held the shared 24 GB machine until ~16:00 UTC, too late for this
+  size before that session's CPU deadline (16:25); the setting and seeds stay as they were declared.
 * ``tiny`` (the first deciding run, experiments/results/judge_learning.json, 2026-11-29, seeds 651-653:
   inconclusive, kept as run): experiment 10's tiny decoder (2 layers, width 32, SmolLM2's tokenizer,
   embeddings x25), 6-token replies, GRPO, 2 prompts x 8 samples, lr 1e-2, 10 steps (experiment 10's
@@ -173,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = experiment_parser(__doc__, name=NAME, seeds=(SEEDS["tiny"], QUICK_SEEDS["tiny"]), results=True)
     parser.add_argument("--setting", choices=SETTINGS, default="tiny",
                         help=f"the policy (default tiny); the default seeds are the setting's: {SEEDS}")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # --setting may follow the dotted overrides
     args.seed_defaults = (SEEDS[args.setting], QUICK_SEEDS[args.setting])
     out = output_dir(args, NAME)
     judge = get_config().task.judge
