@@ -58,7 +58,7 @@ NAME = "tinker_learning"
 STEPS = 10
 GROUP_SIZE, LR, RANK = 4, 1e-4, 8  # and GROUPS = 8, MAX_TOKENS = 5 (cookbook_arithmetic.py)
 LORA_ALPHA = 32.0  # the server's (serve/tinker/adapters.LORA_ALPHA)
-HELDOUT_PROBLEMS, EVAL_SAMPLES, EVAL_SEED = 100, 4, 14_000
+HELDOUT_PROBLEMS, EVAL_SAMPLES, EVAL_SEED, EVAL_CHUNK = 100, 4, 14_000, 20
 SEEDS, QUICK_SEEDS = (661, 662, 663), (661,)  # fresh; the 2-step probe of docs/tinker.md set no seed
 TUNING_SEEDS = (0,)  # the 2-step timing run that sized STEPS; it never counts
 QUICK = {"steps": 3, "heldout": 32}
@@ -98,7 +98,7 @@ def get_config(arg: str = "jaxrl", seed: int = 0, model_dir: str = "", steps: in
                               samples_per_prompt=GROUP_SIZE, max_tokens=MAX_TOKENS, temperature=1.0),
         recipe=RecipeConfig(name="dr_grpo"),
         train=TrainConfig(lr=LR, warmup_steps=0, schedule="constant", weight_decay=0.0, grad_clip=None, adam_b1=0.9,
-                          adam_b2=0.95, adam_eps=1e-8, micro_batch_size=GROUPS * GROUP_SIZE, precision="fp32",
+                          adam_b2=0.95, adam_eps=1e-8, micro_batch_size=8, precision="fp32",
                           lora_rank=RANK, lora_alpha=LORA_ALPHA),
         task=TaskConfig(name="cookbook_arithmetic", plugins=("experiments.cookbook_arithmetic",),
                         kwargs={"model_dir": model_dir}, eval_size=0),
@@ -115,16 +115,19 @@ def evaluate(cfg, params, eos_token_ids, pad_id: int, model_dir: str, problems) 
     from jaxrl_llm.rollout.types import SamplingParams
 
     sampler = JaxSampler(cfg, params, eos_token_ids=eos_token_ids, pad_id=pad_id, compactions=0)
-    batch = sampler.generate([prompt_ids(model_dir, x, y) for x, y in problems], EVAL_SAMPLES,
-                             SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=EVAL_SEED))
+    replies = []  # ((x, y), completion token ids), EVAL_CHUNK problems a call (memory), seeded by the chunk
+    for start in range(0, len(problems), EVAL_CHUNK):
+        chunk = problems[start:start + EVAL_CHUNK]
+        batch = sampler.generate([prompt_ids(model_dir, x, y) for x, y in chunk], EVAL_SAMPLES,
+                                 SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=EVAL_SEED + start))
+        replies += [(chunk[r.prompt_index], r.completion_token_ids.tolist()) for r in batch.records]
 
-    async def score(record):
-        x, y = problems[record.prompt_index]
-        env = ArithmeticEnv(x, y, renderer(model_dir), convo_prefix=ArithmeticEnv.standard_fewshot_prefix())
-        return await env.step(record.completion_token_ids.tolist())
+    async def score(pair, tokens):
+        env = ArithmeticEnv(*pair, renderer(model_dir), convo_prefix=ArithmeticEnv.standard_fewshot_prefix())
+        return await env.step(tokens)
 
     async def score_all():
-        return [await score(r) for r in batch.records]
+        return [await score(pair, tokens) for pair, tokens in replies]
 
     results = asyncio.run(score_all())
     return {"reward": float(np.mean([r.reward for r in results])),
@@ -154,27 +157,67 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def start_server(model_dir: str, state_dir: Path, seed: int, log: Path) -> tuple[subprocess.Popen, str]:
+    """`jaxrl serve-tinker` in its own process (its memory is returned when it ends), LoRA seed = `seed`."""
+    import urllib.error
+    import urllib.request
+
+    from jaxrl_llm.serve.tinker.server import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "serve-tinker", "--base-model", model_dir, "--port", str(port),
+           "--state-dir", str(state_dir), "--seed", str(seed)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env={**os.environ, "JAXRL_TINKER_API_KEY": API_KEY}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jaxrl serve-tinker exited {proc.returncode}; see {log}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return proc, url
+        except urllib.error.HTTPError:  # it answers (404 at /): it is up
+            return proc, url
+        except OSError:
+            time.sleep(1)
+    proc.kill()
+    raise RuntimeError(f"jaxrl serve-tinker did not answer within 600 s; see {log}")
+
+
+def peak_rss_gb(pid: int) -> float:
+    """VmHWM of a running process (its peak resident memory), in GB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return math.nan
+
+
 def server_arm(bases: dict, model_dir: str, out: Path, seed: int, steps: int, problems) -> dict:
-    """Trains through the server (LoRA seed = seed), then evaluates its final sampler weights."""
+    """Trains through a `jaxrl serve-tinker` process (LoRA seed = seed), then evaluates its final sampler weights,
+    read from its state directory here (a TinkerService on that directory, sharing the loaded `bases`)."""
     from jaxrl_llm.serve.tinker import adapters as lora
-    from jaxrl_llm.serve.tinker.server import start_in_thread
     from jaxrl_llm.serve.tinker.service import TinkerService
 
-    service = TinkerService(bases, out / f"server_s{seed}" / "state", seed=seed)
-    server = start_in_thread(service, api_key=API_KEY)
-    log_path = out / f"server_s{seed}" / "cookbook"
+    where = out / f"server_s{seed}"
+    where.mkdir(parents=True, exist_ok=True)
+    proc, url = start_server(model_dir, where / "state", seed, where / "server.log")
     try:
-        run_cookbook(server.url, model_dir, log_path, seed, steps)
+        run_cookbook(url, model_dir, where / "cookbook", seed, steps)
+        server_peak = peak_rss_gb(proc.pid)
     finally:
-        server.stop()
-    metrics = [m for m in _records(log_path / "metrics.jsonl") if "env/all/reward/total" in m]
-    final = _records(log_path / "checkpoints.jsonl")[-1]
-    session = service.sampling_sessions[service.new_sampling_session({"model_path": final["sampler_path"]})]
-    base = bases[model_dir]
+        proc.terminate()
+        proc.wait(timeout=60)
+    metrics = [m for m in _records(where / "cookbook" / "metrics.jsonl") if "env/all/reward/total" in m]
+    final = _records(where / "cookbook" / "checkpoints.jsonl")[-1]
+    reader = TinkerService(bases, where / "state")
+    session = reader.sampling_sessions[reader.new_sampling_session({"model_path": final["sampler_path"]})]
+    base = reader.bases[model_dir]
     params = lora.merge(base.params, session.adapters, session.scale)
     held = evaluate(base.cfg, params, base.sampler.eos_token_ids, base.sampler.pad_id, model_dir, problems)
     return {"heldout": held, "train_reward": [m["env/all/reward/total"] for m in metrics],
-            "step_s": [m.get("time/total") for m in metrics]}
+            "step_s": [m.get("time/total") for m in metrics], "server_peak_gb": server_peak}
 
 
 # ------------------------------------------------------------------ the jaxrl train arm
@@ -233,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help=f"training steps (default {STEPS}; --quick 3)")
     parser.add_argument("--heldout", type=int, default=None, help=f"held-out sums (default {HELDOUT_PROBLEMS})")
     args = parser.parse_args(argv)
+    if args.overrides:
+        parser.error(f"config overrides {args.overrides} are not taken here (the recipe is fixed); valid: --model, "
+                     "--steps, --heldout, --seeds, --quick, --out, --fresh, --results")
     steps = args.steps or (QUICK["steps"] if args.quick else STEPS)
     problems = heldout_problems(args.heldout or (QUICK["heldout"] if args.quick else HELDOUT_PROBLEMS))
     out = output_dir(args, NAME)
@@ -261,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "jaxrl": [round(x, 4) for x in jaxrl["train_reward"]]}
             times[seed] = {"server_arm_s": round(t1 - t0, 1), "jaxrl_arm_s": round(t2 - t1, 1),
                            "server_step_s": [round(x, 1) for x in server["step_s"] if x is not None],
+                           "server_peak_gb": round(server["server_peak_gb"], 2),
                            "jaxrl_step_s": [round(x, 1) for x in jaxrl["step_s"]]}
             print(f"[experiment] seed {seed}: {per_seed[seed]} {times[seed]}", flush=True)
             (out / "per_seed.json").write_text(json.dumps({"before": before, "per_seed": per_seed, "curves": curves,
@@ -274,8 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "training reward per step per seed (server: the cookbook's env/all/reward/total; jaxrl: metrics reward): "
              + json.dumps(curves),
              "wall seconds per seed and per step: " + json.dumps(times),
-             f"peak resident memory: {peak_gb:.2f} GB (this process: server, learner, evaluator) + the largest "
-             "cookbook client (ru_maxrss of self + children)",
+             f"peak resident memory: {peak_gb:.2f} GB, this process (learner, evaluator) + its largest child (a "
+             "serve-tinker process or a cookbook client; ru_maxrss), the server's own peak per seed above",
              f"load average at the end: {[round(x, 2) for x in os.getloadavg()]}"]
     columns = ["statistic", "mean [95% interval] (n)"]
     rows = [{columns[0]: k, columns[1]: stats.format_interval(stats.Interval(**v), signed=" - " in k)}
