@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxrl_llm.data import Example, GeneratedTask, register_task
 
-GROUPS, MAX_TOKENS = 8, 5  # math_rl's groups_per_batch and max_tokens as experiments/tinker_learning.py sets them
+GROUPS, MAX_TOKENS = 4, 5  # math_rl's groups_per_batch and max_tokens as experiments/tinker_learning.py sets them
 RENDERER = "qwen3_instruct"
 COOKBOOK_BATCHES = 100  # math_rl's ArithmeticDatasetBuilder(n_batches=100): training pairs come from these
 HELDOUT_DRAW = 14_001

@@ -6,11 +6,11 @@ Two arms per seed, one after the other:
 * ``server``: `python -m tinker_cookbook.recipes.math_rl.train env=arithmetic` (tinker-cookbook 0.6.1, as
   installed) against the server (started here on a thread, its LoRA seed = the seed), with
   renderer_name=qwen3_instruct (SmolLM2's ChatML turns without its default system prompt; the cookbook
-  adds its few-shot turn "What is 4 + 5?" / "9"), loss_fn=importance_sampling, groups_per_batch=8,
+  adds its few-shot turn "What is 4 + 5?" / "9"), loss_fn=importance_sampling, groups_per_batch=4,
   group_size=4, lora_rank=8, learning_rate=1e-4, max_tokens=5, STEPS steps.
 * ``jaxrl``: the project's trainer (`jaxrl train --config experiments/tinker_learning.py:jaxrl`) on the same
   recipe: the task ``cookbook_arithmetic`` (below) gives step t the cookbook's batch t - 1 (its pairs drawn
-  with np.random.RandomState(t - 1), so both arms see the same 8 questions at every step), each prompt the
+  with np.random.RandomState(t - 1), so both arms see the same 4 questions at every step), each prompt the
   text the cookbook's renderer makes (a model directory with SmolLM2's weights and a pass-through chat template
   tokenizes it to the renderer's exact token ids), and the cookbook's reward, correct + 0.1 (stopped - 1).
   Dr. GRPO's advantage (reward - group mean: the cookbook's), one on-policy update per batch (the clipped
@@ -27,6 +27,11 @@ prompt, EVAL_SAMPLES samples each at temperature 1 and <= 5 tokens with a fixed 
 project's JAX sampler from the arm's final weights (server: its saved sampler weights, read from its state
 directory; jaxrl: its final checkpoint), scored by the cookbook's ArithmeticEnv.step. "before" is the base
 model (LoRA B = 0 in both arms), the same number for every seed and arm.
+
+Sizing (seed 0, never counted): the first timing run, 8 groups x 4 samples, was ended in the server's first
+forward_backward by the kernel's OOM killer (serve-tinker at 6.9 GB resident: its learner runs a call's 32
+datums in one pass, no micro-batches; the machine's other jobs held ~15 of 23 GB). Hence 4 groups x 4 samples
+(16 datums a step), fixed with this rule before any deciding run.
 
     python experiments/tinker_learning.py --results experiments/results/tinker_learning.json   # deciding
     python experiments/tinker_learning.py --quick        # one seed, 3 steps, 32 held-out sums
@@ -56,15 +61,15 @@ from jaxrl_llm.train.config import Config, RecipeConfig, RolloutConfig, TaskConf
 
 NAME = "tinker_learning"
 STEPS = 10
-GROUP_SIZE, LR, RANK = 4, 1e-4, 8  # and GROUPS = 8, MAX_TOKENS = 5 (cookbook_arithmetic.py)
+GROUP_SIZE, LR, RANK = 4, 1e-4, 8  # and GROUPS = 4, MAX_TOKENS = 5 (cookbook_arithmetic.py)
 LORA_ALPHA = 32.0  # the server's (serve/tinker/adapters.LORA_ALPHA)
 HELDOUT_PROBLEMS, EVAL_SAMPLES, EVAL_SEED, EVAL_CHUNK = 100, 4, 14_000, 20
 SEEDS, QUICK_SEEDS = (661, 662, 663), (661,)  # fresh; the 2-step probe of docs/tinker.md set no seed
 TUNING_SEEDS = (0,)  # the 2-step timing run that sized STEPS; it never counts
 QUICK = {"steps": 3, "heldout": 32}
 # The difference of two held-out gains that this comparison calls "the same": 0.1 of reward is the whole format
-# term (every sample stopping vs none) or 10 points of correct answers; the 2-step probe moved the training
-# reward by 0.12 in one step, so a gap below 0.1 after STEPS steps is small next to what one step does.
+# term (every sample stopping vs none) or 10 points of correct answers; the 2-step probe (docs/tinker.md) moved
+# the training reward by 0.12 in one step, so a gap below 0.1 after STEPS steps is small next to what one step does.
 EQUIVALENCE_MARGIN = 0.1
 
 GAIN = "held-out reward through the server: after - before"
