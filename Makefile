@@ -12,7 +12,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE := false
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: test test-all soak demo venv vllm-env bench-model bench-learner-gpu bench-rollout bench-lora bench-objectives \
-	bench-batch-invariance bench-sandbox bench-humaneval-grading bench-moe-experts \
+	bench-batch-invariance bench-sandbox bench-humaneval-grading bench-moe-experts bench-tinker-batching \
 	bench-op-profile bench-sampler-paired bench-async gpu-check gpu-sweep gpu-preflight tpu-compile experiments-quick experiments results-table clean
 
 # The libtpu that jax[tpu] pins for the project's jax (the `tpu` extra; tests/tpu check that they agree).
@@ -188,6 +188,11 @@ bench-sampler-paired: venv
 # (writes benchmarks/results/moe-experts-cpu-DATE.json; BENCH_ARGS="--tiny": the tiny shape only).
 bench-moe-experts: venv
 	$(PY) -m jaxrl_llm.benchmarks.cpu.moe_experts $(BENCH_ARGS)
+
+# The Tinker server's batching: N = 1, 2, 4 clients' forward_backward as one forward vs one at a time, in one run
+# (writes benchmarks/results/tinker-batching-cpu-DATE.json; BENCH_ARGS="--tiny": a tiny random decoder).
+bench-tinker-batching: venv
+	$(PY) -m jaxrl_llm.benchmarks.cpu.tinker_batching $(BENCH_ARGS)
 
 # Bitwise on-policy (issue 37): which forward op differs by batch / cache layout, default vs batch-invariant
 # ops (probe), then what batch invariance costs (sampler tokens/s, the learner pass reuse skips).

@@ -1,14 +1,16 @@
-"""`make bench-lora`, `bench-objectives`, `bench-sampler-paired` and `bench-moe-experts` at their --tiny sizes: parameter,
+"""`make bench-lora`, `bench-objectives`, `bench-sampler-paired`, `bench-moe-experts` and `bench-tinker-batching` at their --tiny sizes: parameter,
 optimiser and reference bytes counted by hand from the tiny shapes, the ratios against their
 own baselines, the same sampler program paired with itself drawing the same tokens, and the MoE
-block's compiled FLOPs per expert form against counts by hand."""
+block's compiled FLOPs per expert form against counts by hand, the Tinker clients' losses batched, alone
+and on merged params agreeing."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from jaxrl_llm.benchmarks.cpu import lora, moe_experts, objectives, sampler_paired
+from jaxrl_llm.benchmarks.cpu import lora, moe_experts, objectives, sampler_paired, tinker_batching
 
 # learner_gpu's "tiny" shape: vocab 512, hidden 64, MLP 128, 2 layers, 4 heads + 2 KV heads of 16,
 # q/k/v biases, tied head. Per layer: q, k+v, o, MLP, 2 norms.
@@ -98,3 +100,21 @@ def test_moe_experts_tiny_flops_follow_the_forms(tmp_path):
     assert ragged_cpu <= row["compiled_flops"]["ragged"] <= 1.1 * ragged_cpu
     assert len(row["ragged_over_dense_time"]) == 2 and all(r > 0 for r in row["ragged_over_dense_time"])
     assert (tmp_path / "moe.json").exists()
+
+
+@pytest.mark.slow  # 20 s at load 6 on 2 cores (three programs compiled); make test-all
+def test_tinker_batching_tiny_times_both_ways_and_their_losses_agree(tmp_path):
+    """1 and 2 clients on a tiny random decoder: per round the ratio is the two recorded times' quotient,
+    and each client's loss is the same batched, alone and (1 client) on merged params."""
+    out = tinker_batching.main(["--tiny", "--out", str(tmp_path / "tb.json")])
+    assert [row["clients"] for row in out["rows"]] == [1, 2]
+    for row in out["rows"]:
+        seconds = row["seconds"]
+        assert row["alone_over_batched"] == [a / b for a, b in zip(seconds["alone"], seconds["batched"])]
+        assert len(row["alone_over_batched"]) == 2
+        losses = row["loss_sum"]
+        assert len(losses["batched"]) == row["clients"]
+        np.testing.assert_allclose(losses["batched"], losses["alone"], rtol=1e-5)
+        np.testing.assert_allclose(losses.get("merged", losses["alone"][:1]), losses["alone"][:1], rtol=1e-5)
+    assert "merged" in out["rows"][0]["loss_sum"] and "merged" not in out["rows"][1]["loss_sum"]
+    assert (tmp_path / "tb.json").exists()

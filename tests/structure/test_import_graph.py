@@ -16,7 +16,7 @@ packages that contain A (they are already initialising when A runs). Imports und
 Layers (LAYERS below, each may import what it names and, transitively, what those may):
 
   utils < core < models < bridge < rollout < train < reports < benchmarks < cli
-          core < rewards < data < train < serve < cli
+          core < rewards < data < train < serve < benchmarks
   launch/, experiments/: scripts outside the package, on top of everything; the package
   must not import them (they are not installed with it).
 
@@ -56,7 +56,7 @@ LAYERS: dict[str, set[str]] = {
     "rollout": {"bridge"},
     "train": {"rollout", "data"},
     "reports": {"train"},
-    "benchmarks": {"reports"},  # a benchmark summarises with reports.stats
+    "benchmarks": {"reports", "serve"},  # a benchmark summarises with reports.stats; it may time the servers
     "serve": {"train"},  # API servers (serve/tinker) over the learner and sampler
     "cli": {"reports", "benchmarks", "serve"},
     "launch": {"cli"},
