@@ -22,10 +22,12 @@ Two policies (the judge is SmolLM2 in both), each its own stored result:
   compiles included (2346 s for 144 steps at load ~2); this judge answered 8 verdicts in 13-19 s at load
   ~6 under nice 15 (the reduced test of this setting, 2026-11-29), so a step's 32 verdicts take ~40-60 s
   and each 116-sample evaluation ~3-4 min: ~45-60 min for three seeds with the base evaluation and the
-  server's start. Memory: the judge server ~5.2 GB (measured: worker 3.7 + engine 0.6 + API 0.7 GB, its
-  KV cache 2 GiB) + the SmolLM2 learner ~5.5 GB, ~11 GB free needed. Not run on 2026-11-29: the GEM run
-  (experiment 11, ~12 GB at its peak) held the shared 24 GB machine until ~16:00 UTC, too late for this
-  size before that session's CPU deadline (16:25); the setting and seeds stay as they were declared.
+  server's start at that load, ~35 min at load ~2-3. Memory: the judge server ~5.2 GB (measured: worker
+  3.7 + engine 0.6 + API 0.7 GB, its KV cache 2 GiB) + the SmolLM2 learner ~5.5 GB, ~11 GB free needed:
+  it cannot run beside the GEM run (experiment 11, ~12 GB at its peak) on the shared 24 GB machine.
+  On 2026-11-29 it starts when the GEM run ends (~15:35 UTC) and must end by 16:25 UTC: 8 steps, the
+  declared size, fit that at load ~2-3 and nothing larger would; a run cut at 16:25 keeps its finished
+  seeds (the command resumes them).
 * ``tiny`` (the first deciding run, experiments/results/judge_learning.json, 2026-11-29, seeds 651-653:
   inconclusive, kept as run): experiment 10's tiny decoder (2 layers, width 32, SmolLM2's tokenizer,
   embeddings x25), 6-token replies, GRPO, 2 prompts x 8 samples, lr 1e-2, 10 steps (experiment 10's
