@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "--steps, --heldout, --seeds, --quick, --out, --fresh, --results")
     steps = args.steps or (QUICK["steps"] if args.quick else STEPS)
     problems = heldout_problems(args.heldout or (QUICK["heldout"] if args.quick else HELDOUT_PROBLEMS))
-    out = output_dir(args, NAME)
+    out = output_dir(args, NAME).absolute()
     model_dir = resolve_model_dir(args.model)
     pass_dir = pass_through_model(model_dir, out / "pass_through_model")
     policy = load_policy(pass_dir)

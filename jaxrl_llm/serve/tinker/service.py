@@ -97,7 +97,7 @@ def model_id_of(request: dict) -> str:
 class TinkerService:
     def __init__(self, base_models: dict[str, BaseModel], state_dir: str | os.PathLike, seed: int = 0):
         self.bases = base_models
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).absolute()  # orbax refuses relative checkpoint paths
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.models: dict[str, TrainingModel] = {}
         self.sampling_sessions: dict[str, SamplingSession] = {}
