@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from jaxrl_llm.serve.tinker import wire
 from jaxrl_llm.serve.tinker.jobs import Batchable, Jobs, Result, UserError
+from jaxrl_llm.serve.tinker.learner import padded_tokens
 from jaxrl_llm.serve.tinker.sampling import SampleCall
 from jaxrl_llm.serve.tinker.service import TinkerService
 
@@ -96,7 +97,7 @@ def build_app(service: TinkerService, jobs: Jobs, api_key: str | None) -> Starle
     async def forward_backward(request: Request) -> dict:
         call = wire.parse_forward_backward(await request.body())
         name = "forward" if call.forward_only else "forward_backward"
-        batch = Batchable(service.batch_key(call), call, train_all)
+        batch = Batchable(service.batch_key(call), call, train_all, size=padded_tokens(call.data))
         request_id = jobs.submit((call.model_id, call.seq_id), name, owner=call.model_id, batch=batch)
         return {"request_id": request_id, "model_id": call.model_id}
 

@@ -7,7 +7,8 @@ already seen gets the first call's request id back and never runs again.
 
 Batching: the worker takes every queued call at once. A batchable call (`Batchable`, forward and
 forward_backward) runs together with the later queued calls of the same batch key, up to
-MAX_BATCH calls, in one `run_all`. Order is kept per owner (the model or sampling session a call
+MAX_BATCH calls and MAX_BATCH_SIZE of their sizes (padded tokens: the memory of one forward
+grows with them; a call alone may be larger), in one `run_all`. Order is kept per owner (the model or sampling session a call
 works on): a call joins only if no call of its owner is already in the batch or was passed over,
 and a call without an owner (create_model, a load into a new model) ends the search.
 """
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 POLL_WAIT_S = 20.0  # below the SDK's 45 s read timeout on retrieve_future
 KEEP_RESULTS = 50_000  # completed results kept for late or repeated polls
 MAX_BATCH = 8  # calls run as one at most
+MAX_BATCH_SIZE = 4096  # summed Batchable.size of a batch of several calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Batchable:
     key: Hashable
     item: Any
     run_all: Callable[[list[Any]], list["Result | Exception"]]
+    size: int = 1  # what the call adds to a batch (the learner's padded tokens)
 
 
 @dataclasses.dataclass
@@ -160,12 +163,14 @@ def take_batch(pending: collections.deque) -> list[_Job]:
     head = pending.popleft()
     if head.batch is None:
         return [head]
-    batch, seen = [head], {head.owner}
+    batch, seen, size = [head], {head.owner}, head.batch.size
     for job in pending:
         if job is None or job.owner is None or len(batch) == MAX_BATCH:
             break
-        if job.batch is not None and job.batch.key == head.batch.key and job.owner not in seen:
+        if job.batch is not None and job.batch.key == head.batch.key and job.owner not in seen \
+                and size + job.batch.size <= MAX_BATCH_SIZE:
             batch.append(job)
+            size += job.batch.size
         seen.add(job.owner)
     for job in batch[1:]:
         pending.remove(job)

@@ -87,6 +87,11 @@ def padded_width(data: Sequence[Datum]) -> int:
     return _round_up(max((d.tokens.size for d in data), default=1), WIDTH_BUCKET)
 
 
+def padded_tokens(data: Sequence[Datum]) -> int:
+    """Rows x width of a call's padded arrays: what it adds to a combined forward."""
+    return _round_up(len(data), BATCH_BUCKET) * padded_width(data)
+
+
 def check_datum(datum: Datum, index: int, needed: tuple[str, ...], vocab_size: int, max_len: int) -> None:
     """ValueError naming the datum and its bad field: token ids out of range, missing or extra
     inputs, inputs of another length than the tokens."""
