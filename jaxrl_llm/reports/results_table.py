@@ -46,6 +46,7 @@ SECTIONS = {
     "off_policy": Section(10, "10-off-policy-corrections-under-staleness-and-a-bf16-sampler"),
     "verifiers_learning": Section(12, "12-a-verifiers-environment-learns"),
     "judge_learning": Section(13, "13-a-judges-reward-moves-its-held-out-score"),
+    "tinker_learning": Section(14, "14-the-tinker-cookbooks-arithmetic-recipe-through-serve-tinker"),
 }
 COLUMNS = ("#", "experiment", "claim", "verdict (seeds that count)", "statistic: mean [95% interval] (n)",
            "wall time, machine", "source")

@@ -101,3 +101,21 @@ def test_the_equivalence_reading_by_hand():
     assert exp.equivalence_reading(Interval(-0.2, -0.3, -0.1, 3)) == "not reproduced"
     assert exp.equivalence_reading(Interval(0.05, -0.02, 0.12, 3)) == "inconclusive"
     assert exp.equivalence_reading(Interval(0.0, -0.01, 0.01, 2)) == "inconclusive"  # < 3 seeds
+
+
+def test_stored_result_follows_its_rule():
+    """experiments/results/tinker_learning.json, the deciding run's: >= 3 seeds none of them a tuning seed, every
+    interval recomputed from its per-seed numbers, the difference = the two gains' difference per seed, the
+    verdict the file's rule gives."""
+    from jaxrl_llm.reports.results import RESULTS_DIR
+
+    exp = load_experiment("tinker_learning")
+    result = json.loads((RESULTS_DIR / "tinker_learning.json").read_text())
+    assert len(result["seeds"]) >= 3 and not set(result["seeds"]) & set(result["tuning_seeds"])
+    for key, per_seed in result["per_seed"].items():
+        stored = result["numbers"][key]
+        assert (stored["mean"], stored["low"], stored["high"]) == pytest.approx(t_interval(list(per_seed.values())))
+    for seed in map(str, result["seeds"]):
+        gains = result["per_seed"][exp.GAIN][seed] - result["per_seed"][exp.JAXRL_GAIN][seed]
+        assert result["per_seed"][exp.DIFFERENCE][seed] == pytest.approx(gains)
+    assert result["verdict"] == exp.rule_verdict(result["numbers"]) and result["verdict_rule"] == exp.VERDICT_RULE
