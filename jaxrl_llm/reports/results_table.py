@@ -44,6 +44,7 @@ SECTIONS = {
     "diversity": Section(8, "8-diversity-grpo-vs-darling-on-a-task-with-many-correct-answers"),
     "distill_addition": Section(9, "9-on-policy-distillation-smollm2-1-digit-addition"),
     "off_policy": Section(10, "10-off-policy-corrections-under-staleness-and-a-bf16-sampler"),
+    "gem_learning": Section(11, "11-a-gem-game-learns"),
     "verifiers_learning": Section(12, "12-a-verifiers-environment-learns"),
     "judge_learning": Section(13, "13-a-judges-reward-moves-its-held-out-score"),
     "tinker_learning": Section(14, "14-the-tinker-cookbooks-arithmetic-recipe-through-serve-tinker"),
