@@ -138,8 +138,11 @@ def _serve_tinker(args: argparse.Namespace) -> int:
         check_access(args.host, api_key_from_env(), args.dev)
     except ValueError as err:
         raise UserError(str(err)) from err
+    budget = {} if args.micro_batch_tokens is None else {"micro_batch_tokens": args.micro_batch_tokens}
+    if budget and args.micro_batch_tokens < 1:
+        raise UserError(f"--micro-batch-tokens {args.micro_batch_tokens}; valid: >= 1 (padded tokens, rows x width)")
     serve(args.base_model, host=args.host, port=args.port, state_dir=args.state_dir, api_key=api_key_from_env(),
-          dev=args.dev, seed=args.seed)
+          dev=args.dev, seed=args.seed, **budget)
     return 0
 
 
@@ -247,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     tinker.add_argument("--dev", action="store_true",
                         help="no API key (loopback only); otherwise $JAXRL_TINKER_API_KEY (tml-...) is required")
     tinker.add_argument("--seed", type=int, default=0, help="LoRA init seed when a client gives none")
+    tinker.add_argument("--micro-batch-tokens", type=int,
+                        help="forward / forward_backward rows run in micro-batches of at most this many padded "
+                             "tokens (rows x width, at least 4 rows); losses and gradients are summed "
+                             "(default: serve/tinker/learner.py MICRO_BATCH_TOKENS)")
     tinker.set_defaults(func=_serve_tinker)
     return parser
 

@@ -10,6 +10,13 @@ merged per block. Each call's loss is its own loss function on its own rows, and
 their sum with respect to one client's adapters is that client's gradient alone (no other row
 depends on them). A single call is the batch of one. Padding positions are masked out of the
 loss, and causal attention keeps them from touching real positions.
+
+Micro-batches: the stacked rows of a run are cut, in order, into micro-batches of at most
+`micro_batch_tokens` padded tokens (rows x width; `micro_batches`), run one after another: a call
+may be split across micro-batches and a micro-batch may hold pieces of several calls. Losses are
+sums over tokens, so a call's loss is the sum of its pieces' and its gradient the sum of theirs
+(added to model.grads as they come); its outputs are its pieces' rows in order. A run that fits
+the budget is one micro-batch.
 """
 from __future__ import annotations
 
@@ -31,6 +38,9 @@ from jaxrl_llm.serve.tinker.wire import Datum
 
 WIDTH_BUCKET = 32
 BATCH_BUCKET = 4
+# SmolLM2-135M, one forward_backward of 32 datums x 64 tokens: peak RSS 5.8 GB in one micro-batch,
+# 2.7 GB at 512 (docs/tinker.md, "How it runs, and its limits").
+MICRO_BATCH_TOKENS = 512
 ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 
 
@@ -78,8 +88,36 @@ class Group:
     scale: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Datums [start, stop) of a run's call number `call`: its part of one micro-batch."""
+
+    call: int
+    start: int
+    stop: int
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def micro_batches(sizes: Sequence[int], rows: int) -> list[list[Piece]]:
+    """Calls of sizes[i] datums, in order, cut into micro-batches of at most `rows` padded rows (a
+    multiple of BATCH_BUCKET; each piece's rows are rounded up to BATCH_BUCKET)."""
+    if rows < BATCH_BUCKET or rows % BATCH_BUCKET:
+        raise ValueError(f"micro-batch rows={rows}; valid: a positive multiple of {BATCH_BUCKET}")
+    batches: list[list[Piece]] = [[]]
+    left = rows
+    for call, n in enumerate(sizes):
+        start = 0
+        while start < n:
+            if left == 0:
+                batches, left = batches + [[]], rows
+            stop = min(n, start + left)
+            batches[-1].append(Piece(call, start, stop))
+            left -= _round_up(stop - start, BATCH_BUCKET)
+            start = stop
+    return batches
 
 
 def padded_width(data: Sequence[Datum]) -> int:
@@ -182,11 +220,15 @@ def _adam_update(adapters, opt_state, grads, hyper):
 
 class Learner:
     """The training calls of one base model (cfg and params shared by every client's adapters).
-    `forwards` counts the combined forwards run, by their number of calls."""
+    `forwards` counts the runs by their number of calls, `micro_batch_counts` by their number of
+    micro-batches (module docstring)."""
 
-    def __init__(self, cfg: DecoderConfig, base: dict):
-        self.cfg, self.base = cfg, base
+    def __init__(self, cfg: DecoderConfig, base: dict, micro_batch_tokens: int = MICRO_BATCH_TOKENS):
+        if micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens={micro_batch_tokens}; valid: >= 1 (padded tokens, rows x width)")
+        self.cfg, self.base, self.micro_batch_tokens = cfg, base, micro_batch_tokens
         self.forwards: collections.Counter[int] = collections.Counter()
+        self.micro_batch_counts: collections.Counter[int] = collections.Counter()
 
     def check(self, call: TrainCall, backward: bool) -> None:
         """ValueError naming the call's bad loss, config or datum."""
@@ -196,32 +238,52 @@ class Learner:
         for i, datum in enumerate(call.data):
             check_datum(datum, i, loss.inputs, self.cfg.vocab_size, self.cfg.max_position_embeddings)
 
+    def micro_batch_rows(self, width: int) -> int:
+        """Rows of one micro-batch at this width: the budget's, a multiple of BATCH_BUCKET, at least one bucket."""
+        return max(BATCH_BUCKET, self.micro_batch_tokens // width // BATCH_BUCKET * BATCH_BUCKET)
+
     def run(self, calls: Sequence[TrainCall], *, backward: bool
             ) -> list[tuple[dict[str, list[np.ndarray]], dict[str, float]]]:
         """forward (backward=False) or forward_backward of calls of distinct models (each checked
-        with `check` first), as one forward: per call, per-datum "logprobs" and "elementwise_loss" [N]
-        and the metrics {"loss:sum"}; with backward, each call's gradients join its model.grads."""
+        with `check` first), in micro-batches: per call, per-datum "logprobs" and "elementwise_loss"
+        [N] and the metrics {"loss:sum"}; with backward, each call's gradients join its model.grads."""
         width = max(padded_width(c.data) for c in calls)
-        batches = [make_batch(c.data, losses.LOSSES[c.loss_fn].inputs, width) for c in calls]
+        batches = micro_batches([len(c.data) for c in calls], self.micro_batch_rows(width))
+        totals = [0.0] * len(calls)
+        outputs = [{"logprobs": [], "elementwise_loss": []} for _ in calls]
+        for pieces in batches:
+            for piece, total, logp, per_token in self._run_pieces(calls, pieces, width, backward):
+                totals[piece.call] += total
+                outputs[piece.call]["logprobs"] += logp
+                outputs[piece.call]["elementwise_loss"] += per_token
+        self.forwards[len(calls)] += 1
+        self.micro_batch_counts[len(batches)] += 1
+        return [(out, {"loss:sum": total}) for out, total in zip(outputs, totals)]
+
+    def _run_pieces(self, calls: Sequence[TrainCall], pieces: list[Piece], width: int, backward: bool
+                    ) -> list[tuple[Piece, float, list[np.ndarray], list[np.ndarray]]]:
+        """One micro-batch as one forward: per piece its loss and per-datum log-probs and per-token
+        losses; with backward, each piece's gradient is added to its model's."""
+        own = [calls[p.call] for p in pieces]
+        batches = [make_batch(c.data[p.start:p.stop], losses.LOSSES[c.loss_fn].inputs, width)
+                   for c, p in zip(own, pieces)]
         groups = tuple(Group(b.tokens.shape[0], c.loss_fn, tuple(sorted(c.config.items())), c.model.config.scale)
-                       for c, b in zip(calls, batches))
+                       for c, b in zip(own, batches))
         stacked = [jnp.asarray(np.concatenate([getattr(b, f) for b in batches])) for f in ("tokens", "targets")]
         inputs = tuple({k: jnp.asarray(v) for k, v in b.inputs.items()} for b in batches)
         valid = jnp.asarray(np.concatenate([b.valid for b in batches]))
         program = _forward_backward if backward else _forward
-        totals, logp, per_token, grads = program(tuple(c.model.adapters for c in calls), self.base, *stacked,
+        totals, logp, per_token, grads = program(tuple(c.model.adapters for c in own), self.base, *stacked,
                                                  inputs, valid, cfg=self.cfg, groups=groups)
-        self.forwards[len(calls)] += 1
         totals, logp, per_token = np.asarray(totals), np.asarray(logp), np.asarray(per_token)
         results, start = [], 0
-        for i, (call, batch, group) in enumerate(zip(calls, batches, groups)):
+        for i, (call, piece, batch, group) in enumerate(zip(own, pieces, batches, groups)):
             if backward:
                 call.model.grads = grads[i] if call.model.grads is None else _add(call.model.grads, grads[i])
             rows = range(start, start + len(batch.lengths))
             start += group.rows
-            outputs = {"logprobs": [logp[r, :n] for r, n in zip(rows, batch.lengths)],
-                       "elementwise_loss": [per_token[r, :n] for r, n in zip(rows, batch.lengths)]}
-            results.append((outputs, {"loss:sum": float(totals[i])}))
+            results.append((piece, float(totals[i]), [logp[r, :n] for r, n in zip(rows, batch.lengths)],
+                            [per_token[r, :n] for r, n in zip(rows, batch.lengths)]))
         return results
 
     def optim_step(self, model: TrainingModel, adam: Mapping[str, float]) -> dict[str, float]:

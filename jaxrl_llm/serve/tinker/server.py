@@ -20,6 +20,7 @@ import uvicorn
 from jaxrl_llm.rollout.vllm_server_config import is_loopback
 from jaxrl_llm.serve.tinker.app import build_app
 from jaxrl_llm.serve.tinker.jobs import Jobs
+from jaxrl_llm.serve.tinker.learner import MICRO_BATCH_TOKENS
 from jaxrl_llm.serve.tinker.service import TinkerService, load_base_model
 
 log = logging.getLogger(__name__)
@@ -40,16 +41,17 @@ def check_access(host: str, api_key: str | None, dev: bool) -> str | None:
     return api_key
 
 
-def build_service(base_models: Sequence[str], state_dir: str, seed: int = 0) -> TinkerService:
+def build_service(base_models: Sequence[str], state_dir: str, seed: int = 0,
+                  micro_batch_tokens: int = MICRO_BATCH_TOKENS) -> TinkerService:
     if not base_models:
         raise ValueError("no base model; valid: --base-model 'smollm2', an HF directory or a .gguf (repeatable)")
-    return TinkerService({name: load_base_model(name) for name in base_models}, state_dir, seed=seed)
+    return TinkerService({name: load_base_model(name, micro_batch_tokens) for name in base_models}, state_dir, seed=seed)
 
 
 def serve(base_models: Sequence[str], *, host: str, port: int, state_dir: str, api_key: str | None,
-          dev: bool, seed: int = 0) -> None:
+          dev: bool, seed: int = 0, micro_batch_tokens: int = MICRO_BATCH_TOKENS) -> None:
     key = check_access(host, api_key, dev)
-    service = build_service(base_models, state_dir, seed)
+    service = build_service(base_models, state_dir, seed, micro_batch_tokens)
     jobs = Jobs()
     log.info("Tinker API on http://%s:%d (%s); base models: %s", host, port,
              "dev mode, no API key" if key is None else f"API key from ${API_KEY_ENV}", ", ".join(base_models))

@@ -27,7 +27,8 @@ import orbax.checkpoint as ocp
 from jaxrl_llm.serve.tinker import adapters as lora
 from jaxrl_llm.serve.tinker import sampling
 from jaxrl_llm.serve.tinker.jobs import UserError
-from jaxrl_llm.serve.tinker.learner import Learner, TrainCall, TrainingModel, new_optimizer_state, padded_width
+from jaxrl_llm.serve.tinker.learner import (MICRO_BATCH_TOKENS, Learner, TrainCall, TrainingModel, new_optimizer_state,
+                                            padded_width)
 from jaxrl_llm.serve.tinker.wire import ForwardBackwardCall
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ _merge = jax.jit(lora.merge, static_argnames="scale")
 SAMPLE_BATCH_BUCKET = 1
 
 
-def load_base_model(name: str) -> BaseModel:
+def load_base_model(name: str, micro_batch_tokens: int = MICRO_BATCH_TOKENS) -> BaseModel:
     from jaxrl_llm.rollout.jax_sampler import JaxSampler
     from jaxrl_llm.train.policy import load_policy
 
@@ -67,7 +68,7 @@ def load_base_model(name: str) -> BaseModel:
     cfg, params = lora.untied(policy.cfg, policy.params)
     sampler = JaxSampler(cfg, params, eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, compactions=0,
                          batch_bucket=SAMPLE_BATCH_BUCKET)
-    return BaseModel(name, policy.model_dir, cfg, params, Learner(cfg, params), sampler,
+    return BaseModel(name, policy.model_dir, cfg, params, Learner(cfg, params, micro_batch_tokens), sampler,
                      lambda ids: policy.tokenizer.decode(ids, skip_special_tokens=False))
 
 
