@@ -47,6 +47,7 @@ SECTIONS = {
     "gem_learning": Section(11, "11-a-gem-game-learns"),
     "verifiers_learning": Section(12, "12-a-verifiers-environment-learns"),
     "judge_learning": Section(13, "13-a-judges-reward-moves-its-held-out-score"),
+    "judge_learning_smollm2": Section(13, "13-a-judges-reward-moves-its-held-out-score"),
     "tinker_learning": Section(14, "14-the-tinker-cookbooks-arithmetic-recipe-through-serve-tinker"),
 }
 COLUMNS = ("#", "experiment", "claim", "verdict (seeds that count)", "statistic: mean [95% interval] (n)",
