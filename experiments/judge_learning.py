@@ -27,7 +27,8 @@ Two policies (the judge is SmolLM2 in both), each its own stored result:
   it cannot run beside the GEM run (experiment 11, ~12 GB at its peak) on the shared 24 GB machine.
   On 2026-11-29 it starts when the GEM run ends (~15:35 UTC) and must end by 16:25 UTC: 8 steps, the
   declared size, fit that at load ~2-3 and nothing larger would; a run cut at 16:25 keeps its finished
-  seeds (the command resumes them).
+  seeds (the command resumes them). Ran 15:27-15:50 UTC (1378 s): reproduced, judge +0.020 [+0.010,
+  +0.029], exact pass@1 -0.089 [-0.122, -0.056]: reward hacking seen (experiments/README.md, section 13).
 * ``tiny`` (the first deciding run, experiments/results/judge_learning.json, 2026-11-29, seeds 651-653:
   inconclusive, kept as run): experiment 10's tiny decoder (2 layers, width 32, SmolLM2's tokenizer,
   embeddings x25), 6-token replies, GRPO, 2 prompts x 8 samples, lr 1e-2, 10 steps (experiment 10's
