@@ -128,7 +128,13 @@ def reward_hacking(numbers: Mapping) -> bool:
 
 
 def hacking_remark(numbers: Mapping) -> list[str]:
-    return [f"reward hacking of the judge (by the rule): {'seen' if reward_hacking(numbers) else 'not seen'}"]
+    """The caveat shown beside the verdict: the rule's hacking report and the independent grader's change."""
+    from jaxrl_llm.reports import stats
+    from jaxrl_llm.reports.results import number
+
+    grader = stats.format_interval(number(numbers, GRADER), signed=True)
+    return [f"reward hacking of the judge (by the rule): {'seen' if reward_hacking(numbers) else 'not seen'} "
+            f"({GRADER}: {grader})"]
 
 
 TITLE = "an LLM judge's reward moves its held-out score ({policy} judged by SmolLM2, 1-digit addition)"

@@ -110,7 +110,7 @@ class LearningClaim(NamedTuple):
     full_seeds: int  # the deciding run's seed count (a --quick summary says when it used fewer)
     interval_method: str = "mean and 95% Student-t over seeds"
     tuning_seeds: tuple[int, ...] = ()
-    # what else the experiment reports by rule from the intervals: notes after the stored result's own
+    # what else the experiment reports by rule from the intervals: the stored result's caveats (shown by its verdict)
     remarks: Callable[[Mapping], Sequence[str]] = no_remarks
 
 
@@ -127,7 +127,7 @@ def learning_config(name: str, seed: int, steps: int, **sections: Any) -> Config
 def stored_result(claim: LearningClaim, per_seed: Mapping[int, Mapping[str, float]], *, setting: str, command: str,
                   wall_s: float | None, notes: Sequence[str] = ()):
     """The ExperimentResult of {seed: {statistic: value}}: intervals over seeds, `claim`'s verdict by the rule;
-    its notes are `notes` then `claim.remarks(numbers)`."""
+    `notes` its notes, `claim.remarks(numbers)` its caveats."""
     from jaxrl_llm.reports.results import ExperimentResult
 
     numbers, stored = numbers_over_seeds(per_seed)
@@ -135,7 +135,8 @@ def stored_result(claim: LearningClaim, per_seed: Mapping[int, Mapping[str, floa
         name=claim.name, title=claim.title, claim=claim.claim, setting=setting, command=command, seeds=tuple(per_seed),
         tuning_seeds=claim.tuning_seeds, statistic=claim.statistic, interval_method=claim.interval_method,
         verdict_rule=claim.verdict_rule, verdict=claim_verdict(numbers, claim.claims), headline=claim.headline,
-        numbers=numbers, per_seed=stored, wall_s=wall_s, notes=(*notes, *claim.remarks(numbers)))
+        numbers=numbers, per_seed=stored, wall_s=wall_s, notes=tuple(notes),
+        caveats=tuple(claim.remarks(numbers)))
 
 
 def conclude(claim: LearningClaim, per_seed: Mapping[int, Mapping[str, float]], *, args: argparse.Namespace,

@@ -32,7 +32,9 @@ class ExperimentResult:
     """One experiment's result. `numbers` maps a statistic's name to its interval
     ({"mean", "low", "high", "n"}); `per_seed` maps it to {seed: value}, the numbers the
     interval is computed from (empty where only the summary was recorded). `headline` names
-    the entry of `numbers` the verdict reads first (shown in the tables)."""
+    the entry of `numbers` the verdict reads first (shown in the tables). `caveats`: what the rule
+    reports beside the verdict that a reader of the verdict must not miss (shown next to it in the
+    tables), e.g. reward hacking of a judge whose score the verdict says rose."""
 
     name: str
     title: str
@@ -54,6 +56,7 @@ class ExperimentResult:
     wall_note: str = ""
     source: str = "run"
     notes: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:

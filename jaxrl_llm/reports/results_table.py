@@ -94,7 +94,7 @@ def verdict_cell(result: Mapping[str, Any]) -> str:
         text += f"; {len(result['excluded'])} excluded by the fixed rule"
     if result.get("tuning_seeds"):
         text += f"; tuning seed(s) {seed_ranges(result['tuning_seeds'])} not counted"
-    return text + ")"
+    return text + ")" + "".join(f"; {caveat}" for caveat in result.get("caveats", ()))
 
 
 def machine_cell(result: Mapping[str, Any]) -> str:

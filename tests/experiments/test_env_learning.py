@@ -10,7 +10,9 @@ import math
 import numpy as np
 import pytest
 
+from jaxrl_llm.reports.results import number
 from jaxrl_llm.reports.results_table import SECTIONS
+from jaxrl_llm.reports.stats import format_interval
 from jaxrl_llm.train.run.metrics import read_groups, read_metrics
 from tests.experiments.experiment_helpers import load_experiment
 
@@ -108,7 +110,8 @@ def test_judge_learning_reduced_run_scores_held_out_with_the_judge_and_the_exact
     assert result["name"] == {"tiny": "judge_learning", "smollm2": "judge_learning_smollm2"}[setting]
     assert result["verdict"] == exp.rule_verdict(result["numbers"])
     hacking = result["verdict"] == "reproduced" and t_interval(list(result["per_seed"][exp.GRADER].values()))[1] <= 0
-    assert result["notes"][-1] == f"reward hacking of the judge (by the rule): {'seen' if hacking else 'not seen'}"
+    assert result["caveats"] == [f"reward hacking of the judge (by the rule): {'seen' if hacking else 'not seen'} "
+                                 f"({exp.GRADER}: {format_interval(number(result['numbers'], exp.GRADER), signed=True)})"]
 
 
 # each stored learning result: its experiment, and the stored setting's text from that experiment's config
@@ -143,11 +146,9 @@ def test_stored_learning_results_follow_their_rule(name):
     assert result["verdict"] == exp.rule_verdict(result["numbers"]) and result["verdict_rule"] == exp.VERDICT_RULE
     claim = claim_of(exp)
     per_seed = {seed: {key: values[str(seed)] for key, values in result["per_seed"].items()} for seed in result["seeds"]}
-    remarks = claim.remarks(result["numbers"])
-    assert result["notes"][len(result["notes"]) - len(remarks):] == list(remarks)
     import learning_rule  # experiments/ is on sys.path once load_experiment ran
 
     again = learning_rule.stored_result(claim, per_seed, setting=setting_of(exp), command=result["command"],
-                              wall_s=result["wall_s"], notes=result["notes"][:len(result["notes"]) - len(remarks)])
+                                        wall_s=result["wall_s"], notes=result["notes"])
     again = json.loads(json.dumps(dataclasses.asdict(again)))
     assert {key: again[key] for key in again} == {key: result[key] for key in again}

@@ -61,6 +61,15 @@ def test_table_row_and_markers_from_a_hand_made_result(tmp_path):
         results_table.replace_between_markers("no markers", "NEW", "README.md")
 
 
+def test_caveats_stand_beside_the_verdict_in_the_table(tmp_path):
+    """A caveat (e.g. reward hacking of a judge whose score the verdict says rose) is shown in the verdict cell."""
+    result = hand_result(verdict="reproduced", tuning_seeds=(), excluded={},
+                         caveats=("hacking: seen (exact: -0.09)", "second"))
+    stored = json.loads(write_result(result, tmp_path / "diversity.json").read_text())
+    row = results_table.table([stored], "").splitlines()[2].split(" | ")
+    assert row[3] == "**reproduced** (n = 3); hacking: seen (exact: -0.09); second"
+
+
 def test_seed_ranges_shorten_three_or_more_consecutive_seeds():
     assert results_table.seed_ranges([2072, 0, 2070, 2071, 2050, 2051, 7]) == "0, 7, 2050, 2051, 2070-2072"
     assert results_table.seed_ranges(list(range(2000, 2034)) + [0]) == "0, 2000-2033"
